@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -67,3 +69,11 @@ class AtomicDir:
         else:
             os.replace(self.tmp, self.target)
         return False
+
+
+def safe_name(identifier: str) -> str:
+    """A folder name for any trajectory id: readable, filesystem-safe and collision-free."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", identifier.replace("/", "__")).strip("._")[:80] or "item"
+    if readable == identifier:
+        return readable
+    return f"{readable}-{hashlib.sha1(identifier.encode()).hexdigest()[:8]}"

@@ -33,42 +33,58 @@ def score_query_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of query rows to segments, exactly as the model's softmax computes it.
 
-    q: [H, nq, d] post-RoPE queries at absolute positions ``q_pos`` [nq].
-    k: [KVH, kv, d] post-RoPE keys at absolute positions ``k_pos`` [kv] (all keys so far).
+    q: [H, nq, d] post-RoPE queries at absolute positions ``q_pos`` [nq] (ascending).
+    k: [KVH, kv, d] post-RoPE keys at absolute positions ``k_pos`` [kv] (ascending, contiguous).
     seg_ids: [kv] segment index of each key. GQA: query head h reads KV head h // (H // KVH).
     Returns (seg [nq, H, S] float32, tok [nq, kv] float32 = sum over heads of the probabilities).
+    Keys after the last query are never visible, so they are not even multiplied.
     """
     num_heads, nq, _ = q.shape
     kv_heads, kv_len, _ = k.shape
     if num_heads % kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {kv_heads} KV heads")
     group = num_heads // kv_heads
-    qf = q.float()
-    kf = k.float()
-    seg_out = torch.zeros(nq, num_heads, num_segments, dtype=torch.float32, device=q.device)
-    tok_out = torch.zeros(nq, kv_len, dtype=torch.float32, device=q.device)
+    device = q.device
+    k0 = int(k_pos[0])
+    seg_out = torch.empty(nq, num_heads, num_segments, dtype=torch.float32, device=device)
+    tok_out = torch.zeros(nq, kv_len, dtype=torch.float32, device=device)
     block = max(1, _BLOCK_FLOATS // max(1, num_heads * kv_len))
-    k_pos = k_pos.to(q.device)
-    seg_ids = seg_ids.to(q.device)
+    seg_ids = seg_ids.to(device)
     for s in range(0, nq, block):
         e = min(nq, s + block)
-        qb = rearrange(qf[:, s:e], "(kvh g) n d -> kvh (g n) d", g=group)
-        logits = torch.matmul(qb, kf.transpose(1, 2)) * scale  # [KVH, g*n, kv]
-        logits = rearrange(logits, "kvh (g n) kv -> n (kvh g) kv", g=group)
+        qp = q_pos[s:e].to(device)
+        p_min, p_max = int(qp.min()), int(qp.max())
+        lo = 0
+        if sliding_window is not None:
+            lo = max(0, p_min - sliding_window + 1 - k0)
+        hi = min(kv_len, p_max - k0 + 1)  # keys beyond the last query are masked for every row
+        kb = k[:, lo:hi].float()
+        qb = rearrange(q[:, s:e].float(), "(kvh g) n d -> kvh (g n) d", g=group)
+        logits = torch.matmul(qb, kb.transpose(1, 2))
+        logits = rearrange(logits, "kvh (g n) kv -> n (kvh g) kv", g=group).mul_(scale)
         if softcap is not None:
             logits = torch.tanh(logits / softcap) * softcap
-        qp = q_pos[s:e].to(q.device)[:, None, None]
-        visible = k_pos[None, None, :] <= qp
+        kpos = k_pos[lo:hi].to(device)
+        # Causal mask: only the tail after the earliest query can be in the future of some row.
+        tail = max(0, p_min + 1 - (k0 + lo))
+        if tail < hi - lo:
+            future = kpos[None, tail:] > qp[:, None]
+            logits[..., tail:].masked_fill_(future[:, None, :], float("-inf"))
         if sliding_window is not None:
-            visible = visible & (k_pos[None, None, :] > qp - sliding_window)
-        logits = logits.masked_fill(~visible, float("-inf"))
+            head_w = min(hi - lo, max(0, p_max - sliding_window + 1 - (k0 + lo)))
+            if head_w > 0:
+                old = kpos[None, :head_w] <= qp[:, None] - sliding_window
+                logits[..., :head_w].masked_fill_(old[:, None, :], float("-inf"))
         if sinks is not None:
-            sink = sinks.float().to(q.device).view(1, num_heads, 1).expand(e - s, num_heads, 1)
+            sink = sinks.float().to(device).view(1, num_heads, 1).expand(e - s, num_heads, 1)
             probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
         else:
             probs = torch.softmax(logits, dim=-1)
-        seg_out[s:e].index_add_(2, seg_ids, probs)
-        tok_out[s:e] = probs.sum(dim=1)
+        # Segment sums: index_add over keys on a [kv, rows] view (fast contiguous row adds).
+        acc = torch.zeros(num_segments, (e - s) * num_heads, dtype=torch.float32, device=device)
+        acc.index_add_(0, seg_ids[lo:hi], probs.reshape(-1, hi - lo).t())
+        seg_out[s:e] = acc.t().reshape(e - s, num_heads, num_segments)
+        tok_out[s:e, lo:hi] = probs.sum(dim=1)
     return seg_out, tok_out
 
 
@@ -91,6 +107,8 @@ class QueryScorer:
 
     def __post_init__(self):
         self.query_positions = torch.as_tensor(self.query_positions, dtype=torch.long)
+        if len(self.query_positions) and bool((self.query_positions[1:] <= self.query_positions[:-1]).any()):
+            raise ValueError("query positions must be strictly increasing")
         self.seg_ids = torch.as_tensor(self.seg_ids, dtype=torch.long)
         self.token_sum = torch.zeros(len(self.query_positions), len(self.seg_ids), dtype=torch.float32)
 
@@ -126,14 +144,17 @@ class QueryScorer:
             self.per_layer[layer] = torch.zeros(len(qp), total_heads, self.num_segments, dtype=torch.float32)
         if len(sel) == 0:
             return
-        local = (qp[sel] - chunk_start).to(q_chunk.device)
+        lo, hi = int(sel[0]), int(sel[-1]) + 1  # query positions are sorted, so sel is a contiguous range
+        local = qp[lo:hi] - chunk_start
+        q_rows = q_chunk.index_select(1, local.to(q_chunk.device))
+        k0, k1 = int(k_positions[0]), int(k_positions[-1]) + 1
         scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         seg, tok = score_query_rows(
-            q_chunk[:, local], k_all, qp[sel], k_positions, self.seg_ids[k_positions.cpu()],
+            q_rows, k_all, qp[lo:hi], k_positions, self.seg_ids[k0:k1],
             self.num_segments, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
         )
-        self.per_layer[layer][sel, head_offset:head_offset + num_heads] = seg.cpu()
-        self.token_sum[sel[:, None], k_positions.cpu()[None, :]] += tok.cpu()
+        self.per_layer[layer][lo:hi, head_offset:head_offset + num_heads] = seg.cpu()
+        self.token_sum[lo:hi, k0:k1] += tok.cpu()
 
     def layer_head_tensor(self) -> tuple[list[int], torch.Tensor]:
         """([scored layers], [nq, L, H, S]) in layer order."""

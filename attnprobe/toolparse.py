@@ -1,0 +1,115 @@
+"""Parse the next action out of generated text, whatever tool-call syntax the model used.
+
+Small models rarely follow one format: we accept Qwen/Hermes ``<tool_call>{...}</tool_call>``,
+Llama-3 style bare JSON (``{"name": ..., "parameters": ...}``), the smolagents ``Calling tools:
+[...]`` list, fenced ```json blocks, ``Action: {...}`` and Python-call style ``web_search("q")``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCED = re.compile(r"```(?:json|tool_call|python)?\s*(.*?)```", re.S)
+_PYCALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\((.*?)\)", re.S)
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: dict = field(default_factory=dict)
+
+    def to_openai(self, call_id: str) -> dict:
+        return {"id": call_id, "type": "function",
+                "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
+
+def _json_objects(text: str) -> list[tuple[int, int, object]]:
+    """Every top-level JSON value ({...} or [...]) that parses, with its span."""
+    dec = json.JSONDecoder()
+    out, i = [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "{[":
+            try:
+                obj, end = dec.raw_decode(text, i)
+                out.append((i, end, obj))
+                i = end
+                continue
+            except json.JSONDecodeError:
+                pass
+        i += 1
+    return out
+
+
+def _as_call(obj, known: set[str] | None) -> ParsedCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if "function" in obj and isinstance(obj["function"], dict):
+        obj = obj["function"]
+    name = obj.get("name") or obj.get("tool") or obj.get("tool_name") or obj.get("action")
+    if not isinstance(name, str) or (known and name not in known):
+        return None
+    args = obj.get("arguments", obj.get("parameters", obj.get("args", obj.get("action_input", {}))))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            args = {"input": args}
+    if not isinstance(args, dict):
+        args = {"input": args}
+    return ParsedCall(name, args)
+
+
+def _calls_from(obj, known) -> list[ParsedCall]:
+    items = obj if isinstance(obj, list) else [obj]
+    return [c for c in (_as_call(x, known) for x in items) if c is not None]
+
+
+def parse_tool_calls(text: str, known_tools: list[str] | None = None) -> tuple[str, list[ParsedCall]]:
+    """Return (text before the first call, calls). ``known_tools`` restricts names (recommended)."""
+    known = set(known_tools) if known_tools else None
+    for pattern in (_TAGGED, _FENCED):
+        calls, first = [], None
+        for m in pattern.finditer(text):
+            for _, _, obj in _json_objects(m.group(1)):
+                found = _calls_from(obj, known)
+                if found and first is None:
+                    first = m.start()
+                calls += found
+        if calls:
+            return text[:first].strip(), calls
+    for start, _end, obj in _json_objects(text):
+        found = _calls_from(obj, known)
+        if found:
+            head = text[:start]
+            head = re.sub(r"(Calling tools:|Action:)\s*$", "", head.rstrip())
+            return head.strip(), found
+    if known:
+        for m in _PYCALL.finditer(text):
+            name = m.group(1)
+            if name not in known:
+                continue
+            args = _py_args(m.group(2))
+            if args is not None:
+                return text[:m.start()].strip(), [ParsedCall(name, args)]
+    return text.strip(), []
+
+
+def _py_args(src: str) -> dict | None:
+    try:
+        node = ast.parse(f"f({src})", mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Call):
+        return None
+    try:
+        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+        if node.args:
+            args.setdefault("input", ast.literal_eval(node.args[0]))
+    except (ValueError, SyntaxError):
+        return None
+    return args
