@@ -74,6 +74,7 @@ class Plan:
     qk_layers: set[int]
     next_start: int = 0
     steps: int = 0
+    shared_steps: int = 0  # steps whose batch also held other requests
     restarts: int = 0
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     saved_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)
@@ -332,7 +333,7 @@ class AttnprobeWorkerExtension:
                     tensors[f"{tag}|k{layer}"] = torch.cat(plan.saved_k[layer], dim=1).contiguous()
                     kv[str(layer)] = [info.kv_head_offset, info.num_kv_heads]
             out[tag] = {"heads": heads, "kv_heads": kv, "tokens_seen": plan.next_start, "n": plan.n,
-                        "steps": plan.steps, "calls": plan.calls, "restarts": plan.restarts}
+                        "steps": plan.steps, "shared_steps": plan.shared_steps, "calls": plan.calls, "restarts": plan.restarts}
         st.plans = {}
         st.step_inputs, st.step_map = None, None
         if st.bar is not None:
@@ -411,6 +412,9 @@ class AttnprobeWorkerExtension:
             mapped.append((plan, s, e, start))
             if st.bar is not None:
                 st.bar.update(length)
+        if sum(1 for i in range(len(qsl) - 1) if qsl[i + 1] > qsl[i]) > 1:
+            for plan, *_ in mapped:
+                plan.shared_steps += 1
         return mapped
 
     def _attnprobe_layer_hook(self, module, args, kwargs):
