@@ -50,12 +50,12 @@ def heatmap(result: CaptureResult, layer: int | None = None, head: int | None = 
     T = result.num_turns
     rea = np.full((T, T), np.nan)
     obs = np.full((T, T), np.nan)
-    ri = [R[r] for r in reasoning_roles]
-    oi = [R[r] for r in observation_roles]
-    for t, row in zip(turns, tr):
-        for j in range(t):
-            rea[t, j] = row[j, ri].sum()
-            obs[j, t] = row[j, oi].sum()
+    if len(turns):
+        rsum = tr[:, :, [R[r] for r in reasoning_roles]].sum(-1)  # [steps, T]
+        osum = tr[:, :, [R[r] for r in observation_roles]].sum(-1)
+        kk, jj = np.nonzero(np.arange(T)[None, :] < turns[:, None])  # every (step, past turn) pair
+        rea[turns[kk], jj] = rsum[kk, jj]
+        obs[jj, turns[kk]] = osum[kk, jj]
     return Heatmap(rea, obs, _clim(rea), _clim(obs), turns)
 
 

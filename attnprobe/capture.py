@@ -52,6 +52,7 @@ def select_queries(rendered: Rendered, queries: str | Sequence[int]) -> list[Que
 
 
 def _truncate(rendered: Rendered, limit: int) -> Rendered:
+    rendered.truncated_from = len(rendered.input_ids)
     keep = [s for s in rendered.segments if s.start < limit]
     from dataclasses import replace
 
@@ -128,7 +129,7 @@ def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[
         "num_model_layers": num_layers, "num_heads": int(lh_np.shape[2]),
         "queries_mode": queries if isinstance(queries, str) else "positions",
         "framing": trajectory.framing, "task": trajectory.task, "labels": trajectory.labels,
-        "trajectory_meta": trajectory.meta, "truncated": truncate and len(rendered.input_ids) == max_tokens,
+        "trajectory_meta": trajectory.meta, "truncated_from": rendered.truncated_from,
         "capture_seconds": round(elapsed, 3), "python": platform.python_version(),
     }
     meta.update(info)

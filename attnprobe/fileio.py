@@ -19,6 +19,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -60,6 +61,7 @@ class AtomicDir:
         if exc_type is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return False
+        os.chmod(self.tmp, 0o755)  # mkdtemp creates 0700
         if self.target.exists():
             old = self.target.with_name(f".{self.target.name}.old")
             shutil.rmtree(old, ignore_errors=True)

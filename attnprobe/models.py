@@ -6,7 +6,6 @@ Loaded models are cached per process so tests and CLI runs load each model once.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -42,7 +41,9 @@ class LoadedModel:
 
     @property
     def template_hash(self) -> str:
-        return hashlib.sha256((self.chat_template or "").encode()).hexdigest()[:16]
+        from .render import template_hash
+
+        return template_hash(self.tokenizer)
 
     @property
     def num_layers(self) -> int:

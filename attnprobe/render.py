@@ -60,6 +60,7 @@ class Rendered:
     add_generation_prompt: bool
     messages: list[dict]
     tried: dict[str, str] = field(default_factory=dict)
+    truncated_from: int | None = None  # original token count when truncated on request
 
     @property
     def num_turns(self) -> int:

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from . import __version__
-from .analysis import headline
+from .analysis import decay_curves, headline, heatmap, step_breakdown
 from .errors import AttnprobeError
 from .fileio import atomic_write_text
-from .figures import breakdown_figure, decay_figure, heatmap_figure
+from .figures import decay_figure, heatmap_figure, step_breakdown_figure
 from .result import META_FILE, CaptureResult
 
 
@@ -61,7 +61,10 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report") 
             (f"share of observation attention on the most recent {int(h['recent_fraction'] * 100)}% of turns "
              f"({h['recent_steps']} steps with ≥5 past turns)", _fmt(h["recent_observation_share"])),
         ]))
-    figs.append(fig_html(decay_figure(by_model)))
+    curves = {model: decay_curves(rs) for model, rs in by_model.items()}
+    fig = decay_figure(curves, ("reasoning", "tool_call", "observation"))
+    fig.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
+    figs.append(fig_html(fig))
     sections = []
     for r in results:
         m = r.meta
@@ -74,8 +77,11 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report") 
         ])
         parts = [f"<h2 id='{html.escape(r.trajectory_id)}'>{html.escape(r.trajectory_id)}</h2>", info]
         if any(q.kind == "reasoning" for q in r.queries) and r.num_turns > 1:
-            parts.append(fig_html(heatmap_figure(r)))
-            parts.append(fig_html(breakdown_figure(r)))
+            parts.append("<h3>Attention by past turn</h3><p>Lower triangle: attention from step t to turn j's "
+                         "reasoning; upper triangle (transposed): to turn j's observations; diagonal masked.</p>")
+            parts.append(fig_html(heatmap_figure(heatmap(r), r.turn_texts())))
+            parts.append("<h3>Where each reasoning step's attention goes</h3>")
+            parts.append(fig_html(step_breakdown_figure(step_breakdown(r)["steps"])))
         else:
             parts.append("<p>No reasoning-step queries in this capture: heatmap not applicable.</p>")
         sections.append("\n".join(parts))

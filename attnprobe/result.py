@@ -75,12 +75,18 @@ class CaptureResult:
         return lh.mean(axis=(1, 2))
 
     def turn_role_attention(self, layer: int | None = None, head: int | None = None) -> np.ndarray:
-        """[nq, num_turns, len(ROLES)]: attention summed by (turn, role)."""
+        """[nq, num_turns, len(ROLES)]: attention summed by (turn, role) (sorted reduceat: fast for
+        thousands of segments)."""
         arr = self.segment_arrays()
-        att = self.attention(layer, head)
-        out = np.zeros((att.shape[0], self.num_turns, len(ROLES)), dtype=np.float64)
-        np.add.at(out, (slice(None), arr["turn"], arr["role"]), att)
-        return out
+        att = np.asarray(self.attention(layer, head), dtype=np.float64)
+        n_roles = len(ROLES)
+        keys = arr["turn"] * n_roles + arr["role"]
+        order = np.argsort(keys, kind="stable")
+        uniq, starts = np.unique(keys[order], return_index=True)
+        out = np.zeros((att.shape[0], self.num_turns * n_roles), dtype=np.float64)
+        if len(uniq):
+            out[:, uniq] = np.add.reduceat(att[:, order], starts, axis=1)
+        return out.reshape(att.shape[0], self.num_turns, n_roles)
 
     def author_attention(self, layer: int | None = None, head: int | None = None) -> dict[str, np.ndarray]:
         """Attention per query to the model's own text vs external information (template excluded)."""
@@ -88,6 +94,35 @@ class CaptureResult:
         att = self.attention(layer, head)
         not_template = arr["role"] != ROLES.index("template")
         return {a: att[:, (arr["author"] == i) & not_template].sum(axis=1) for i, a in enumerate(AUTHORS)}
+
+    # ---------------------------------------------------------------- text views (hover labels, token strips)
+    def token_roles(self) -> np.ndarray:
+        """Role index (into ROLES) of every token."""
+        out = np.full(len(self.input_ids), ROLES.index("template"), dtype=np.int64)
+        for s in self.segments:
+            out[s.start:s.end] = ROLES.index(s.role)
+        return out
+
+    def token_texts(self) -> list[str]:
+        """The rendered text of every token ("" when the text was not stored)."""
+        if self.offsets is None or not self.text:
+            return [""] * len(self.input_ids)
+        return [self.text[int(a):int(b)] for a, b in self.offsets[: len(self.input_ids)]]
+
+    def turn_texts(self) -> dict[str, list[str]]:
+        """Per turn: the text of its reasoning (+ tool calls), its observations, and everything else."""
+        T = self.num_turns
+        parts: dict[str, list[list[str]]] = {k: [[] for _ in range(T)] for k in ("reasoning", "observation", "other")}
+        if self.offsets is None or not self.text:
+            return {k: [""] * T for k in parts}
+        for s in self.segments:
+            if s.end <= s.start or s.role == "template":
+                continue
+            piece = self.text[int(self.offsets[s.start][0]):int(self.offsets[s.end - 1][1])]
+            key = ("reasoning" if s.role in ("reasoning", "tool_call") else
+                   "observation" if s.role == "observation" else "other")
+            parts[key][s.turn].append(piece.strip())
+        return {k: [" ".join(p for p in v if p) for v in lists] for k, lists in parts.items()}
 
     # ---------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:

@@ -39,7 +39,8 @@ _TAGS = itertools.count()
 
 
 def _require_vllm():
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # missing, or only a folder named vllm (namespace package)
         raise AttnprobeError(INSTALL_HINT)
     try:
         import vllm  # noqa: F401
@@ -84,14 +85,24 @@ class VllmModel(LoadedModel):
         unload(self)
 
 
+_BIND_SET: str | None = None
+
+
 def _cpu_defaults(tp: int) -> None:
-    """Environment defaults for vLLM on CPU (only where the user has set nothing)."""
-    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-        per = max(1, len(cores) // tp)
-        groups = [cores[i * per:(i + 1) * per] or cores[-1:] for i in range(tp)]
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-            f"{g[0]}-{g[-1]}" if g == list(range(g[0], g[-1] + 1)) else ",".join(map(str, g)) for g in groups)
+    """OMP core binding for vLLM on CPU, one core group per rank, unless the user set one.
+
+    vLLM's "auto" binding pins a single-rank engine process to one core (2x slower here).
+    """
+    global _BIND_SET
+    current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if current is not None and current != _BIND_SET:
+        return  # the user's choice
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cores) // tp)
+    groups = [cores[i * per:(i + 1) * per] or cores[-1:] for i in range(tp)]
+    _BIND_SET = "|".join(f"{g[0]}-{g[-1]}" if g == list(range(g[0], g[-1] + 1)) else ",".join(map(str, g))
+                         for g in groups)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _BIND_SET
 
 
 def _resolve_folder(spec: str, progress: bool) -> tuple[str, Path, str | None]:
@@ -249,7 +260,7 @@ def _merge(loaded: VllmModel, rendered, points, layers, tag: str, shards: list[t
     coverage: dict[int, torch.Tensor] = {}
     q_parts: dict[int, dict[int, torch.Tensor]] = {}
     k_parts: dict[int, dict[int, torch.Tensor]] = {}
-    stats = {"steps": 0, "calls": 0, "restarts": 0}
+    stats = {"steps": 0, "shared_steps": 0, "calls": 0, "restarts": 0, "hook_seconds": 0.0}
     for meta, tensors in shards:
         info = meta["plans"].get(tag)
         if info is None:
@@ -258,7 +269,9 @@ def _merge(loaded: VllmModel, rendered, points, layers, tag: str, shards: list[t
             raise RuntimeError(f"vLLM prefilled {info['tokens_seen']} of {info['n']} tokens of {tag} on rank "
                                f"{meta.get('rank')}: the hooks did not see the whole trajectory")
         stats["calls"] += info["calls"]
+        stats["hook_seconds"] = max(stats["hook_seconds"], info.get("hook_seconds", 0.0))  # ranks run in parallel
         stats["steps"] = max(stats["steps"], info["steps"])
+        stats["shared_steps"] = max(stats["shared_steps"], info.get("shared_steps", 0))
         stats["restarts"] = max(stats["restarts"], info["restarts"])
         for layer_s, (off, cnt) in info["heads"].items():
             layer = int(layer_s)
@@ -341,7 +354,8 @@ def _run_batch(loaded: VllmModel, items: list[tuple[Any, list]], layers: Sequenc
             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
             "head_dim": loaded.ranks[0]["head_dim"],
             "attention_calls": stats["calls"], "prefill_steps": stats["steps"],
-            "preempted_restarts": stats["restarts"],
+            "prefill_steps_shared": stats["shared_steps"],
+            "preempted_restarts": stats["restarts"], "hook_seconds": stats["hook_seconds"],
             "chunk_size": engine_chunk,
             "tensor_parallel_size": loaded.extra["tensor_parallel_size"],
             "attention_layers": loaded.attention_layers,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,8 @@ class Plan:
     saved_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     saved_k: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     calls: int = 0
+    qpos: np.ndarray | None = None  # query positions as numpy (cheap per-chunk test, no torch op)
+    hook_seconds: float = 0.0  # time spent inside the hooks for this plan (overhead measure)
 
     @property
     def n(self) -> int:
@@ -287,7 +290,8 @@ class AttnprobeWorkerExtension:
                                  layers=None if p.get("layers") is None else [int(x) for x in p["layers"]])
             st.plans[p["tag"]] = Plan(tag=p["tag"], input_ids=ids, scorer=scorer,
                                       n_keys=int(qpos.max()) + 1 if len(qpos) else 0,
-                                      qk_layers={int(x) for x in p.get("qk_layers", [])})
+                                      qk_layers={int(x) for x in p.get("qk_layers", [])},
+                                      qpos=qpos.numpy().copy())
         st.step_inputs, st.step_map = None, None
         st.show_progress = bool(progress) and st.rank == 0
         if st.show_progress:
@@ -333,7 +337,8 @@ class AttnprobeWorkerExtension:
                     tensors[f"{tag}|k{layer}"] = torch.cat(plan.saved_k[layer], dim=1).contiguous()
                     kv[str(layer)] = [info.kv_head_offset, info.num_kv_heads]
             out[tag] = {"heads": heads, "kv_heads": kv, "tokens_seen": plan.next_start, "n": plan.n,
-                        "steps": plan.steps, "shared_steps": plan.shared_steps, "calls": plan.calls, "restarts": plan.restarts}
+                        "steps": plan.steps, "shared_steps": plan.shared_steps, "calls": plan.calls, "restarts": plan.restarts,
+                        "hook_seconds": round(plan.hook_seconds, 4)}
         st.plans = {}
         st.step_inputs, st.step_map = None, None
         if st.bar is not None:
@@ -428,6 +433,7 @@ class AttnprobeWorkerExtension:
             st.step_map = self._attnprobe_map_step(st, info.name)
         if not st.step_map:
             return None
+        t0 = time.perf_counter()
         query = args[0] if args else kwargs["query"]
         key = args[1] if len(args) > 1 else kwargs.get("key")
         h, kvh, d = info.num_heads, info.num_kv_heads, info.head_dim
@@ -455,7 +461,7 @@ class AttnprobeWorkerExtension:
                     k_buf = plan.keys.get(target.layer) if target is not None else None
                     k = None
                 qp = plan.scorer.query_positions
-                if k_buf is not None and bool(((qp >= start) & (qp < end)).any()):
+                if k_buf is not None and bool(np.any((plan.qpos >= start) & (plan.qpos < end))):
                     stop = min(end, plan.n_keys)
                     plan.scorer.score_layer(
                         layer, q.transpose(0, 1), k_buf[:, :stop], start, st.arange(stop), info.scale,
@@ -468,4 +474,7 @@ class AttnprobeWorkerExtension:
                     plan.saved_q.setdefault(layer, []).append(q.transpose(0, 1).float().cpu().clone())
                     if k is not None and info.kv_replica_first:
                         plan.saved_k.setdefault(layer, []).append(k.transpose(0, 1).float().cpu().clone())
+        dt = (time.perf_counter() - t0) / len(st.step_map)
+        for plan, *_ in st.step_map:
+            plan.hook_seconds += dt
         return None

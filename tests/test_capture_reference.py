@@ -21,11 +21,13 @@ def _check(res, rows):
     np.testing.assert_allclose(res.segment_attention.sum(axis=1), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("tid", ["sample-parallel-calls", "sample-reasoning-1", "sample-reasoning-2"])
-def test_matches_output_attentions(smol, samples, tid):
+@pytest.mark.parametrize("tid,route", [("sample-parallel-calls", "hooked"), ("sample-reasoning-1", "output_attentions"),
+                                       ("sample-reasoning-2", "output_attentions")])
+def test_matches_eager(smol, samples, tid, route):
     traj = samples[tid]
     base = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=512)
-    rows = eager_output_attentions(smol.model, base.input_ids, base.query_positions)
+    reference = eager_output_attentions if route == "output_attentions" else eager_hooked_rows
+    rows = reference(smol.model, base.input_ids, base.query_positions)
     _check(base, rows)
     q = int(base.query_positions[1])
     # Chunk sizes that put a query on the first token of a chunk, on the last, and a ragged size.

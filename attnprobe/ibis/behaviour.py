@@ -3,9 +3,13 @@
 Backends (greedy decoding, temperature 0):
 
 - :class:`TransformersBackend` runs the loaded model in process. The prompt is rendered by
-  :func:`attnprobe.render` exactly as capture renders it. Generation stops early once the reply
-  holds a complete tool call (greedy decoding makes the result a prefix of the full generation, so
-  the parsed action is the same), which roughly halves the cost on CPU.
+  :func:`attnprobe.render` exactly as capture renders it. ``complete_many`` generates several
+  prompts in one left-padded batch (what ``run_behaviour`` uses with ``batch_size > 1``; several
+  times faster on CPU); ``complete`` generates one prompt and can stop early once the reply holds
+  a complete tool call (greedy decoding makes the result a prefix of the full generation, so the
+  parsed action is the same). It also records a *forced choice*: the log-probability of
+  ``{"name": "web_search"`` vs ``{"name": "visit_page"`` after the prompt, which decides every
+  item even when the free reply is unparseable.
 - :class:`OpenAIBackend` talks to any OpenAI-compatible endpoint (``vllm serve``,
   ``python -m attnprobe.ibis.serve_main``) through :class:`attnprobe.chat.OpenAIChat`.
 
@@ -49,7 +53,18 @@ _SEARCH_INTENT = re.compile(
 _VISIT_INTENT = re.compile(
     r"\b(visit|open|browse|click( on)?|read)\b[^.\n]{0,40}\b(page|result|link|url|website|site|article|"
     r"https?://\S+)", re.I)
+FORCED_CHOICE_PREFIX = '{"name": "'
 _ANSWER_INTENT = re.compile(r"\b(final answer|the answer is)\b", re.I)
+
+
+def _accepts_cache_kw(model) -> bool:
+    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
+    import inspect
+
+    try:
+        return "cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _normalise_name(name: str) -> str | None:
@@ -87,7 +102,8 @@ def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prom
     for c in calls:
         dec = _normalise_name(c.name)
         if dec:
-            return {"decision": dec, "method": "parsed-alias", "name": c.name, "arguments": c.arguments}
+            return {"decision": dec, "method": "parsed" if c.name in TOOL_NAMES else "parsed-alias",
+                    "name": c.name, "arguments": c.arguments}
     text = _strip_echo(raw_text, prompt_text) if prompt_text else raw_text
     mentioned = {d for d in ("web_search", "visit_page") if re.search(rf"\b{d}\b", text)}
     if len(mentioned) == 1:
@@ -116,10 +132,110 @@ class TransformersBackend:
 
     kind = "transformers"
 
-    def __init__(self, loaded, *, early_stop: bool = True):
+    def __init__(self, loaded, *, early_stop: bool = True, forced_choice: bool = True):
         self.loaded = loaded
         self.name = loaded.name
         self.early_stop = early_stop
+        self.forced_choice = forced_choice
+
+    def option_logprobs(self, prompt_ids) -> dict[str, float]:
+        """Forced choice: summed log-probability of each tool name after the prompt + ``{"name": "``.
+
+        The options differ only in the tool name (the call format the system prompt asks for), so
+        the difference is the model's preference between the two actions; it exists for every
+        item, even when the generated reply is unparseable. One prefill: the prompt + prefix is
+        run once and its KV cache is reused for the second option.
+        """
+        import torch
+
+        tok = self.loaded.tokenizer
+        prefix = tok(FORCED_CHOICE_PREFIX, add_special_tokens=False)["input_ids"]
+        names = {n: tok(FORCED_CHOICE_PREFIX + n + '"', add_special_tokens=False)["input_ids"][len(prefix):]
+                 for n in ("web_search", "visit_page")}
+        full = {n: tok(FORCED_CHOICE_PREFIX + n + '"', add_special_tokens=False)["input_ids"]
+                for n in ("web_search", "visit_page")}
+        if any(full[n][:len(prefix)] != prefix for n in full):  # tokenizer merged across the prefix: no sharing
+            return self._option_logprobs_plain(prompt_ids, full)
+        base = list(prompt_ids) + prefix
+        out = {}
+        with torch.inference_mode():
+            first = self.loaded.model(torch.as_tensor(base)[None], use_cache=True)
+            keys = set(first.keys())  # transformers >= 5.2x names it "cache", older "past_key_values"
+            cache = first["cache"] if "cache" in keys else getattr(first, "past_key_values", None)
+            if cache is None:
+                return self._option_logprobs_plain(prompt_ids, full)
+            last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
+            added = 0
+            for n in ("web_search", "visit_page"):
+                if added:  # drop the previous option's tokens from the shared cache
+                    cache.crop(-added)
+                    added = 0
+                ids = names[n]
+                lp = float(last[ids[0]])
+                if len(ids) > 1:
+                    kw = {"cache" if _accepts_cache_kw(self.loaded.model) else "past_key_values": cache}
+                    logits = self.loaded.model(torch.as_tensor(ids[:-1])[None], use_cache=True,
+                                               **kw).logits[0].float()
+                    logp = torch.log_softmax(logits, dim=-1)
+                    lp += float(logp[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].sum())
+                    added = len(ids) - 1
+                out[n] = lp
+        return out
+
+    def _option_logprobs_plain(self, prompt_ids, full) -> dict[str, float]:
+        import torch
+
+        out = {}
+        for n, cont in full.items():
+            ids = torch.as_tensor(list(prompt_ids) + list(cont))[None]
+            with torch.inference_mode():
+                logits = self.loaded.model(ids).logits[0, len(prompt_ids) - 1:-1].float()
+            out[n] = float(torch.log_softmax(logits, dim=-1).gather(1, torch.as_tensor(cont)[:, None]).sum())
+        return out
+
+    def complete_many(self, trajectories, *, max_tokens: int = 64) -> list[dict[str, Any]]:
+        """Greedy generation for several prompts in one left-padded batch (several times faster on
+        CPU than one by one; outputs checked equal to unbatched generation in the tests)."""
+        import torch
+
+        from ..render import render
+
+        tok = self.loaded.tokenizer
+        rendered = [render(t, tok, add_generation_prompt=True) for t in trajectories]
+        prompts = [r.input_ids.tolist() for r in rendered]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            out = self.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                                             pad_token_id=pad)
+        eos = tok.eos_token_id
+        fcs = self.option_logprobs_many(prompts) if self.forced_choice else [None] * len(prompts)
+        results = []
+        for r, p, row, fc in zip(rendered, prompts, out, fcs):
+            new = row[width:].tolist()
+            if eos is not None and eos in new:
+                new = new[: new.index(eos) + 1]
+            text = tok.decode(new, skip_special_tokens=True)
+            finish = "stop" if (eos is not None and new and new[-1] == eos) else "length"
+            res = {"raw_text": text, "tool_calls": [], "input_tokens": len(p), "output_tokens": len(new),
+                   "finish_reason": finish, "prompt_text": r.text, "rendering": r.rendering}
+            if fc is not None:
+                res["forced_choice"] = fc
+            results.append(res)
+        return results
+
+    def option_logprobs_many(self, prompts: list[list[int]]) -> list[dict[str, Any]]:
+        """:meth:`option_logprobs` for several prompts; one prefill per prompt (the second option
+        reuses the KV cache of the shared prompt + ``{"name": "`` prefix)."""
+        return [self._fc_entry(self.option_logprobs(p)) for p in prompts]
+
+    @staticmethod
+    def _fc_entry(lp: dict[str, float]) -> dict[str, Any]:
+        ws, vp = lp["web_search"], lp["visit_page"]
+        return {"logprob_web_search": round(ws, 5), "logprob_visit_page": round(vp, 5),
+                "log_odds_visit": round(vp - ws, 5), "choice": "visit_page" if vp > ws else "web_search"}
 
     def complete(self, trajectory, *, max_tokens: int = 64) -> dict[str, Any]:
         import torch
@@ -152,8 +268,11 @@ class TransformersBackend:
         eos = tok.eos_token_id
         stopped_eos = len(new) > 0 and eos is not None and int(new[-1]) == eos
         finish = "stop" if stopped_eos else ("length" if len(new) >= max_tokens else "call_complete")
-        return {"raw_text": text, "tool_calls": [], "input_tokens": int(n_prompt), "output_tokens": int(len(new)),
-                "finish_reason": finish, "prompt_text": rendered.text, "rendering": rendered.rendering}
+        res = {"raw_text": text, "tool_calls": [], "input_tokens": int(n_prompt), "output_tokens": int(len(new)),
+               "finish_reason": finish, "prompt_text": rendered.text, "rendering": rendered.rendering}
+        if self.forced_choice:
+            res["forced_choice"] = self._fc_entry(self.option_logprobs(rendered.input_ids.tolist()))
+        return res
 
 
 class OpenAIBackend:
@@ -183,7 +302,10 @@ def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = 64) -> di
     traj = build_framing(item, framing)
     t0 = time.perf_counter()
     out = backend.complete(traj, max_tokens=max_tokens)
-    seconds = time.perf_counter() - t0
+    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens)
+
+
+def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int) -> dict[str, Any]:
     cls = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
@@ -192,6 +314,7 @@ def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = 64) -> di
         "raw_text": out["raw_text"], "structured_tool_calls": out["tool_calls"], "finish_reason": out["finish_reason"],
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
         "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, "max_tokens": max_tokens,
+        "forced_choice": out.get("forced_choice"),
     }
 
 
@@ -216,7 +339,7 @@ def read_decisions(path: Path) -> list[dict]:
 
 
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, max_tokens: int = 64,
-                  force: bool = False, progress: bool = True) -> dict[str, int]:
+                  force: bool = False, progress: bool = True, batch_size: int = 1) -> dict[str, int]:
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``; returns counts.
 
     Resumable: finished pairs are skipped; each decision is appended atomically as soon as it
@@ -229,6 +352,28 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     done = set() if force else {(r["item_id"], r["framing"]) for r in read_decisions(path)}
     todo = [(it, fr) for it in items for fr in framings if (it.id, fr) not in done]
     counts = {"done_before": len(items) * len(framings) - len(todo), "decided": 0, "failed": 0}
+    if batch_size > 1 and hasattr(backend, "complete_many"):
+        bar = tqdm(total=len(todo), desc="ibis behaviour", unit="call", disable=not progress)
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            t0 = time.perf_counter()
+            try:
+                outs = backend.complete_many([build_framing(it, fr) for it, fr in chunk], max_tokens=max_tokens)
+            except (AttnprobeError, OSError, RuntimeError, ValueError) as exc:
+                counts["failed"] += len(chunk)
+                for it, fr in chunk:
+                    append_line_atomic(folder / "errors.jsonl", json.dumps(
+                        {"stage": "behaviour", "item_id": it.id, "framing": fr,
+                         "error": f"{type(exc).__name__}: {exc}", "time": time.time()}, ensure_ascii=False))
+                bar.update(len(chunk))
+                continue
+            per = (time.perf_counter() - t0) / len(chunk)
+            for (it, fr), out in zip(chunk, outs):
+                append_line_atomic(path, json.dumps(_record(backend, it, fr, out, per, max_tokens), ensure_ascii=False))
+                counts["decided"] += 1
+            bar.update(len(chunk))
+        bar.close()
+        return counts
     for it, fr in tqdm(todo, desc="ibis behaviour", unit="call", disable=not progress):
         try:
             rec = decide(backend, it, fr, max_tokens=max_tokens)

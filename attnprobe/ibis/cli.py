@@ -50,6 +50,8 @@ def _add_run(p):
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
     p.add_argument("--max-new-tokens", type=int, default=64, help="generation limit per decision (greedy)")
     p.add_argument("--force", action="store_true", help="redo finished items instead of resuming")
+    p.add_argument("--batch-size", type=int, default=12,
+                   help="prompts generated together (transformers backend; left-padded batch, same greedy output)")
 
 
 def _add_capture(p):
@@ -158,8 +160,11 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
         merged = {**prev, **{it.id: it.to_dict() for it in items}}
         items_text = "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in merged.values())
     atomic_write_text(old, items_text)
+    from .items import IbisItem
+
+    all_items = [IbisItem.from_dict(json.loads(line)) for line in items_text.splitlines() if line.strip()]
     atomic_write_text(folder / "framings.jsonl", "".join(
-        dumps_trajectory(build_framing(it, fr)) + "\n" for it in items for fr in FRAMINGS))
+        dumps_trajectory(build_framing(it, fr)) + "\n" for it in all_items for fr in FRAMINGS))
     run_path = folder / "run.json"
     run = json.loads(run_path.read_text()) if run_path.is_file() else {}
     run.update({"model": name, "attnprobe_version": __version__, "items_source": str(args.items),
@@ -201,16 +206,17 @@ def cmd_run(args) -> int:
         inv = _check_invariants(loaded.tokenizer, items, folder)
         backend = TransformersBackend(loaded)
     counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
-                           force=args.force, progress=not args.no_progress)
+                           force=args.force, progress=not args.no_progress, batch_size=args.batch_size)
     _update_run(folder, "behaviour", {"backend": args.backend, "base_url": args.base_url, "model_spec": args.model,
                                       "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
+                                      "batch_size": args.batch_size,
                                       "framings": args.framings, "invariants": inv, **counts})
     print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "
           f"-> {folder / 'decisions.jsonl'}", file=sys.stderr)
     return 1 if counts["failed"] else 0
 
 
-def cmd_capture(args) -> int:
+def cmd_capture(args, aggregate_now: bool = True) -> int:
     from ..models import load_model
     from .attention import aggregate, run_attention
 
@@ -222,9 +228,9 @@ def cmd_capture(args) -> int:
     inv = _check_invariants(loaded.tokenizer, items, folder)
     counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size,
                            force=args.force_capture, progress=not args.no_progress)
-    index = aggregate(items, folder)
+    index = aggregate(items, folder) if aggregate_now else None
     _update_run(folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size, "invariants": inv,
-                                      **counts, "aggregated_items": len(index["items"]) if index else 0})
+                                      **counts, "aggregated_items": len(index["items"]) if index else None})
     print(f"ibis capture: {counts['captured']} captured, {counts['done_before']} already done, {counts['failed']} "
           f"failed -> {folder / 'attention.safetensors'}", file=sys.stderr)
     return 1 if counts["failed"] else 0
@@ -242,12 +248,27 @@ def cmd_report(args) -> int:
 
 
 def cmd_all(args) -> int:
-    rc = cmd_run(args)
+    """Behaviour and capture item group by item group (so an interrupted run has both for every
+    finished item), then aggregate and report."""
+    from .attention import aggregate
+
+    items = _items(args)
     args._name = _model_name(args)
-    if args.backend == "openai" and args.model == "default":
-        print("ibis all: capturing with the in-process model given by --model (default: the bundled SmolLM2)",
+    if args.backend == "openai":
+        print("ibis all: generating through the endpoint, capturing with the in-process model given by --model",
               file=sys.stderr)
-    rc = max(rc, cmd_capture(args))
+    per = max(1, args.batch_size // max(1, len(args.framings)))
+    rc = 0
+    all_ids = [it.id for it in items]
+    for start in range(0, len(items), per):
+        args.ids = all_ids[start:start + per]
+        args.limit = None
+        rc = max(rc, cmd_run(args))
+        rc = max(rc, cmd_capture(args, aggregate_now=False))
+        print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
+    args.ids, args.limit = all_ids, None
+    index = aggregate(_items(args), _folder(args, args._name))
+    _update_run(_folder(args, args._name), "aggregate", {"items": len(index["items"]) if index else 0})
     cmd_report(args)
     return rc
 

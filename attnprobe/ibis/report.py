@@ -30,6 +30,10 @@ ATT_SUBSETS = ("headline", "should_research", "should_visit_page")
 def _r(x, nd=4):
     if x is None:
         return None
+    if isinstance(x, np.ndarray) and x.size == 1:
+        x = float(x.reshape(-1)[0])
+    if isinstance(x, (np.integer,)):
+        return int(x)
     if isinstance(x, (float, np.floating)):
         return None if math.isnan(float(x)) else round(float(x), nd)
     return x
@@ -99,6 +103,51 @@ def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n
             out["secondary_gaps"]["direct_minus_agentic_should_visit_page"] = paired_gap(
                 dec, items, "agentic", "direct", "should_visit_page", n_boot, seed)
         out["flips"] = flip_analysis(dec, items, n_boot=n_boot, seed=seed, n_perm=n_perm)
+    fc = forced_choice_metrics(items, dec, framings, n_boot=n_boot, seed=seed, n_perm=n_perm)
+    if fc:
+        out["forced_choice"] = fc
+    return out
+
+
+def forced_choice_metrics(items, dec, framings, *, n_boot: int, seed: int, n_perm: int = 200) -> dict[str, Any] | None:
+    """The same analyses on the forced choice (log-probability of each tool name), when recorded."""
+    fdec = {k: {"correct": d["forced_choice"]["choice"] == d["expected"], "lo": d["forced_choice"]["log_odds_visit"]}
+            for k, d in dec.items() if d.get("forced_choice")}
+    if not fdec:
+        return None
+    label_of = {it.id: it.label for it in items}
+    acc = {}
+    for fr in framings:
+        acc[fr] = {}
+        for sub in ("should_research", "should_visit_page", "headline"):
+            rs = [v for (i, f), v in fdec.items() if f == fr and i in label_of and _in_subset(label_of[i], sub)]
+            if rs:
+                k, n = sum(v["correct"] for v in rs), len(rs)
+                acc[fr][sub] = {"n": n, "correct": k, "accuracy": _r(k / n),
+                                "ci95_wilson": [_r(v) for v in wilson_ci(k, n)],
+                                "mean_log_odds_visit": _r(float(np.mean([v["lo"] for v in rs])))}
+    out: dict[str, Any] = {
+        "definition": "choice = the tool whose name has the higher log-probability after the prompt + '{\"name\": \"' "
+                      "(no generation, so no unparseable cases); log_odds_visit = logP(visit_page) - logP(web_search)",
+        "accuracy": acc}
+    if "agentic" in framings and "observer" in framings:
+        g = paired_gap(fdec, items, "agentic", "observer", "should_research", n_boot, seed)
+        g["definition"] = "observer - agentic forced-choice accuracy on should_research"
+        out["inertia_gap"] = g
+        out["flips"] = flip_analysis(fdec, items, n_boot=n_boot, seed=seed, n_perm=n_perm)
+        shifts = {}
+        for sub in ("should_research", "should_visit_page", "headline"):
+            ids = [it.id for it in items if _in_subset(it.label, sub) and (it.id, "agentic") in fdec
+                   and (it.id, "observer") in fdec]
+            if not ids:
+                continue
+            d = np.asarray([fdec[(i, "agentic")]["lo"] - fdec[(i, "observer")]["lo"] for i in ids])
+            lo, hi = bootstrap_mean_ci(d, n_boot=n_boot, seed=seed)
+            shifts[sub] = {"n": len(ids), "mean": _r(d.mean()), "ci95": [_r(lo), _r(hi)],
+                           "share_positive": _r((d > 0).mean())}
+        out["log_odds_shift_agentic_minus_observer"] = {
+            "definition": "per-item log_odds_visit(agentic) - log_odds_visit(observer); positive = owning the search "
+                          "pushes the model toward visiting a page (the inertia direction)", **shifts}
     return out
 
 
@@ -184,6 +233,7 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
         mean = dh.mean(0)
         lo, hi = bootstrap_mean_ci(dh, n_boot=min(n_boot, 2000), seed=seed)
         total = mean.sum()
+        abs_total = np.abs(mean).sum()
         order = np.argsort(-np.abs(mean), axis=None)[:top_k]
         rows = []
         for flat in order:
@@ -192,9 +242,10 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
                          "ci95": [_r(lo[li, h]), _r(hi[li, h])],
                          "agentic": _r(arrays["mass.agentic"][sel, ci_, li, h].mean()),
                          "observer": _r(arrays["mass.observer"][sel, ci_, li, h].mean()),
-                         "share_of_total_gap": _r(mean[li, h] / total) if total else None})
-        top_sum = float(sum(mean[np.unravel_index(f, mean.shape)] for f in order))
-        heads[cat] = {"top": rows, "top_k_share_of_total_gap": _r(top_sum / total) if total else None,
+                         "share_of_abs_gap": _r(abs(mean[li, h]) / abs_total) if abs_total else None})
+        top_abs = float(sum(abs(mean[np.unravel_index(f, mean.shape)]) for f in order))
+        heads[cat] = {"top": rows, "top_k_share_of_abs_gap": _r(top_abs / abs_total) if abs_total else None,
+                      "mean_gap": _r(float(mean.mean())), "share_heads_positive": _r(float((mean > 0).mean())),
                       "gap_matrix": [[_r(v, 5) for v in row] for row in mean]}
     out["heads"] = heads
     return out
@@ -273,6 +324,34 @@ def markdown_report(m: dict) -> str:
                 L.append(f"- {k}: AUC = {e.get('auc')} (permutation p = {e.get('p_value')}; n = {e.get('n')}"
                          + (f"; {e['reason']}" if e.get("reason") else "") + ")")
             L.append("")
+        fc = b.get("forced_choice")
+        if fc:
+            L += ["### Forced choice (log-probability of each tool name; every item decided)", "",
+                  "| framing | subset | n | accuracy | 95% CI | mean log-odds visit |", "|---|---|---|---|---|---|"]
+            for fr, subs in fc["accuracy"].items():
+                for sub, e in subs.items():
+                    L.append(f"| {fr} | {sub} | {e['n']} | {100 * e['accuracy']:.1f}% | "
+                             f"{100 * e['ci95_wilson'][0]:.1f}-{100 * e['ci95_wilson'][1]:.1f}% | "
+                             f"{e['mean_log_odds_visit']:+.3f} |")
+            g = fc.get("inertia_gap")
+            if g and g.get("gap") is not None:
+                L += ["", f"Forced-choice inertia gap (observer - agentic, should_research, n={g['n_pairs']}): "
+                          f"{_fmt_ci(g)}; McNemar exact p = {g['mcnemar_p']} (observer-only "
+                          f"{g['correct_only_observer']}, agentic-only {g['correct_only_agentic']})."]
+            fl = fc.get("flips") or {}
+            if fl.get("n_items"):
+                L.append(f"- forced-choice flips (should_research): {fl['n_flips']} of {fl['n_items']}; share in the "
+                         f"inertia direction {fl['share_inertia_direction']} {fl.get('share_ci95_wilson', '')}; "
+                         f"surface-feature AUC occurrence {fl['auc_flip_occurrence'].get('auc')} "
+                         f"(p {fl['auc_flip_occurrence'].get('p_value')}), direction "
+                         f"{fl['auc_flip_direction'].get('auc')} (p {fl['auc_flip_direction'].get('p_value')}"
+                         + (f"; {fl['auc_flip_direction']['reason']}" if fl['auc_flip_direction'].get('reason') else "")
+                         + ")")
+            for sub, e in (fc.get("log_odds_shift_agentic_minus_observer") or {}).items():
+                if isinstance(e, dict):
+                    L.append(f"- log-odds(visit) shift agentic - observer, {sub} (n={e['n']}): {e['mean']:+.3f} "
+                             f"[{e['ci95'][0]:+.3f}, {e['ci95'][1]:+.3f}], positive in {e['share_positive']}")
+            L.append("")
     a = m.get("attention")
     if a and "attentional_gap" in a:
         g = a["attentional_gap"]
@@ -289,12 +368,14 @@ def markdown_report(m: dict) -> str:
                 L.append(f"| {sub} | {cat} | " + " | ".join(f"{e[fr]:.4f}" for fr in a["framings"])
                          + f" | {_fmt_ci(e, key='gap_agentic_minus_observer', pct=False)} |")
         L += ["", "Heads carrying most of the own-call vs external-query difference (agentic - observer):", "",
-              "| layer | head | gap [95% CI] | agentic | observer | share of total |", "|---|---|---|---|---|---|"]
+              "| layer | head | gap [95% CI] | agentic | observer | share of summed abs gap |", "|---|---|---|---|---|---|"]
         for h in a["heads"]["query"]["top"]:
             L.append(f"| {h['layer']} | {h['head']} | {h['gap']:+.4f} [{h['ci95'][0]:+.4f}, {h['ci95'][1]:+.4f}] | "
-                     f"{h['agentic']:.4f} | {h['observer']:.4f} | {h['share_of_total_gap']} |")
-        L += ["", f"Top-{len(a['heads']['query']['top'])} share of the summed head gap: "
-                  f"{a['heads']['query']['top_k_share_of_total_gap']}.", ""]
+                     f"{h['agentic']:.4f} | {h['observer']:.4f} | {h['share_of_abs_gap']} |")
+        hq = a["heads"]["query"]
+        L += ["", f"The top {len(hq['top'])} of {len(hq['gap_matrix']) * len(hq['gap_matrix'][0])} heads carry "
+                  f"{hq['top_k_share_of_abs_gap']} of the summed absolute head gap; {hq['share_heads_positive']} of "
+                  f"heads attend more to the own call than to the external query.", ""]
     if m.get("errors_logged"):
         L += [f"Errors logged in errors.jsonl: {m['errors_logged']} (items are retried on the next run).", ""]
     return "\n".join(L)
@@ -366,6 +447,10 @@ def html_report(m: dict, *, plotlyjs: str | bool = True) -> str:
 def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: int = 200,
                  plotlyjs: str | bool = True) -> dict[str, Any]:
     folder = Path(folder)
+    if (folder / "captures").is_dir() and (folder / "items.jsonl").is_file():
+        from .attention import aggregate  # refresh attention.* from whatever captures exist (partial runs too)
+
+        aggregate(load_items(folder / "items.jsonl"), folder)
     m = compute_metrics(folder, n_boot=n_boot, seed=seed, n_perm=n_perm)
     atomic_write_text(folder / "metrics.json", json.dumps(m, indent=1))
     atomic_write_text(folder / "report.md", markdown_report(m))
@@ -405,7 +490,10 @@ def compare_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
                "unparseable": b.get("unparseable_total"), "decisions": b.get("decisions_total"),
                "attentional_gap": ag.get("gap"), "attentional_gap_ci95": ag.get("ci95"),
                "results_attention_gap": rg.get("gap_agentic_minus_observer"), "results_attention_gap_ci95": rg.get("ci95"),
-               "share_inertia_direction": b.get("flips", {}).get("share_inertia_direction")}
+               "share_inertia_direction": b.get("flips", {}).get("share_inertia_direction"),
+               "forced_choice_inertia_gap": (b.get("forced_choice") or {}).get("inertia_gap", {}).get("gap"),
+               "forced_choice_inertia_gap_ci95": (b.get("forced_choice") or {}).get("inertia_gap", {}).get("ci95"),
+               "forced_choice_mcnemar_p": (b.get("forced_choice") or {}).get("inertia_gap", {}).get("mcnemar_p")}
         for fr in FRAMINGS:
             for sub in ("should_research", "should_visit_page"):
                 row[f"acc_{fr}_{sub}"] = acc.get(fr, {}).get(sub, {}).get("accuracy")
@@ -424,14 +512,15 @@ def compare_table(rows: list[dict]) -> str:
         return s + (f" [{fmt.format(scale * c[0])}, {fmt.format(scale * c[1])}]" if c and c[0] is not None else "")
 
     head = ("| model | n | research acc ag/obs/dir | visit acc ag/obs/dir | inertia gap pp [CI] | McNemar p | "
-            "unparseable | attn gap own-call vs query [CI] | attn gap results [CI] |")
-    lines = [head, "|" + "---|" * 9]
+            "unparseable | forced-choice gap pp [CI] (p) | attn gap own-call vs query [CI] | attn gap results [CI] |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['n_items']} | "
             + "/".join(pct(r[f"acc_{fr}_should_research"]) for fr in FRAMINGS) + " | "
             + "/".join(pct(r[f"acc_{fr}_should_visit_page"]) for fr in FRAMINGS) + " | "
             + f"{ci(r['inertia_gap'], r['inertia_gap_ci95'])} | {r['mcnemar_p']} | {r['unparseable']}/{r['decisions']} | "
+            + f"{ci(r['forced_choice_inertia_gap'], r['forced_choice_inertia_gap_ci95'])} ({r['forced_choice_mcnemar_p']}) | "
             + f"{ci(r['attentional_gap'], r['attentional_gap_ci95'], 1.0, '{:+.4f}')} | "
             + f"{ci(r['results_attention_gap'], r['results_attention_gap_ci95'], 1.0, '{:+.4f}')} |")
     return "\n".join(lines)

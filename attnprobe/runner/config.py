@@ -25,7 +25,7 @@ class RunSettings:
     max_validation_steps: int = 4  # reasoning steps checked in stage 2
     top_k: int = 4                # search results per query
     page_chars: int = 1200        # visit_page output is cut to this many characters
-    max_tokens: int = 160         # per model call
+    max_tokens: int = 128         # per model call
     temperature: float = 0.0      # greedy by default
     name: str = "custom"
     extra: dict = field(default_factory=dict)
@@ -44,10 +44,10 @@ class RunSettings:
             raise ValueError("temperature must be >= 0")
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "RunSettings":
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; use one of {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[name], "name": name, **overrides})
+    def preset(cls, preset: str, **overrides) -> "RunSettings":
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[preset], "name": preset, **overrides})
 
     def with_(self, **changes) -> "RunSettings":
         return replace(self, **changes)

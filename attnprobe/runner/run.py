@@ -151,6 +151,10 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
                                  "start again")
     search = search or make_search("bm25")
     done = {r["run_id"]: r for r in read_jsonl(rpath)}
+    for r in done.values():
+        if r.get("settings") != settings.to_dict():
+            raise AttnprobeError(f"{rpath}: run {r['run_id']} was made with other settings ({r.get('settings')}); "
+                                 "resume with the same options or use another --out")
     calls = read_jsonl(out)
     by_run: dict[str, list[dict]] = {}
     for c in calls:

@@ -1,0 +1,107 @@
+"""Streamlit glue shared by the pages: the data directory, cached loaders, pagination, errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from . import data as D
+
+PAGE_SIZE = 50
+
+
+def configured_data_dir() -> str | None:
+    """``--data DIR`` after ``streamlit run app/streamlit_app.py --``, else $ATTNPROBE_APP_DATA."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--data" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--data="):
+            return a.split("=", 1)[1]
+    return os.environ.get(D.ENV_DATA)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# Loaded objects are cached with cache_resource: they are kept as live objects in memory and never
+# pickled or unpickled (st.cache_data would round-trip them through pickle on every hit).
+@st.cache_resource(ttl=20, show_spinner="Scanning the data directory…")
+def inventory(root: str) -> D.Inventory:
+    return D.discover(Path(root))
+
+
+@st.cache_resource(max_entries=16, show_spinner="Loading capture…")
+def _capture(root: str, rel: str, mtime: float):
+    return D.load_capture(Path(root), rel)
+
+
+def capture(root: Path, rel: str):
+    return _capture(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"))
+
+
+@st.cache_resource(max_entries=16)
+def _capture_views(root: str, rel: str, mtime: float) -> dict[str, Any]:
+    res = _capture(root, rel, mtime)
+    return {"token_roles": res.token_roles(), "token_texts": res.token_texts(), "turn_texts": res.turn_texts()}
+
+
+def capture_views(root: Path, rel: str) -> dict[str, Any]:
+    return _capture_views(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"))
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _heatmap(root: str, rel: str, mtime: float, layer, head):
+    from attnprobe.analysis import heatmap
+
+    return heatmap(_capture(root, rel, mtime), layer, head)
+
+
+def heatmap(root: Path, rel: str, layer=None, head=None):
+    return _heatmap(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"), layer, head)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Loading IBIS results…")
+def _ibis(root: str, rel: str, mtimes: tuple):
+    return D.load_ibis(Path(root), rel)
+
+
+def ibis(root: Path, rel: str) -> D.IbisFolder:
+    folder = D.resolve_inside(root, rel)
+    mt = tuple(_mtime(folder / n) for n in ("items.jsonl", "decisions.jsonl", "metrics.json", "attention.json",
+                                            "attention.safetensors"))
+    return _ibis(str(root), rel, mt)
+
+
+def paginate(df, key: str, page_size: int = PAGE_SIZE):
+    """Show a DataFrame one page at a time (big tables stay fast)."""
+    n = len(df)
+    if n <= page_size:
+        st.dataframe(df, hide_index=True)
+        return
+    pages = (n + page_size - 1) // page_size
+    c1, c2 = st.columns([1, 4])
+    page = c1.number_input("page", min_value=1, max_value=pages, value=1, step=1, key=key)
+    c2.caption(f"rows {(page - 1) * page_size + 1}-{min(n, page * page_size)} of {n} ({pages} pages)")
+    st.dataframe(df.iloc[(page - 1) * page_size: page * page_size], hide_index=True)
+
+
+def show_problems(problems: list[str], label: str = "could not be read") -> None:
+    if problems:
+        with st.expander(f"{len(problems)} file(s) {label}", expanded=False):
+            for p in problems[:200]:
+                st.text(p)
+            if len(problems) > 200:
+                st.text(f"… and {len(problems) - 200} more")
+
+
+def no_data(kind: str, how: str) -> None:
+    st.info(f"No {kind} found in the data directory.\n\n{how}")

@@ -1,0 +1,1 @@
+"""Page modules: each has render(root, inventory)."""

@@ -1,0 +1,76 @@
+"""Models page: behavioural and attentional inertia gaps across models, with CIs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from .. import common as C
+from .. import data as D
+
+FROM_FOLDERS = "IBIS model folders (metrics.json)"
+
+
+def _ci(v, c, scale=1.0, fmt="{:+.3f}"):
+    if v is None:
+        return "n/a"
+    s = fmt.format(scale * v)
+    return s + (f" [{fmt.format(scale * c[0])}, {fmt.format(scale * c[1])}]" if c and c[0] is not None else "")
+
+
+def render(root, inv) -> None:
+    from attnprobe.ibis.report import compare_figure, compare_rows
+
+    st.title("Models")
+    C.show_problems(inv.problems)
+    sources = list(inv.compares) + ([FROM_FOLDERS] if inv.ibis else [])
+    if not sources:
+        C.no_data("IBIS results", "Run `attnprobe ibis all --results DIR/ibis` for each model, then "
+                                  "`attnprobe compare DIR/ibis --out DIR/compare`.")
+        return
+    with st.sidebar:
+        st.markdown("### Models")
+        src = st.selectbox("source", sources, key="models_src",
+                           help="a compare.json written by `attnprobe compare`, or every IBIS folder found here")
+    problems = []
+    if src == FROM_FOLDERS:
+        rows = []
+        for rel in inv.ibis:
+            folder = D.resolve_inside(root, rel)
+            if not (folder / "metrics.json").is_file():
+                problems.append(f"{rel}: no metrics.json (run `attnprobe ibis report`)")
+                continue
+            try:
+                D.read_json(root, f"{rel}/metrics.json")  # validates JSON with a clear message first
+                rows += compare_rows([folder])
+            except (D.DataError, Exception) as exc:  # noqa: BLE001 - shown to the user
+                problems.append(f"{rel}: {exc}")
+    else:
+        try:
+            rows = D.load_compare(root, src)
+        except D.DataError as exc:
+            st.error(str(exc))
+            return
+    C.show_problems(problems, "skipped")
+    if not rows:
+        st.info("No model has metrics yet.")
+        return
+    for r in rows:
+        r.setdefault("model", "?")
+        for k in ("inertia_gap", "inertia_gap_ci95", "attentional_gap", "attentional_gap_ci95"):
+            r.setdefault(k, None)
+    st.plotly_chart(compare_figure(rows), key="models_fig", config={"displaylogo": False})
+    st.caption("Left: behavioural inertia gap = observer − agentic accuracy on should_research items (paired, 95% "
+               "bootstrap CI). Right: attentional gap = decision-token attention on the own web_search call "
+               "(agentic) − on the same query shown as external text (observer).")
+    df = pd.DataFrame([{
+        "model": r.get("model"), "items": r.get("n_items"),
+        "inertia gap (pp) [95% CI]": _ci(r.get("inertia_gap"), r.get("inertia_gap_ci95"), 100, "{:+.1f}"),
+        "McNemar p": r.get("mcnemar_p"),
+        "attentional gap [95% CI]": _ci(r.get("attentional_gap"), r.get("attentional_gap_ci95"), 1, "{:+.4f}"),
+        "results attention gap [95% CI]": _ci(r.get("results_attention_gap"), r.get("results_attention_gap_ci95"),
+                                              1, "{:+.4f}"),
+        "flips in inertia direction": r.get("share_inertia_direction"),
+        "unparseable": f"{r.get('unparseable')}/{r.get('decisions')}",
+        **{k: r.get(k) for k in r if k.startswith("acc_")}} for r in rows])
+    C.paginate(df, key="models_table")
