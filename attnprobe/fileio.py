@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -79,3 +81,24 @@ def safe_name(identifier: str) -> str:
     if readable == identifier:
         return readable
     return f"{readable}-{hashlib.sha1(identifier.encode()).hexdigest()[:8]}"
+
+
+def iter_jsonl(path: Path, error: Callable[..., Exception]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed record) for every non-blank line of a JSON Lines file.
+
+    ``error(message, path=..., line=...)`` builds the exception for invalid JSON, so each caller
+    keeps its own error type while every message names the file and the line.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield lineno, json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise error(f"invalid JSON ({exc.msg} at column {exc.colno})", path=str(path), line=lineno) from None
+
+
+def located_error(cls: type[Exception]) -> Callable[..., Exception]:
+    """An ``error`` factory for :func:`iter_jsonl` for exception types that take one message."""
+    return lambda message, path, line: cls(f"{path}, line {line}: {message}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .errors import TrajectoryError
-from .fileio import atomic_write_text
+from .fileio import atomic_write_text, iter_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -205,10 +205,9 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
     path = Path(path)
     if not path.exists():
         raise TrajectoryError("file not found", path=str(path))
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
         records = data if isinstance(data, list) else [data]
@@ -216,14 +215,7 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
             yield Trajectory.from_dict(rec, path=f"{path}[{i}]" if isinstance(data, list) else str(path))
         return
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TrajectoryError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=str(path),
-                                  line=lineno) from None
+    for lineno, rec in iter_jsonl(path, TrajectoryError):
         traj = Trajectory.from_dict(rec, path=str(path), line=lineno)
         if traj.id in seen:
             raise TrajectoryError(f"duplicate id {traj.id!r} (first on line {seen[traj.id]})",

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+
 import attnprobe
 from attnprobe.runner import BM25Search, RunSettings, load_questions, run_questions
 from attnprobe.runner.backends import StopAtCallChat
@@ -81,8 +83,13 @@ def test_capture_a_recorded_worker_call(e2e, smol):
     worker = [t for t in trajs if t.meta["agent"] == "search_worker"]
     assert worker
     traj = min(worker, key=lambda t: len(json.dumps(t.messages)))
-    result = attnprobe.capture(smol, traj)
-    assert result is not None
+    result = attnprobe.capture(smol, traj, queries="reasoning+decision")
+    assistants = [i for i, m in enumerate(traj.messages) if m["role"] == "assistant"]
+    assert [q.message_index for q in result.queries if q.kind == "reasoning"] == assistants
+    assert result.queries[-1].position == len(result.input_ids) - 1
+    np.testing.assert_allclose(result.segment_attention.sum(axis=1), 1.0, atol=1e-5)
+    roles = {s.role for s in result.segments}
+    assert {"system", "task", "template"} <= roles
 
 
 def test_resume_after_killed_run(smol, bm25, tmp_path):

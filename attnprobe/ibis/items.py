@@ -15,13 +15,13 @@ of the headline metrics. Unknown fields are kept. Errors name file, line and fie
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrajectoryError
+from ..fileio import iter_jsonl
 
 LABELS = ("should_research", "should_visit_page", "should_return_answer")
 HEADLINE_LABELS = ("should_research", "should_visit_page")
@@ -129,13 +129,7 @@ def load_items(path: str | Path) -> list[IbisItem]:
         raise ItemError("file not found", path=str(path))
     items: list[IbisItem] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ItemError(f"invalid JSON ({exc.msg} at column {exc.colno})", path=str(path), line=lineno) from None
+    for lineno, rec in iter_jsonl(path, ItemError):
         item = IbisItem.from_dict(rec, path=str(path), line=lineno)
         if item.id in seen:
             raise ItemError(f"duplicate id {item.id!r} (first on line {seen[item.id]})", path=str(path),

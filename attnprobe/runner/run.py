@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import AttnprobeError
-from ..fileio import append_line_atomic, atomic_write_text
+from ..fileio import append_line_atomic, atomic_write_text, iter_jsonl, located_error
 from .config import RunSettings
 from .manager import Manager
 from .recorder import Recorder, read_jsonl
@@ -37,13 +37,7 @@ def load_questions(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise AttnprobeError(f"questions file not found: {path}")
     out, seen = [], set()
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise AttnprobeError(f"{path}, line {lineno}: invalid JSON ({exc.msg})") from None
+    for lineno, rec in iter_jsonl(path, located_error(AttnprobeError)):
         if not isinstance(rec, dict):
             raise AttnprobeError(f"{path}, line {lineno}: expected a JSON object")
         q = rec.get("question") or rec.get("task")

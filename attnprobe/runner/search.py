@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import AttnprobeError
+from ..fileio import iter_jsonl, located_error
 
 
 class SearchConfigError(AttnprobeError):
@@ -67,13 +68,7 @@ class BM25Search:
             raise SearchConfigError(f"search corpus not found: {path} (set ATTNPROBE_CORPUS or pass --corpus)")
         self.path = path
         self.docs: list[dict] = []
-        for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not raw.strip():
-                continue
-            try:
-                doc = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise SearchConfigError(f"{path}, line {lineno}: invalid JSON ({exc.msg})") from None
+        for lineno, doc in iter_jsonl(path, located_error(SearchConfigError)):
             for key in ("title", "url", "text"):
                 if not isinstance(doc.get(key), str):
                     raise SearchConfigError(f"{path}, line {lineno}: field '{key}' must be a string")
