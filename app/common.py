@@ -33,7 +33,7 @@ def _mtime(path: Path) -> float:
 
 
 # Loaded objects are cached with cache_resource: they are kept as live objects in memory and never
-# pickled or unpickled (st.cache_data would round-trip them through pickle on every hit).
+# serialized (st.cache_data would round-trip them through a byte serializer on every hit).
 @st.cache_resource(ttl=20, show_spinner="Scanning the data directory…")
 def inventory(root: str) -> D.Inventory:
     return D.discover(Path(root))

@@ -1,7 +1,7 @@
 """Data access for the app: everything it reads goes through here.
 
 Rules (DESIGN section 12): the app reads only inside its data directory (every path is resolved,
-symlinks included, and must stay inside it), and it reads only JSON and safetensors (never pickle).
+symlinks included, and must stay inside it), and it reads only JSON and safetensors.
 No Streamlit import here, so this module is testable and reusable on its own.
 """
 
@@ -17,7 +17,6 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
-from attnprobe.segments import ROLES
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
 MAX_JSON_BYTES = 512 * 1024 * 1024  # refuse absurd JSON files instead of exhausting memory

@@ -10,8 +10,6 @@ import platform
 import time
 from typing import Any, Sequence
 
-import numpy as np
-
 from . import __version__
 from .errors import AttnprobeError, TooLongError
 from .models import LoadedModel

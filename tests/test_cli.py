@@ -8,8 +8,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
 import attnprobe
 from attnprobe.cli import main
 from attnprobe.fileio import safe_name

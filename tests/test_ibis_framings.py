@@ -5,14 +5,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from attnprobe.ibis.framings import (CATEGORIES, FRAMINGS, INVARIANT_CATEGORIES, REMINDER, SYSTEM_PROMPT,
                                      build_framing, category_tokens, check_invariants, segment_categories)
 from attnprobe.ibis.items import load_items, results_text
 from attnprobe.render import render
-from attnprobe.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = load_items(ROOT / "trajectories" / "ibis_items.jsonl")

@@ -232,7 +232,6 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
         dh = arrays["mass.agentic"][sel, ci_] - arrays["mass.observer"][sel, ci_]  # [N, L, H]
         mean = dh.mean(0)
         lo, hi = bootstrap_mean_ci(dh, n_boot=min(n_boot, 2000), seed=seed)
-        total = mean.sum()
         abs_total = np.abs(mean).sum()
         order = np.argsort(-np.abs(mean), axis=None)[:top_k]
         rows = []
@@ -527,7 +526,6 @@ def compare_table(rows: list[dict]) -> str:
 
 
 def compare_figure(rows: list[dict]):
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=(

@@ -14,7 +14,7 @@ from . import validation as V
 from .config import RunSettings
 from .recorder import Recorder
 from .tools import FINAL_ANSWER, MANAGER_TOOLS, ToolBox, arg, call_args, call_format, tool_lines
-from .worker import MAX_CALLS_PER_REPLY, SearchWorker, unknown_tool
+from .worker import SearchWorker, agent_turn, unknown_tool
 
 MANAGER_SYSTEM = (
     "You are the manager of a research team. Answer the user's task.\n"
@@ -81,18 +81,11 @@ class Manager:
         validated = False
         for step in range(self.settings.manager_steps):
             out.steps += 1
-            reply = self.rec.call("manager", messages, MANAGER_TOOLS, extra_meta={"step": step})
-            msg = reply.as_message()
-            if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
-                msg["content"] = "(empty reply)"
-            if msg.get("tool_calls"):
-                msg["tool_calls"] = msg["tool_calls"][:MAX_CALLS_PER_REPLY]
-            messages.append(msg)
-            if not reply.tool_calls:
+            reply, calls = agent_turn(self.rec, "manager", messages, MANAGER_TOOLS, {"step": step}, NO_CALL_HINT)
+            if not calls:
                 out.parse_failures += 1
-                messages.append({"role": "user", "content": NO_CALL_HINT})
                 continue
-            for call in msg["tool_calls"]:
+            for call in calls:
                 name, args = call["function"]["name"], call_args(call)
                 if name == "final_answer":
                     answer = arg(args, "answer")

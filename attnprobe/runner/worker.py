@@ -21,6 +21,23 @@ WORKER_OUT_OF_STEPS = ("You have no steps left. Call final_answer now with what 
 MAX_CALLS_PER_REPLY = 3
 
 
+def agent_turn(rec: Recorder, agent: str, messages: list[dict], tools: list[dict], meta: dict,
+               no_call_hint: str):
+    """One step of an agent loop: call the model (recorded), append its reply to ``messages`` and
+    return (reply, tool calls). A reply without calls gets ``no_call_hint`` appended and no calls."""
+    reply = rec.call(agent, messages, tools, extra_meta=meta)
+    msg = reply.as_message()
+    if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
+        msg["content"] = "(empty reply)"
+    if msg.get("tool_calls"):
+        msg["tool_calls"] = msg["tool_calls"][:MAX_CALLS_PER_REPLY]
+    messages.append(msg)
+    if not reply.tool_calls:
+        messages.append({"role": "user", "content": no_call_hint})
+        return reply, []
+    return reply, msg["tool_calls"]
+
+
 @dataclass
 class WorkerReport:
     report: str
@@ -81,18 +98,11 @@ class SearchWorker:
         meta = {"worker": self.index, "worker_task": task}
         for step in range(self.settings.worker_steps):
             info.steps += 1
-            reply = self.rec.call("search_worker", messages, WORKER_TOOLS, extra_meta={**meta, "step": step})
-            msg = reply.as_message()
-            if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
-                msg["content"] = "(empty reply)"
-            if msg.get("tool_calls"):
-                msg["tool_calls"] = msg["tool_calls"][:MAX_CALLS_PER_REPLY]
-            messages.append(msg)
-            if not reply.tool_calls:
+            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, {**meta, "step": step}, NO_CALL_HINT)
+            if not calls:
                 info.parse_failures += 1
-                messages.append({"role": "user", "content": NO_CALL_HINT})
                 continue
-            for call in msg["tool_calls"]:
+            for call in calls:
                 name, args = call["function"]["name"], call_args(call)
                 if name == "final_answer":
                     info.report = arg(args, "answer") or reply.content or "(no report)"

@@ -7,7 +7,6 @@ down before the next one starts (2-core CI machine, small RAM budget).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path

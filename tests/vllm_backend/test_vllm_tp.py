@@ -8,7 +8,6 @@ attention kernels need head_dim in {32, 64, 80, 96, 112, 128, ...}.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
