@@ -200,7 +200,8 @@ def test_models_page(monkeypatch, app_data):
             want = np.nan if rows[0][key] is None else rows[0][key]
             np.testing.assert_allclose(decode(trace["y"])[0], want, rtol=1e-9, equal_nan=True)
             assert trace["error_y"]["type"] == "data"
-        assert rows[0]["attentional_gap"] is not None and rows[0]["attentional_gap_ci95"][0] is not None
+        lo, hi = rows[0]["attentional_gap_ci95"]
+        assert lo <= rows[0]["attentional_gap"] <= hi  # the real bundled-model gap, with its bootstrap CI
         table = at.dataframe[0].value
         assert list(table["model"]) == [r["model"] for r in rows]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from . import validation as V
 from .config import RunSettings
 from .recorder import Recorder
-from .tools import FINAL_ANSWER, MANAGER_TOOLS, ToolBox, arg, call_args, call_format, tool_lines
+from .tools import FINAL_ANSWER, MANAGER_TOOLS, ToolBox, arg, call_args, call_format, no_call_hint, out_of_steps, tool_lines
 from .worker import SearchWorker, agent_turn, unknown_tool
 
 MANAGER_SYSTEM = (
@@ -22,9 +22,8 @@ MANAGER_SYSTEM = (
     "Give search_worker one focused question at a time. When a report answers the task, call final_answer."
 )
 CALL_HINT = call_format("search_worker", {"task": "what to find out"})
-NO_CALL_HINT = "Error: your reply contained no tool call. " + CALL_HINT
-OUT_OF_STEPS = ("You have no steps left. Call final_answer now with your best answer. "
-                + call_format("final_answer", {"answer": "your answer"}))
+NO_CALL_HINT = no_call_hint(CALL_HINT)
+OUT_OF_STEPS = out_of_steps("your best answer", "your answer")
 
 
 @dataclass

@@ -116,3 +116,13 @@ class ToolBox:
             return f"Error: could not open {url}. Use a URL from the search results."
         hits = find_lines(text, pattern)
         return "\n".join(f"- {h}" for h in hits) if hits else f"No sentence of {url} contains {pattern!r}."
+
+
+def no_call_hint(call_hint: str) -> str:
+    """What an agent is told after a reply without a tool call."""
+    return "Error: your reply contained no tool call. " + call_hint
+
+
+def out_of_steps(what: str, example: str) -> str:
+    """The last-step instruction: answer now with ``what`` (``example`` shows the call format)."""
+    return f"You have no steps left. Call final_answer now with {what}. " + call_format("final_answer", {"answer": example})

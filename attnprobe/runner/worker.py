@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from .config import RunSettings
 from .filter import decide, in_context_messages, isolated_messages
 from .recorder import Recorder
-from .tools import FILTER_TOOLS, FINAL_ANSWER, WORKER_TOOLS, ToolBox, arg, call_args, call_format, tool_lines
+from .tools import (FILTER_TOOLS, FINAL_ANSWER, WORKER_TOOLS, ToolBox, arg, call_args, call_format, no_call_hint,
+                    out_of_steps, tool_lines)
 
 WORKER_SYSTEM = (
     "You are a search worker. Find the information the task asks for.\n"
@@ -15,9 +16,8 @@ WORKER_SYSTEM = (
     "Search, read the most relevant page, then call final_answer with what you found."
 )
 CALL_HINT = call_format("web_search", {"query": "keywords"})
-NO_CALL_HINT = "Error: your reply contained no tool call. " + CALL_HINT
-WORKER_OUT_OF_STEPS = ("You have no steps left. Call final_answer now with what you found. "
-                       + call_format("final_answer", {"answer": "what you found"}))
+NO_CALL_HINT = no_call_hint(CALL_HINT)
+WORKER_OUT_OF_STEPS = out_of_steps("what you found", "what you found")
 MAX_CALLS_PER_REPLY = 3
 
 
