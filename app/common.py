@@ -9,7 +9,7 @@ from typing import Any
 
 import streamlit as st
 
-from . import data as D
+from attnprobe_app import data as D
 
 PAGE_SIZE = 50
 
@@ -60,7 +60,7 @@ def capture_views(root: Path, rel: str) -> dict[str, Any]:
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _heatmap(root: str, rel: str, mtime: float, layer, head):
-    from attnprobe.analysis import heatmap
+    from attnprobe.results.analysis import heatmap
 
     return heatmap(_capture(root, rel, mtime), layer, head)
 

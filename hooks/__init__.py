@@ -4,6 +4,6 @@ Installed under the import name ``attnprobe_hooks`` (folder ``hooks/``) so that 
 with other packages called ``hooks``.
 """
 
-from .scoring import QueryScorer, score_query_rows
+from attnprobe_hooks.scoring import QueryScorer, score_query_rows
 
 __all__ = ["QueryScorer", "score_query_rows"]

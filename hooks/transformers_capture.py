@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from .scoring import QueryScorer
-from .transformers_hooks import CaptureState, active, install
+from attnprobe_hooks.scoring import QueryScorer
+from attnprobe_hooks.transformers_hooks import CaptureState, active, install
 
 
 def chunked_prefill(model, input_ids: torch.Tensor, chunk_size: int, *, progress: bool = False,

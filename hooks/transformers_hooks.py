@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 
-from .scoring import QueryScorer
+from attnprobe_hooks.scoring import QueryScorer
 
 SDPA_NAME = "attnprobe"
 EAGER_NAME = "attnprobe_eager"

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .scoring import QueryScorer
+from attnprobe_hooks.scoring import QueryScorer
 
 EXTENSION = "attnprobe_hooks.vllm_hooks.AttnprobeWorkerExtension"
 

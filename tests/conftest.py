@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-TRAJ_DIR = ROOT / "trajectories"
-SAMPLE_FILES = ["long_research.jsonl", "parallel_calls.jsonl", "reasoning_content.jsonl"]
+from support.paths import SAMPLE_FILES, TRAJ_DIR
 
 
 @pytest.fixture(scope="session")

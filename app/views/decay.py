@@ -6,11 +6,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnprobe.analysis import decay_curves, headline
-
-from .. import common as C
-from .. import data as D
-from attnprobe import figures as F
+from attnprobe.results import figures as F
+from attnprobe.results.analysis import decay_curves, headline
+from attnprobe_app import common as C
+from attnprobe_app import data as D
 
 ROLES_SHOWN = ("reasoning", "tool_call", "observation")
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from .. import common as C
-from .. import data as D
-from attnprobe import figures as F
+from attnprobe.results import figures as F
+from attnprobe_app import common as C
+from attnprobe_app import data as D
 
 SHOWN = ("query", "results", "reminder", "task")
 AGG = "all items (aggregated)"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from .. import common as C
-from .. import data as D
+from attnprobe_app import common as C
+from attnprobe_app import data as D
 
 FROM_FOLDERS = "IBIS model folders (metrics.json)"
 
@@ -19,7 +19,7 @@ def _ci(v, c, scale=1.0, fmt="{:+.3f}"):
 
 
 def render(root, inv) -> None:
-    from attnprobe.ibis.report import compare_figure, compare_rows
+    from attnprobe.studies.ibis.report import compare_figure, compare_rows
 
     st.title("Models")
     C.show_problems(inv.problems)

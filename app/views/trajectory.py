@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnprobe.analysis import headline, step_breakdown
-from attnprobe.segments import ROLES
-
-from .. import common as C
-from .. import data as D
-from attnprobe import figures as F
+from attnprobe.render.segments import ROLES
+from attnprobe.results import figures as F
+from attnprobe.results.analysis import headline, step_breakdown
+from attnprobe_app import common as C
+from attnprobe_app import data as D
 
 MEAN = "mean of all"
 

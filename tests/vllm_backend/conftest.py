@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-
 # Before any engine exists: small KV cache, in-process engine core (faster start; the TP=2
 # engines still run their workers in subprocesses), one OMP group per rank on this machine.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAJ_DIR = ROOT / "trajectories"
+from support.paths import TRAJ_DIR  # noqa: E402
+
 SHIPPED = ["long_research.jsonl", "parallel_calls.jsonl", "reasoning_content.jsonl"]
 TOL = 1e-5
 
@@ -38,7 +37,7 @@ def shipped():
 @pytest.fixture(scope="session")
 def smol_folder(tmp_path_factory):
     """The bundled SmolLM2 GGUF converted with the CLI (`attnprobe convert`), fp32 weights."""
-    from attnprobe.cli import main
+    from attnprobe.cli.main import main
 
     out = tmp_path_factory.mktemp("smol") / "SmolLM2-135M-Instruct"
     assert main(["convert", "default", str(out)]) == 0

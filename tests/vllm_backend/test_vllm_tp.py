@@ -8,7 +8,6 @@ attention kernels need head_dim in {32, 64, 80, 96, 112, 128, ...}.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -21,8 +20,8 @@ QUERIES = "reasoning+decision"
 
 def _compare(folder, shipped, *, heads, kv_heads, head_dim):
     import attnprobe
-    from attnprobe import vllm_backend
-    from attnprobe.vllm_backend import capture_many
+    from attnprobe_hooks import vllm_backend
+    from attnprobe_hooks.vllm_backend import capture_many
 
     trajs = shipped[1:3]
     tm = attnprobe.load_model(str(folder), backend="transformers", dtype="float32")

@@ -1,0 +1,373 @@
+"""Render a trajectory with the model's chat template and label every token.
+
+Strategy: render the messages to text with ``apply_chat_template``, locate each message part
+(system text, task text, reasoning, each tool call, each observation) in that text in order,
+tokenize with character offsets, and give every token the role/author/turn of the part that
+covers it. Text between parts (markers, injected defaults, the generation prompt) is ``template``.
+
+Templates differ in what they keep. We try renderings from most to least faithful and take the
+first in which every part is found: ``native``; ``native+reasoning-in-content`` (for templates
+that drop ``reasoning_content``); ``text`` (the smolagents-style serialization: ``Calling tools:``
+plus the calls as JSON in the assistant text, observations as ``Call id: ...`` user messages).
+Parts are never silently lost: if no rendering locates every part, we raise with the message index.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnprobe.errors import RenderError
+from attnprobe.render.segments import QueryPoint, Segment
+from attnprobe.trajectory.schema import Trajectory, message_text
+
+RENDERINGS = ("native", "native+reasoning-in-content", "text")
+
+
+@dataclass
+class Part:
+    """One piece of a message that must appear in the rendered text."""
+
+    message_index: int
+    name: str
+    role: str
+    author: str
+    turn: int
+    literal: str | None = None  # exact text to find; None for natively serialized tool calls
+    call: dict | None = None  # the tool call, for native locating
+    subspans: list[tuple[int, int, str, str, str]] = field(default_factory=list)  # (s, e, role, author, name)
+    span: tuple[int, int] | None = None
+
+
+@dataclass
+class Rendered:
+    """A tokenized trajectory with one label per token."""
+
+    text: str
+    input_ids: np.ndarray
+    offsets: np.ndarray
+    segments: list[Segment]
+    token_segment: np.ndarray
+    queries_reasoning: list[QueryPoint]
+    decision: QueryPoint
+    rendering: str
+    template_hash: str
+    add_generation_prompt: bool
+    messages: list[dict]
+    tried: dict[str, str] = field(default_factory=dict)
+    truncated_from: int | None = None  # original token count when truncated on request
+
+    @property
+    def num_turns(self) -> int:
+        return 1 + max(s.turn for s in self.segments)
+
+
+def _turns(messages: list[dict]) -> list[int]:
+    """Turn of every message: each assistant message after the first starts a new turn."""
+    turn, seen_assistant, out = 0, False, []
+    for msg in messages:
+        if msg["role"] == "assistant":
+            if seen_assistant:
+                turn += 1
+            seen_assistant = True
+        out.append(turn)
+    return out
+
+
+def _args_dict(call: dict) -> dict:
+    args = call["function"].get("arguments", {})
+    if isinstance(args, str):
+        return json.loads(args) if args.strip() else {}
+    return args
+
+
+def _text_parts(i: int, msg: dict, turn: int, role: str, author: str) -> list[Part]:
+    text = message_text(msg.get("content"))
+    author = msg.get("author", author)
+    if not text.strip():
+        return []
+    part = Part(i, "content", role, author, turn, literal=text)
+    for j, ann in enumerate(msg.get("annotations") or []):
+        part.subspans.append((ann["start"], ann["end"], ann["role"], ann.get("author", "external"), f"annotation[{j}]"))
+    return [part]
+
+
+def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Part]]:
+    """The message list to hand the template under ``mode`` and the parts to locate in its output."""
+    turns = _turns(messages)
+    out_msgs: list[dict] = []
+    parts: list[Part] = []
+    for i, msg in enumerate(messages):
+        role, turn = msg["role"], turns[i]
+        if role in ("system", "user"):
+            parts += _text_parts(i, msg, turn, "system" if role == "system" else "task", "external")
+            new = {k: v for k, v in msg.items() if k not in ("annotations", "author")}
+            new["content"] = message_text(msg.get("content"))
+            out_msgs.append(new)
+            continue
+        if role == "assistant":
+            author = msg.get("author", "self")
+            rc = msg.get("reasoning_content") or ""
+            content = message_text(msg.get("content"))
+            calls = msg.get("tool_calls") or []
+            new = {"role": "assistant"}
+            if mode == "native":
+                if rc.strip():
+                    parts.append(Part(i, "reasoning_content", "reasoning", author, turn, literal=rc))
+                    new["reasoning_content"] = rc
+                if content.strip():
+                    parts.append(Part(i, "content", "reasoning", author, turn, literal=content))
+                new["content"] = content
+            else:
+                pieces = []
+                if rc.strip():
+                    parts.append(Part(i, "reasoning_content", "reasoning", author, turn, literal=rc))
+                    pieces.append(rc)
+                if content.strip():
+                    parts.append(Part(i, "content", "reasoning", author, turn, literal=content))
+                    pieces.append(content)
+                new["content"] = "\n".join(pieces)
+            if calls and mode != "text":
+                new["tool_calls"] = []
+                for j, call in enumerate(calls):
+                    fn = {"name": call["function"]["name"], "arguments": _args_dict(call)}
+                    new["tool_calls"].append({"id": call.get("id"), "type": "function", "function": fn})
+                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, call=fn))
+            elif calls:
+                literals = []
+                for j, call in enumerate(calls):
+                    lit = json.dumps({"id": call.get("id"), "type": "function",
+                                      "function": {"name": call["function"]["name"], "arguments": _args_dict(call)}},
+                                     ensure_ascii=False)
+                    literals.append(lit)
+                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, literal=lit))
+                prefix = new["content"] + "\n" if new["content"] else ""
+                new["content"] = prefix + "Calling tools:\n[" + ", ".join(literals) + "]"
+            out_msgs.append(new)
+            continue
+        # tool message
+        author = msg.get("author", "external")
+        text = message_text(msg.get("content"))
+        if mode == "text":
+            block = f"Call id: {msg.get('tool_call_id') or 'unknown'}\nObservation:\n{text}"
+            if out_msgs and out_msgs[-1]["role"] == "user" and out_msgs[-1].get("_from_tool"):
+                out_msgs[-1]["content"] += "\n\n" + block
+            else:
+                out_msgs.append({"role": "user", "content": block, "_from_tool": True})
+        else:
+            new = {k: v for k, v in msg.items() if k not in ("annotations", "author")}
+            new["content"] = text
+            out_msgs.append(new)
+        if text.strip():
+            parts += [Part(i, "content", "observation", author, turn, literal=text)]
+    for m in out_msgs:
+        m.pop("_from_tool", None)
+    return out_msgs, parts
+
+
+def _find_literal(text: str, literal: str, cursor: int) -> tuple[int, int, int] | None:
+    """(start, end, lead) of literal (or its stripped form) at/after cursor; lead = chars stripped on the left."""
+    pos = text.find(literal, cursor)
+    if pos >= 0:
+        return pos, pos + len(literal), 0
+    stripped = literal.strip()
+    if stripped and stripped != literal:
+        pos = text.find(stripped, cursor)
+        if pos >= 0:
+            return pos, pos + len(stripped), len(literal) - len(literal.lstrip())
+    return None
+
+
+def _match_brace(text: str, start: int) -> int | None:
+    """Index just past the JSON object starting at text[start] == '{' (string-aware)."""
+    depth, in_str, esc = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+def _find_native_call(text: str, call: dict, cursor: int) -> tuple[int, int] | None:
+    """Locate a template-serialized tool call: its name, then every argument value after it."""
+    name = call["name"]
+    pos = text.find(name, cursor)
+    while pos >= 0:
+        brace = text.rfind("{", max(cursor, pos - 40), pos)
+        start = brace if brace >= 0 else pos
+        end = _match_brace(text, brace) if brace >= 0 else None
+        if end is None:
+            end = pos + len(name)
+            probe = pos + len(name)
+            ok = True
+            for value in call["arguments"].values():
+                lit = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+                at = text.find(lit, probe)
+                if at < 0:
+                    ok = False
+                    break
+                probe = end = at + len(lit)
+            if ok:
+                return start, end
+        else:
+            body = text[start:end]
+            if all((v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) in body
+                   or json.dumps(v, ensure_ascii=False) in body for v in call["arguments"].values()):
+                return start, end
+        pos = text.find(name, pos + 1)
+    return None
+
+
+def _locate(text: str, parts: list[Part]) -> None:
+    cursor = 0
+    for part in parts:
+        if part.literal is not None:
+            hit = _find_literal(text, part.literal, cursor)
+            if hit is None:
+                raise RenderError(f"message {part.message_index} ({part.name}): text not found in the rendered "
+                                  f"template output (the template dropped or rewrote it)")
+            s, e, lead = hit
+            part.span = (s, e)
+            if lead:
+                part.subspans = [(a - lead, b - lead, r, au, n) for a, b, r, au, n in part.subspans]
+        else:
+            hit2 = _find_native_call(text, part.call, cursor)
+            if hit2 is None:
+                raise RenderError(f"message {part.message_index} ({part.name}): tool call "
+                                  f"{part.call['name']!r} not found in the rendered template output")
+            part.span = hit2
+        cursor = part.span[1]
+
+
+def template_hash(tokenizer) -> str:
+    return hashlib.sha256((getattr(tokenizer, "chat_template", None) or "").encode()).hexdigest()[:16]
+
+
+def _apply_template(tokenizer, messages, tools, add_generation_prompt) -> str:
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if tools:
+        kwargs["tools"] = tools
+    return tokenizer.apply_chat_template(messages, **kwargs)
+
+
+def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
+           add_generation_prompt: bool | None = None) -> Rendered:
+    """Render, tokenize and segment one trajectory (see module docstring for the fallbacks)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise RenderError("the tokenizer has no chat template")
+    messages = trajectory.messages
+    if add_generation_prompt is None:
+        add_generation_prompt = messages[-1]["role"] != "assistant"
+    modes = RENDERINGS if rendering == "auto" else (rendering,)
+    if rendering != "auto" and rendering not in RENDERINGS:
+        raise ValueError(f"rendering must be 'auto' or one of {', '.join(RENDERINGS)}")
+    has_rc = any(m.get("reasoning_content") for m in messages)
+    tried: dict[str, str] = {}
+    for mode in modes:
+        if mode == "native+reasoning-in-content" and not has_rc and rendering == "auto":
+            continue
+        out_msgs, parts = _message_parts(messages, mode)
+        try:
+            text = _apply_template(tokenizer, copy.deepcopy(out_msgs), trajectory.tools, add_generation_prompt)
+            _locate(text, parts)
+            return _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
+                                       num_messages=len(messages))
+        except RenderError as exc:
+            tried[mode] = str(exc)
+        except Exception as exc:  # a template that raises on this mode (e.g. unknown role 'tool')
+            tried[mode] = f"{type(exc).__name__}: {exc}"
+    detail = "; ".join(f"{m}: {r}" for m, r in tried.items())
+    raise RenderError(f"trajectory {trajectory.id!r}: no rendering locates every message part ({detail})")
+
+
+def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
+                        num_messages) -> Rendered:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], dtype=np.int64)
+    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    # Every character gets the index of the (sub)part covering it, or -1 for template text.
+    labels: list[tuple[str, str, int, int, str]] = []  # (role, author, turn, message_index, name)
+    char_label = np.full(len(text), -1, dtype=np.int64)
+    for part in parts:
+        s, e = part.span
+        labels.append((part.role, part.author, part.turn, part.message_index, part.name))
+        char_label[s:e] = len(labels) - 1
+        for a, b, role, author, name in part.subspans:
+            labels.append((role, author, part.turn, part.message_index, name))
+            char_label[s + a:s + b] = len(labels) - 1
+    n = len(ids)
+    tok_label = np.full(n, -1, dtype=np.int64)
+    for t in range(n):
+        s, e = offsets[t]
+        if e > s:
+            covered = char_label[s:e]
+            hit = covered[covered >= 0]
+            if hit.size:
+                tok_label[t] = hit[0]
+    # Parts with no token would vanish silently: refuse.
+    present = set(tok_label[tok_label >= 0].tolist())
+    children: dict[int, list[int]] = {}
+    parent = -1
+    for idx, lab in enumerate(labels):
+        if lab[4].startswith("annotation"):
+            children.setdefault(parent, []).append(idx)
+        else:
+            parent = idx
+    for idx, lab in enumerate(labels):
+        if idx in present or any(c in present for c in children.get(idx, [])):
+            continue
+        raise RenderError(f"message {lab[3]} ({lab[4]}): no token covers this part (it merged into a "
+                          f"neighbouring token)")
+    # Group runs of tokens into segments; template runs take the turn/message of the next part.
+    segments: list[Segment] = []
+    token_segment = np.empty(n, dtype=np.int64)
+    last_turn = max(p.turn for p in parts) if parts else 0
+    t = 0
+    while t < n:
+        lab = tok_label[t]
+        u = t + 1
+        while u < n and tok_label[u] == lab:
+            u += 1
+        if lab >= 0:
+            role, author, turn, mi, name = labels[lab]
+        else:
+            nxt = tok_label[u:]
+            nxt = nxt[nxt >= 0]
+            if nxt.size:
+                _, _, turn, mi, _ = labels[nxt[0]]
+            else:  # trailing template text: the generation prompt opens the next turn
+                mi = -1
+                turn = last_turn + 1 if add_generation_prompt else last_turn
+            role, author, name = "template", "external", "template"
+        token_segment[t:u] = len(segments)
+        segments.append(Segment(role, author, int(turn), int(mi), int(t), int(u), name))
+        t = u
+    queries = []
+    first_seen: set[int] = set()
+    for seg in segments:
+        if seg.author == "self" and seg.role in ("reasoning", "tool_call") and seg.message_index not in first_seen:
+            first_seen.add(seg.message_index)
+            queries.append(QueryPoint(seg.start, "reasoning", seg.turn, seg.message_index))
+    decision = QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)
+    return Rendered(text=text, input_ids=ids, offsets=offsets, segments=segments, token_segment=token_segment,
+                    queries_reasoning=queries, decision=decision, rendering=mode,
+                    template_hash=template_hash(tokenizer), add_generation_prompt=add_generation_prompt,
+                    messages=out_msgs, tried=tried)

@@ -1,0 +1,1 @@
+"""attnprobe.studies."""

@@ -1,0 +1,131 @@
+"""Record every model call as a trajectory (DESIGN section 3), appended atomically, with replay for --resume.
+
+A recorded call holds exactly the messages that were sent plus the assistant reply appended. Its id
+is ``<run-id>/<agent>-<n>``; ``meta`` links it to the run (run_id, agent, call_index, settings, usage).
+
+Resume: the calls of an unfinished run are replayed in order. While the agent sends exactly the
+messages of the next recorded call, the recorded reply is returned without calling the model and
+nothing is written; at the first difference the stale remainder is dropped (atomic rewrite) and
+the run continues live. Finished calls are therefore neither lost nor duplicated.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from attnprobe.generation.chat import ChatReply
+from attnprobe.io import append_line_atomic, atomic_write_text
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a torn last line (a crash mid-write on a non-atomic FS) is ignored."""
+    if not Path(path).exists():
+        return []
+    out = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise
+    return out
+
+
+def drop_records(path: Path, ids: set[str]) -> None:
+    if not ids:
+        return
+    keep = [r for r in read_jsonl(path) if r.get("id") not in ids]
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+
+
+class Recorder:
+    """Makes model calls for one run and writes each as a trajectory line."""
+
+    def __init__(self, chat, path: Path, *, run_id: str, task: str, settings: dict, model_name: str | None = None,
+                 replay: list[dict] | None = None, max_tokens: int = 160, temperature: float = 0.0):
+        self.chat = chat
+        self.path = Path(path)
+        self.run_id = run_id
+        self.task = task
+        self.settings = settings
+        self.model_name = model_name or getattr(chat, "name", None)
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.replay = sorted(replay or [], key=lambda r: r["meta"]["call_index"])
+        self.replayed = 0
+        self.call_index = 0
+        self.per_agent: Counter = Counter()
+        self.usage: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "input_tokens": 0,
+                                                                      "output_tokens": 0})
+
+    def _stop_replay(self) -> None:
+        if self.replay:
+            drop_records(self.path, {r["id"] for r in self.replay})
+            self.replay = []
+
+    def finish(self) -> None:
+        self._stop_replay()
+
+    def call(self, agent: str, messages: list[dict], tools: list[dict] | None, *, max_tokens: int | None = None,
+             extra_meta: dict | None = None) -> ChatReply:
+        self.call_index += 1
+        self.per_agent[agent] += 1
+        call_id = f"{self.run_id}/{agent}-{self.per_agent[agent]}"
+        reply = None
+        if self.replay:
+            rec = self.replay[0]
+            if rec["id"] == call_id and rec["messages"][:-1] == messages and (rec.get("tools") or None) == (
+                    tools or None):
+                self.replay.pop(0)
+                self.replayed += 1
+                last = rec["messages"][-1]
+                u = rec["meta"].get("usage", {})
+                reply = ChatReply(content=last.get("content") or "", tool_calls=last.get("tool_calls") or [],
+                                  raw_text=rec["meta"].get("raw_text", last.get("content") or ""),
+                                  input_tokens=int(u.get("input_tokens", 0)),
+                                  output_tokens=int(u.get("output_tokens", 0)),
+                                  finish_reason=rec["meta"].get("finish_reason", "stop"))
+            else:
+                self._stop_replay()
+        if reply is None:
+            reply = self.chat.complete(copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
+                                       max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+            self._write(call_id, agent, messages, tools, reply, extra_meta or {})
+        u = self.usage[agent]
+        u["calls"] += 1
+        u["input_tokens"] += reply.input_tokens
+        u["output_tokens"] += reply.output_tokens
+        return reply
+
+    def _write(self, call_id, agent, messages, tools, reply: ChatReply, extra_meta: dict) -> None:
+        msg: dict[str, Any] = reply.as_message()
+        empty = not (msg.get("content") or "").strip() and not msg.get("tool_calls")
+        if empty:  # the format needs some content; the raw reply stays in meta.raw_text
+            msg["content"] = "(empty reply)"
+        record = {
+            "id": call_id, "task": self.task, "model": self.model_name, "framing": "trace",
+            "tools": tools, "messages": copy.deepcopy(messages) + [msg], "labels": {},
+            "meta": {"runner": "nis-agent", "run_id": self.run_id, "agent": agent, "call_index": self.call_index,
+                     "settings": self.settings,
+                     "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+                     "finish_reason": reply.finish_reason, "raw_text": reply.raw_text,
+                     "parsed_tool_calls": len(reply.tool_calls), **({"empty_reply": True} if empty else {}),
+                     **extra_meta},
+        }
+        if tools is None:
+            record.pop("tools")
+        append_line_atomic(self.path, json.dumps(record, ensure_ascii=False))
+
+    def totals(self) -> dict[str, Any]:
+        per_agent = {a: dict(v) for a, v in self.usage.items()}
+        return {"input_tokens": sum(v["input_tokens"] for v in per_agent.values()),
+                "output_tokens": sum(v["output_tokens"] for v in per_agent.values()),
+                "calls": sum(v["calls"] for v in per_agent.values()), "per_agent": per_agent}

@@ -1,0 +1,184 @@
+"""Run the agents over a JSONL of questions: one run per question, resumable, with accuracy and tokens.
+
+Files for ``out = X.jsonl``:
+- ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
+- ``X.results.ndjson``   one line per finished run (answer, correctness, tokens per agent, seconds)
+- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import unicodedata
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.io import append_line_atomic, atomic_write_text, iter_jsonl, located_error
+from attnprobe.studies.runner.config import RunSettings
+from attnprobe.studies.runner.manager import Manager
+from attnprobe.studies.runner.recorder import Recorder, read_jsonl
+from attnprobe.studies.runner.search import SearchBackend, make_search
+from attnprobe.studies.runner.tools import ToolBox
+
+
+def results_path(out: Path) -> Path:
+    return Path(out).with_suffix(".results.ndjson")
+
+
+def summary_path(out: Path) -> Path:
+    return Path(out).with_suffix(".summary.json")
+
+
+def load_questions(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise AttnprobeError(f"questions file not found: {path}")
+    out, seen = [], set()
+    for lineno, rec in iter_jsonl(path, located_error(AttnprobeError)):
+        if not isinstance(rec, dict):
+            raise AttnprobeError(f"{path}, line {lineno}: expected a JSON object")
+        q = rec.get("question") or rec.get("task")
+        if not isinstance(q, str) or not q.strip():
+            raise AttnprobeError(f"{path}, line {lineno}, field 'question': must be a non-empty string")
+        qid = str(rec.get("id") or f"q{lineno:03d}")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", qid):
+            raise AttnprobeError(f"{path}, line {lineno}, field 'id': use letters, digits, '.', '_' or '-'")
+        if qid in seen:
+            raise AttnprobeError(f"{path}, line {lineno}, field 'id': duplicate id {qid!r}")
+        seen.add(qid)
+        answers = rec.get("answer")
+        if answers is not None and not isinstance(answers, (str, int, float, list)):
+            raise AttnprobeError(f"{path}, line {lineno}, field 'answer': expected a string or a list")
+        out.append({"id": qid, "question": q.strip(), "answer": answers, "aliases": rec.get("aliases") or []})
+    if not out:
+        raise AttnprobeError(f"{path}: no questions")
+    return out
+
+
+def normalize(text: Any) -> str:
+    """Lower case, accents and punctuation removed, articles dropped, whitespace collapsed."""
+    s = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode().lower()
+    s = re.sub(r"[^\w\s]", "", s)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def is_correct(prediction: str, question: dict) -> bool | None:
+    gold = question.get("answer")
+    if gold is None:
+        return None
+    golds = (gold if isinstance(gold, list) else [gold]) + list(question.get("aliases") or [])
+    p = normalize(prediction)
+    return bool(p) and any(p == normalize(g) for g in golds)
+
+
+def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, out: Path, run_id: str,
+            replay: list[dict] | None = None) -> dict:
+    rec = Recorder(chat, out, run_id=run_id, task=question["question"], settings=settings.to_dict(),
+                   replay=replay, max_tokens=settings.max_tokens, temperature=settings.temperature)
+    toolbox = ToolBox(search, top_k=settings.top_k, page_chars=settings.page_chars)
+    t0 = time.perf_counter()
+    outcome = Manager(rec, toolbox, settings).run(question["question"])
+    rec.finish()
+    seconds = time.perf_counter() - t0
+    totals = rec.totals()
+    return {
+        "run_id": run_id, "question_id": question["id"], "question": question["question"],
+        "gold": question.get("answer"), "answer": outcome.answer, "correct": is_correct(outcome.answer, question),
+        "settings": settings.to_dict(), "model": getattr(chat, "name", None), "seconds": round(seconds, 2),
+        "input_tokens": totals["input_tokens"], "output_tokens": totals["output_tokens"], "calls": totals["calls"],
+        "per_agent": totals["per_agent"], "replayed_calls": rec.replayed, "manager_steps": outcome.steps,
+        "delegations": outcome.delegations, "manager_parse_failures": outcome.parse_failures,
+        "forced_answer": outcome.forced, "validation": outcome.validation, "workers": outcome.worker_reports,
+    }
+
+
+def summarize(results: list[dict]) -> dict:
+    n = len(results)
+    scored = [r for r in results if r.get("correct") is not None]
+    mean = (lambda key: round(sum(r[key] for r in results) / n, 1)) if n else (lambda key: 0.0)
+    agents: dict[str, dict[str, float]] = {}
+    for r in results:
+        for a, u in r["per_agent"].items():
+            d = agents.setdefault(a, {"calls": 0, "input_tokens": 0, "output_tokens": 0})
+            for k in d:
+                d[k] += u[k]
+    return {
+        "runs": n, "scored": len(scored),
+        "accuracy": round(sum(bool(r["correct"]) for r in scored) / len(scored), 4) if scored else None,
+        "correct": sum(bool(r["correct"]) for r in scored),
+        "mean_input_tokens": mean("input_tokens"), "mean_output_tokens": mean("output_tokens"),
+        "mean_total_tokens": round(mean("input_tokens") + mean("output_tokens"), 1),
+        "mean_calls": mean("calls"), "mean_seconds": mean("seconds"),
+        "total_seconds": round(sum(r["seconds"] for r in results), 1),
+        "per_agent_mean": {a: {k: round(v / n, 1) for k, v in d.items()} for a, d in sorted(agents.items())} if n else {},
+    }
+
+
+def token_table(rows: dict[str, dict]) -> str:
+    """The paper's Table 3 shape (average tokens per query) plus accuracy and time."""
+    head = f"{'setting':<14} {'acc':>9} {'input':>9} {'output':>8} {'total':>9} {'calls':>6} {'s/run':>7}"
+    lines = [head, "-" * len(head)]
+    for name, s in rows.items():
+        acc = "n/a" if s["accuracy"] is None else f"{s['correct']}/{s['scored']}"
+        lines.append(f"{name:<14} {acc:>9} {s['mean_input_tokens']:>9.1f} {s['mean_output_tokens']:>8.1f} "
+                     f"{s['mean_total_tokens']:>9.1f} {s['mean_calls']:>6.1f} {s['mean_seconds']:>7.1f}")
+    return "\n".join(lines)
+
+
+def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
+                  search: SearchBackend | None = None, resume: bool = False, overwrite: bool = False,
+                  progress: bool = False) -> dict:
+    """Run every question; returns {"summary": ..., "results": [...], "skipped": n}."""
+    out = Path(out)
+    rpath = results_path(out)
+    questions = list(questions)
+    if (out.exists() and out.stat().st_size) or rpath.exists():
+        if overwrite:
+            for p in (out, rpath, summary_path(out)):
+                p.unlink(missing_ok=True)
+        elif not resume:
+            raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --overwrite to "
+                                 "start again")
+    search = search or make_search("bm25")
+    done = {r["run_id"]: r for r in read_jsonl(rpath)}
+    for r in done.values():
+        if r.get("settings") != settings.to_dict():
+            raise AttnprobeError(f"{rpath}: run {r['run_id']} was made with other settings ({r.get('settings')}); "
+                                 "resume with the same options or use another --out")
+    calls = read_jsonl(out)
+    by_run: dict[str, list[dict]] = {}
+    for c in calls:
+        by_run.setdefault(c.get("meta", {}).get("run_id"), []).append(c)
+    results, skipped = [], 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(questions), desc=f"run {settings.name}", unit="q")
+    try:
+        for q in questions:
+            run_id = f"{settings.name}-{q['id']}"
+            if run_id in done:
+                results.append(done[run_id])
+                skipped += 1
+            else:
+                result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id))
+                append_line_atomic(rpath, json.dumps(result, ensure_ascii=False))
+                results.append(result)
+                atomic_write_text(summary_path(out), json.dumps(
+                    {"setting": settings.name, "settings": settings.to_dict(), **summarize(results)}, indent=2))
+            if bar:
+                bar.update(1)
+                bar.set_postfix(correct=sum(bool(r.get("correct")) for r in results))
+    finally:
+        if bar:
+            bar.close()
+    summary = summarize(results)
+    atomic_write_text(summary_path(out), json.dumps({"setting": settings.name, "settings": settings.to_dict(),
+                                                     **summary}, indent=2))
+    return {"summary": summary, "results": results, "skipped": skipped}

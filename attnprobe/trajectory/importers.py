@@ -1,0 +1,151 @@
+"""Convert other agents' logs into attnprobe trajectories (validated like any other input).
+
+Supported: plain OpenAI message lists, observation-masking style records
+(``qid``/``question``/``full_messages``) and smolagents memory messages (``tool-call`` /
+``tool-response`` roles with ``Calling tools:`` and ``Call id: ... Observation:`` text).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from attnprobe.errors import TrajectoryError
+from attnprobe.trajectory.schema import Trajectory, message_text
+
+FORMATS = ("openai", "masking", "smolagents")
+
+
+def from_openai_messages(messages: list[dict], *, id: str, task: str | None = None, tools=None,
+                         **extra: Any) -> Trajectory:
+    """A plain OpenAI chat-messages list (optionally with tools)."""
+    record = {"id": id, "messages": messages, "framing": "trace", "meta": {"source": "openai"}}
+    if task is None:
+        first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
+        task = message_text(first_user.get("content")) if first_user else None
+    if task is not None:
+        record["task"] = task
+    if tools is not None:
+        record["tools"] = tools
+    record.update(extra)
+    return Trajectory.from_dict(record)
+
+
+def from_masking_record(record: dict, *, path: str | None = None, line: int | None = None) -> Trajectory:
+    """An observation-masking style record: {qid, question, full_messages, [answer, correct, ...]}."""
+    for key in ("qid", "full_messages"):
+        if key not in record:
+            raise TrajectoryError("missing required field", path=path, line=line, field=key)
+    labels = {k: record[k] for k in ("answer", "correct", "gold_answer", "is_correct") if k in record}
+    meta = {k: v for k, v in record.items() if k not in ("qid", "question", "full_messages", "tools", *labels)}
+    meta["source"] = "observation-masking"
+    out = {"id": str(record["qid"]), "task": record.get("question"), "framing": record.get("framing", "trace"),
+           "messages": record["full_messages"], "labels": labels, "meta": meta}
+    if record.get("tools") is not None:
+        out["tools"] = record["tools"]
+    return Trajectory.from_dict(out, path=path, line=line)
+
+
+_CALL_ID = re.compile(r"^\s*Call id:\s*(\S+)\s*\n(?:Observation:\s*\n?)?", re.S)
+
+
+def _role(raw: Any) -> str:
+    role = str(raw)
+    return role.split(".", 1)[1].lower().replace("_", "-") if role.startswith("MessageRole.") else role
+
+
+def _parse_calls(text: str, where: str, path, line) -> list[dict]:
+    body = text.split("Calling tools:", 1)[1].strip() if "Calling tools:" in text else text.strip()
+    try:
+        calls = json.loads(body)
+    except json.JSONDecodeError:
+        try:
+            calls = ast.literal_eval(body)  # smolagents writes a Python repr of the list
+        except (ValueError, SyntaxError):
+            raise TrajectoryError("cannot parse the tool calls of a tool-call message", path=path, line=line,
+                                  field=where) from None
+    out = []
+    for c in calls if isinstance(calls, list) else [calls]:
+        fn = c.get("function", c)
+        args = fn.get("arguments", {})
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"],
+                                 "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
+    return out
+
+
+def from_smolagents_memory(messages: list[dict], *, id: str, path: str | None = None,
+                           line: int | None = None, **extra: Any) -> Trajectory:
+    """smolagents ``write_memory_to_messages()`` output (roles system/user/assistant/tool-call/tool-response)."""
+    out: list[dict] = []
+    for i, msg in enumerate(messages):
+        role = _role(msg.get("role"))
+        text = message_text(msg.get("content"))
+        if role in ("system", "user"):
+            out.append({"role": role, "content": text})
+        elif role == "assistant":
+            out.append({"role": "assistant", "content": text})
+        elif role == "tool-call":
+            calls = _parse_calls(text, f"messages[{i}].content", path, line)
+            if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
+                out[-1]["tool_calls"] = calls
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": calls})
+        elif role == "tool-response":
+            m = _CALL_ID.match(text)
+            call_id = m.group(1) if m else None
+            body = text[m.end():] if m else text
+            open_calls = [c["id"] for c in (out[-1].get("tool_calls") or [])] if out and out[-1]["role"] == "assistant" else []
+            if call_id is None and len(open_calls) == 1:
+                call_id = open_calls[0]
+            out.append({"role": "tool", "tool_call_id": call_id, "content": body})
+        else:
+            raise TrajectoryError(f"unknown smolagents role {role!r}", path=path, line=line,
+                                  field=f"messages[{i}].role")
+    task = next((m["content"] for m in out if m["role"] == "user"), None)
+    record = {"id": id, "task": task, "framing": "trace", "messages": out, "meta": {"source": "smolagents"}}
+    record.update(extra)
+    return Trajectory.from_dict(record, path=path, line=line)
+
+
+def iter_import(path: str | Path, fmt: str) -> Iterator[Trajectory]:
+    """Read a .json or .jsonl log of the given format and yield trajectories."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}")
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        entries = [(None, d) for d in (data if isinstance(data, list) and fmt == "masking" else [data])]
+    else:
+        entries = []
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            if raw.strip():
+                try:
+                    entries.append((lineno, json.loads(raw)))
+                except json.JSONDecodeError as exc:
+                    raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
+    for n, (lineno, rec) in enumerate(entries):
+        default_id = f"{path.stem}-{lineno if lineno is not None else n}"
+        if fmt == "masking":
+            yield from_masking_record(rec, path=str(path), line=lineno)
+            continue
+        messages = rec.get("messages") if isinstance(rec, dict) else rec
+        if not isinstance(messages, list):
+            raise TrajectoryError("expected a list of messages or an object with 'messages'", path=str(path),
+                                  line=lineno, field="messages")
+        rid = str(rec.get("id", default_id)) if isinstance(rec, dict) else default_id
+        try:
+            if fmt == "openai":
+                tools = rec.get("tools") if isinstance(rec, dict) else None
+                yield from_openai_messages(messages, id=rid, tools=tools)
+            else:
+                yield from_smolagents_memory(messages, id=rid, path=str(path), line=lineno)
+        except TrajectoryError as exc:
+            if exc.path is None:
+                raise TrajectoryError(exc.reason, path=str(path), line=lineno, field=exc.field) from None
+            raise

@@ -1,0 +1,76 @@
+"""End to end on the bundled model: behaviour, capture, report, resume, compare (one item, few tokens)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from support.paths import ROOT  # noqa: E402
+
+from attnprobe.cli.main import main
+from attnprobe.studies.ibis.attention import load_attention
+from attnprobe.studies.ibis.behaviour import DECISIONS, TransformersBackend, read_decisions
+from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing
+from attnprobe.studies.ibis.items import load_items
+
+SHIPPED = ROOT / "trajectories" / "ibis_items.jsonl"
+
+
+def test_full_pipeline_one_item(smol, tmp_path, capsys):
+    folder = tmp_path / "smol"
+    args = ["ibis", "all", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4", "--batch-size", "3",
+            "--bootstrap", "200", "--permutations", "5", "--plotlyjs", "cdn", "--no-progress"]
+    assert main(args) == 0  # reuses the session's loaded model (load_model caches per process)
+    for name in ("run.json", "items.jsonl", "framings.jsonl", "decisions.jsonl", "attention.safetensors",
+                 "attention.json", "metrics.json", "report.md", "report.html"):
+        assert (folder / name).is_file(), name
+    assert not list(folder.rglob("*.pkl")) and not list(folder.rglob("*.pt"))
+    recs = read_decisions(folder / "decisions.jsonl")
+    assert sorted(r["framing"] for r in recs) == sorted(FRAMINGS)
+    for r in recs:
+        assert r["decision"] in DECISIONS and r["output_tokens"] <= 4 and r["backend"] == "transformers"
+        fc = r["forced_choice"]
+        assert fc["choice"] in ("web_search", "visit_page")
+        assert np.isclose(fc["log_odds_visit"], fc["logprob_visit_page"] - fc["logprob_web_search"], atol=1e-4)
+    # attention arrays: one item, every category, all layers and heads; masses sum to 1 per head
+    index, arrays = load_attention(folder)
+    assert index["items"] == ["sci-01"] and index["categories"] == list(CATEGORIES)
+    for fr in FRAMINGS:
+        m = arrays[f"mass.{fr}"]
+        assert m.shape == (1, len(CATEGORIES), smol.num_layers, index["num_heads"])
+        assert np.allclose(m.sum(axis=1), 1.0, atol=1e-3)
+        assert arrays[f"query_tokens.{fr}"].shape == (1,)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    b, a = metrics["behaviour"], metrics["attention"]
+    assert b["decisions_total"] == 3 and "inertia_gap" in b and "forced_choice" in b
+    assert b["unparseable_total"] == sum(e["unparseable"] for fr in b["accuracy"].values()
+                                         for s, e in fr.items() if s != "headline")
+    assert a["attentional_gap"]["n"] == 1 and len(a["heads"]["query"]["top"]) == 10
+    assert "plotly" in (folder / "report.html").read_text()
+    out = capsys.readouterr().out
+    assert "IBIS report" in out and "Attentional gap" in out
+    # resume: nothing is redone
+    capsys.readouterr()
+    assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4",
+                 "--no-progress"]) == 0
+    assert "0 decided, 3 already done" in capsys.readouterr().err
+    # compare across model folders (the same folder twice under two names is enough for the table)
+    other = tmp_path / "copy"
+    other.mkdir()
+    m2 = dict(metrics, model="copy-model")
+    (other / "metrics.json").write_text(json.dumps(m2))
+    assert main(["compare", str(folder), str(other), "--out", str(tmp_path / "cmp"), "--plotlyjs", "cdn"]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "SmolLM2-135M-Instruct" in table and "copy-model" in table
+    rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert rows[0]["attentional_gap"] == metrics["attention"]["attentional_gap"]["gap"]
+    assert "plotly" in (tmp_path / "cmp" / "compare.html").read_text()
+
+
+def test_batched_generation_equals_single(smol):
+    it = load_items(SHIPPED)[3]
+    trajs = [build_framing(it, fr) for fr in FRAMINGS]
+    batched = TransformersBackend(smol, forced_choice=False).complete_many(trajs, max_tokens=5)
+    single = TransformersBackend(smol, early_stop=False, forced_choice=False).complete(trajs[1], max_tokens=5)
+    assert batched[1]["raw_text"] == single["raw_text"]
+    assert batched[1]["input_tokens"] == single["input_tokens"]

@@ -1,0 +1,84 @@
+"""Captured attention equals transformers eager attention (float32, same weights) within 1e-5."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.eager import eager_hooked_rows, eager_output_attentions, reduce_rows
+
+import attnprobe
+
+TOL = 1e-5
+
+
+def _check(res, rows):
+    """rows: [nq, L, H, n] eager reference rows for res.query_positions (all layers)."""
+    ref_lh = reduce_rows(rows[:, res.layers], res.segments)  # [nq, L, H, S]
+    np.testing.assert_allclose(res.layer_head_attention, ref_lh, atol=TOL, rtol=0)
+    np.testing.assert_allclose(res.segment_attention, ref_lh.mean(axis=(1, 2)), atol=TOL, rtol=0)
+    np.testing.assert_allclose(res.token_attention, rows[:, res.layers].mean(axis=(1, 2)), atol=TOL, rtol=0)
+    # Rows are probability distributions over keys up to the query position.
+    np.testing.assert_allclose(res.segment_attention.sum(axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tid,route", [("sample-parallel-calls", "hooked"), ("sample-reasoning-1", "output_attentions"),
+                                       ("sample-reasoning-2", "output_attentions")])
+def test_matches_eager(smol, samples, tid, route):
+    traj = samples[tid]
+    base = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=512)
+    reference = eager_output_attentions if route == "output_attentions" else eager_hooked_rows
+    rows = reference(smol.model, base.input_ids, base.query_positions)
+    _check(base, rows)
+    q = int(base.query_positions[1])
+    # Chunk sizes that put a query on the first token of a chunk, on the last, and a ragged size.
+    for chunk in (q, q + 1, 97):
+        res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=chunk)
+        assert q % chunk == 0 or q % chunk == chunk - 1 or chunk == 97
+        _check(res, rows)
+
+
+def test_long_trajectory_matches_eager(smol, samples):
+    traj = samples["sample-long-research"]
+    res = attnprobe.capture(smol, traj, queries="reasoning", chunk_size=1024)
+    assert len(res.input_ids) > 6000 and len(res.queries) == 23
+    rows = eager_hooked_rows(smol.model, res.input_ids, res.query_positions)
+    _check(res, rows)
+    q = int(res.query_positions[10])
+    edge = attnprobe.capture(smol, traj, queries="reasoning", chunk_size=q)  # query 10 opens a chunk
+    np.testing.assert_allclose(edge.layer_head_attention, res.layer_head_attention, atol=TOL, rtol=0)
+
+
+def test_layer_selection_and_positions(smol, samples):
+    traj = samples["sample-reasoning-1"]
+    full = attnprobe.capture(smol, traj, queries="reasoning")
+    sub = attnprobe.capture(smol, traj, queries="reasoning", layers=[0, 7, 29])
+    assert sub.layers == [0, 7, 29]
+    np.testing.assert_allclose(sub.layer_head_attention, full.layer_head_attention[:, [0, 7, 29]], atol=1e-6)
+    np.testing.assert_allclose(sub.segment_attention, full.layer_head_attention[:, [0, 7, 29]].mean(axis=(1, 2)),
+                               atol=1e-6)
+    positions = [5, int(full.query_positions[2]), len(full.input_ids) - 1]
+    pos = attnprobe.capture(smol, traj, queries=positions, chunk_size=64)
+    assert pos.query_positions.tolist() == positions
+    rows = eager_output_attentions(smol.model, pos.input_ids, positions)
+    _check(pos, rows)
+    np.testing.assert_allclose(pos.segment_attention[1], full.segment_attention[2], atol=TOL)
+    with pytest.raises(ValueError, match="layers \\[30\\] do not exist"):
+        attnprobe.capture(smol, traj, layers=[30])
+    with pytest.raises(ValueError, match="outside the trajectory"):
+        attnprobe.capture(smol, traj, queries=[10 ** 6])
+
+
+def test_saved_qk_recompute_scores(smol, samples, tmp_path):
+    traj = samples["sample-reasoning-2"]
+    res = attnprobe.capture(smol, traj, queries="decision", save_qk_layers=[3], chunk_size=300)
+    res.save(tmp_path / "r")
+    back = attnprobe.CaptureResult.load(tmp_path / "r")
+    qk = back.load_qk(tmp_path / "r")
+    q, k = qk["layer3.q"], qk["layer3.k"]  # [H, n, d], [KVH, n, d]
+    n = len(res.input_ids)
+    assert q.shape == (9, n, 64) and k.shape == (3, n, 64)
+    p = int(res.query_positions[0])
+    kk = k.repeat_interleave(3, dim=0)[:, : p + 1]
+    probs = (q[:, p : p + 1] @ kk.transpose(1, 2) / 8.0).softmax(-1)[:, 0].numpy()  # [H, p+1]
+    seg = np.stack([probs[:, s.start:s.end].sum(-1) for s in res.segments], -1)
+    np.testing.assert_allclose(seg, res.layer_head_attention[0, 3], atol=TOL)

@@ -1,0 +1,149 @@
+"""Framing invariants on the rendered token sequences: only ownership changes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from support.paths import ROOT  # noqa: E402
+
+from attnprobe.render.rendering import render
+from attnprobe.studies.ibis.framings import (
+    CATEGORIES,
+    FRAMINGS,
+    INVARIANT_CATEGORIES,
+    REMINDER,
+    SYSTEM_PROMPT,
+    build_framing,
+    category_tokens,
+    check_invariants,
+    segment_categories,
+)
+from attnprobe.studies.ibis.items import load_items, results_text
+
+ITEMS = load_items(ROOT / "trajectories" / "ibis_items.jsonl")
+
+QWEN_LIKE = """{%- for message in messages %}
+{%- if message.role == 'system' %}<|im_start|>system
+{{ message.content }}{% if tools %}
+
+# Tools
+<tools>{% for t in tools %}
+{{ t | tojson }}{% endfor %}
+</tools>{% endif %}<|im_end|>
+{% elif message.role == 'user' %}<|im_start|>user
+{{ message.content }}<|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content or '' }}{% for tc in message.tool_calls or [] %}
+<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+LLAMA3_LIKE = """{{- bos_token }}{%- for message in messages %}<|start_header_id|>{{ 'ipython' if message.role == 'tool' else message.role }}<|end_header_id|>
+
+{% if message.tool_calls %}{% for tc in message.tool_calls %}{"name": "{{ tc.function.name }}", "parameters": {{ tc.function.arguments | tojson }}}{% endfor %}{% else %}{{ message.content }}{% endif %}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def tok(smol):
+    return smol.tokenizer
+
+
+@pytest.fixture(scope="module")
+def templated(tok):
+    """SmolLM2's tokenizer with Qwen- and Llama-3-style templates (their markers as special tokens)."""
+    out = {}
+    q = copy.deepcopy(tok)
+    q.chat_template = QWEN_LIKE
+    out["qwen"] = q
+    ll = copy.deepcopy(tok)
+    ll.add_special_tokens({"additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]})
+    ll.chat_template = LLAMA3_LIKE
+    out["llama3"] = ll
+    return out
+
+
+def test_invariants_hold_for_every_shipped_item_on_smollm2(tok):
+    modes = set()
+    for it in ITEMS:
+        res = check_invariants(tok, it)
+        assert res["ok"], (it.id, res["problems"])
+        modes.add(tuple(sorted(res["rendering"].items())))
+    # SmolLM2 drops tool calls: the agentic framing falls back to the smolagents text serialization
+    assert modes == {(("agentic", "text"), ("direct", "native"), ("observer", "native"))}
+
+
+@pytest.mark.parametrize("family", ["qwen", "llama3"])
+def test_invariants_hold_with_native_tool_call_templates(templated, family):
+    tk = templated[family]
+    for it in ITEMS[::7]:
+        res = check_invariants(tk, it)
+        assert res["ok"], (family, it.id, res["problems"])
+        assert res["rendering"]["agentic"] == "native"
+
+
+def test_token_level_identity_and_ownership(tok):
+    it = ITEMS[0]
+    toks, rendered = {}, {}
+    for fr in FRAMINGS:
+        traj = build_framing(it, fr)
+        rendered[fr] = render(traj, tok, add_generation_prompt=True)
+        toks[fr] = category_tokens(rendered[fr], traj)
+    for cat in INVARIANT_CATEGORIES:
+        assert toks["agentic"][cat] == toks["observer"][cat] == toks["direct"][cat], cat
+    # the texts behind the invariant tokens are exactly the shared strings
+    assert tok.decode(toks["observer"]["system"]) == SYSTEM_PROMPT
+    assert tok.decode(toks["observer"]["reminder"]) == REMINDER
+    assert tok.decode(toks["observer"]["results"]) == results_text(it)
+    assert tok.decode(toks["observer"]["task"]) == " " + it.task
+    # ownership: only the agentic framing has text authored by the model itself, and it is the call
+    for fr, r in rendered.items():
+        own = [s for s in r.segments if s.author == "self"]
+        if fr == "agentic":
+            assert own and all(s.role == "tool_call" for s in own)
+            assert it.query in tok.decode(r.input_ids[own[0].start:own[0].end])
+        else:
+            assert not own
+            q = [s for s, c in zip(r.segments, segment_categories(r.segments, build_framing(it, fr))) if c == "query"]
+            assert len(q) == 1 and q[0].role == "tool_call" and q[0].author == "external"
+            assert tok.decode(r.input_ids[q[0].start:q[0].end]) == it.query
+        # the decision position is the last token, inside the generation prompt
+        assert r.decision.position == len(r.input_ids) - 1 and r.segments[-1].role == "template"
+
+
+def test_every_token_gets_a_category(tok):
+    it = ITEMS[5]
+    for fr in FRAMINGS:
+        traj = build_framing(it, fr)
+        r = render(traj, tok, add_generation_prompt=True)
+        cats = segment_categories(r.segments, traj)
+        assert set(cats) <= set(CATEGORIES)
+        assert sum(s.length for s in r.segments) == len(r.input_ids)
+        assert {"query", "results", "reminder", "task", "system", "template"} <= set(cats)
+
+
+def test_framings_are_valid_trajectories(tmp_path):
+    from attnprobe.trajectory.schema import load_trajectories, save_trajectories
+
+    trajs = [build_framing(it, fr) for it in ITEMS[:3] for fr in FRAMINGS]
+    save_trajectories(trajs, tmp_path / "f.jsonl")
+    back = load_trajectories(tmp_path / "f.jsonl")
+    assert [t.id for t in back] == [t.id for t in trajs] and back[0].framing == "agentic"
+    with pytest.raises(ValueError, match="framing must be one of"):
+        build_framing(ITEMS[0], "masked")
+
+
+def test_broken_invariant_is_detected(tok):
+    """A template that glues the end of the results to its own marker changes the last token: caught."""
+    glued = copy.deepcopy(tok)
+    glued.chat_template = LLAMA3_LIKE  # markers NOT added as special tokens: '.<|' merges into one token
+    res = check_invariants(glued, ITEMS[0])
+    assert not res["ok"] and any("results tokens differ" in p for p in res["problems"])
