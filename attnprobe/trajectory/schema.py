@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import atomic_write_text, iter_jsonl
+from attnprobe.io import read_jsonl, write_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -216,7 +216,7 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
             yield Trajectory.from_dict(rec, path=f"{path}[{i}]" if isinstance(data, list) else str(path))
         return
     seen: dict[str, int] = {}
-    for lineno, rec in iter_jsonl(path, TrajectoryError):
+    for lineno, rec in read_jsonl(path, error=TrajectoryError):
         traj = Trajectory.from_dict(rec, path=str(path), line=lineno)
         if traj.id in seen:
             raise TrajectoryError(f"duplicate id {traj.id!r} (first on line {seen[traj.id]})",
@@ -231,4 +231,4 @@ def dumps_trajectory(traj: Trajectory) -> str:
 
 def save_trajectories(trajs: Iterable[Trajectory], path: str | Path) -> None:
     """Write trajectories as JSON Lines atomically (a crash leaves the old file intact)."""
-    atomic_write_text(Path(path), "".join(dumps_trajectory(t) + "\n" for t in trajs))
+    write_jsonl(Path(path), (t.to_dict() for t in trajs))

@@ -16,14 +16,13 @@ For every item and framing we run ``attnprobe.capture(model, trajectory, queries
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import append_line_atomic, atomic_write_text
+from attnprobe.io import atomic_write_text, run_resumable
 from attnprobe.results.result import META_FILE, CaptureResult
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
@@ -69,29 +68,24 @@ def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
                   force: bool = False, progress: bool = True) -> dict[str, int]:
     """Capture every (item, framing) not captured yet; resumable (a finished capture has meta.json)."""
-    from tqdm.auto import tqdm
-
     from attnprobe.capture.api import capture
 
     folder = Path(folder)
-    todo = [(it, fr) for it in items for fr in framings
-            if force or not (capture_dir(folder, it.id, fr) / META_FILE).is_file()]
-    counts = {"done_before": len(items) * len(framings) - len(todo), "captured": 0, "failed": 0}
-    for it, fr in tqdm(todo, desc="ibis attention", unit="capture", disable=not progress):
-        traj = build_framing(it, fr)
-        try:
+
+    def work(batch: list[tuple[IbisItem, str]]) -> None:
+        for it, fr in batch:
+            traj = build_framing(it, fr)
             res = capture(model, traj, queries="decision", chunk_size=chunk_size)
-        except (AttnprobeError, RuntimeError, ValueError) as exc:
-            counts["failed"] += 1
-            append_line_atomic(folder / "errors.jsonl", json.dumps(
-                {"stage": "attention", "item_id": it.id, "framing": fr, "error": f"{type(exc).__name__}: {exc}",
-                 "time": time.time()}, ensure_ascii=False))
-            continue
-        res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label,
-                            "categories": segment_categories(res.segments, traj)}
-        res.save(capture_dir(folder, it.id, fr))
-        counts["captured"] += 1
-    return counts
+            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label,
+                                "categories": segment_categories(res.segments, traj)}
+            res.save(capture_dir(folder, it.id, fr))
+
+    counts = run_resumable(
+        [(it, fr) for it in items for fr in framings], work,
+        done=lambda x: not force and (capture_dir(folder, x[0].id, x[1]) / META_FILE).is_file(),
+        describe=lambda x: {"item_id": x[0].id, "framing": x[1]}, errors_path=folder / "errors.jsonl",
+        stage="attention", desc="ibis attention", unit="capture", progress=progress)
+    return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 
 def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS) -> dict[str, Any] | None:

@@ -31,9 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from attnprobe.errors import AttnprobeError
 from attnprobe.generation.toolparse import parse_tool_calls
-from attnprobe.io import append_line_atomic
+from attnprobe.io import append_jsonl, read_records, run_resumable
 from attnprobe.studies.ibis.framings import FRAMINGS, TOOL_NAMES, build_framing
 from attnprobe.studies.ibis.items import IbisItem
 
@@ -320,21 +319,10 @@ def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, ma
 
 
 def read_decisions(path: Path) -> list[dict]:
-    """Every complete line of decisions.jsonl (a torn last line from a crash is ignored)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            out.append(json.loads(raw))
-        except json.JSONDecodeError:
-            continue
-    # Keep the last record per (item, framing): a rerun with --force appends newer ones.
+    """The latest record per (item, framing) of decisions.jsonl (a rerun with --force appends newer
+    ones); a torn last line from a crash is reported and ignored."""
     latest: dict[tuple, dict] = {}
-    for rec in out:
+    for rec in read_records(path, torn_tail="skip", missing_ok=True):
         latest[(rec["item_id"], rec["framing"])] = rec
     return list(latest.values())
 
@@ -343,47 +331,28 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
                   force: bool = False, progress: bool = True, batch_size: int = 1) -> dict[str, int]:
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``; returns counts.
 
-    Resumable: finished pairs are skipped; each decision is appended atomically as soon as it
-    exists. Failures are written to ``errors.jsonl`` and retried on the next run.
+    Resumable: finished pairs are skipped; each decision is appended durably as soon as it exists.
+    Failures are written to ``errors.jsonl`` and retried on the next run.
     """
-    from tqdm.auto import tqdm
-
     folder = Path(folder)
     path = folder / "decisions.jsonl"
     done = set() if force else {(r["item_id"], r["framing"]) for r in read_decisions(path)}
-    todo = [(it, fr) for it in items for fr in framings if (it.id, fr) not in done]
-    counts = {"done_before": len(items) * len(framings) - len(todo), "decided": 0, "failed": 0}
-    if batch_size > 1 and hasattr(backend, "complete_many"):
-        bar = tqdm(total=len(todo), desc="ibis behaviour", unit="call", disable=not progress)
-        for start in range(0, len(todo), batch_size):
-            chunk = todo[start:start + batch_size]
+    batched = batch_size > 1 and hasattr(backend, "complete_many")
+
+    def work(batch: list[tuple[IbisItem, str]]) -> None:
+        if batched:
             t0 = time.perf_counter()
-            try:
-                outs = backend.complete_many([build_framing(it, fr) for it, fr in chunk], max_tokens=max_tokens)
-            except (AttnprobeError, OSError, RuntimeError, ValueError) as exc:
-                counts["failed"] += len(chunk)
-                for it, fr in chunk:
-                    append_line_atomic(folder / "errors.jsonl", json.dumps(
-                        {"stage": "behaviour", "item_id": it.id, "framing": fr,
-                         "error": f"{type(exc).__name__}: {exc}", "time": time.time()}, ensure_ascii=False))
-                bar.update(len(chunk))
-                continue
-            per = (time.perf_counter() - t0) / len(chunk)
-            for (it, fr), out in zip(chunk, outs):
-                append_line_atomic(path, json.dumps(_record(backend, it, fr, out, per, max_tokens), ensure_ascii=False))
-                counts["decided"] += 1
-            bar.update(len(chunk))
-        bar.close()
-        return counts
-    for it, fr in tqdm(todo, desc="ibis behaviour", unit="call", disable=not progress):
-        try:
-            rec = decide(backend, it, fr, max_tokens=max_tokens)
-        except (AttnprobeError, OSError, RuntimeError, ValueError) as exc:
-            counts["failed"] += 1
-            append_line_atomic(folder / "errors.jsonl", json.dumps(
-                {"stage": "behaviour", "item_id": it.id, "framing": fr, "error": f"{type(exc).__name__}: {exc}",
-                 "time": time.time()}, ensure_ascii=False))
-            continue
-        append_line_atomic(path, json.dumps(rec, ensure_ascii=False))
-        counts["decided"] += 1
-    return counts
+            outs = backend.complete_many([build_framing(it, fr) for it, fr in batch], max_tokens=max_tokens)
+            per = (time.perf_counter() - t0) / len(batch)
+            for (it, fr), out in zip(batch, outs):
+                append_jsonl(path, _record(backend, it, fr, out, per, max_tokens))
+        else:
+            for it, fr in batch:
+                append_jsonl(path, decide(backend, it, fr, max_tokens=max_tokens))
+
+    counts = run_resumable(
+        [(it, fr) for it in items for fr in framings], work, done=lambda x: (x[0].id, x[1]) in done,
+        describe=lambda x: {"item_id": x[0].id, "framing": x[1]}, errors_path=folder / "errors.jsonl",
+        stage="behaviour", desc="ibis behaviour", unit="call", batch_size=batch_size if batched else 1,
+        progress=progress)
+    return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import iter_jsonl
+from attnprobe.io import read_jsonl
 
 LABELS = ("should_research", "should_visit_page", "should_return_answer")
 HEADLINE_LABELS = ("should_research", "should_visit_page")
@@ -129,7 +129,7 @@ def load_items(path: str | Path) -> list[IbisItem]:
         raise ItemError("file not found", path=str(path))
     items: list[IbisItem] = []
     seen: dict[str, int] = {}
-    for lineno, rec in iter_jsonl(path, ItemError):
+    for lineno, rec in read_jsonl(path, error=ItemError):
         item = IbisItem.from_dict(rec, path=str(path), line=lineno)
         if item.id in seen:
             raise ItemError(f"duplicate id {item.id!r} (first on line {seen[item.id]})", path=str(path),

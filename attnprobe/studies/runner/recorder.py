@@ -12,38 +12,19 @@ the run continues live. Finished calls are therefore neither lost nor duplicated
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from attnprobe.generation.chat import ChatReply
-from attnprobe.io import append_line_atomic, atomic_write_text
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a torn last line (a crash mid-write on a non-atomic FS) is ignored."""
-    if not Path(path).exists():
-        return []
-    out = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            out.append(json.loads(raw))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                continue
-            raise
-    return out
+from attnprobe.io import append_jsonl, read_records, write_jsonl
 
 
 def drop_records(path: Path, ids: set[str]) -> None:
     if not ids:
         return
-    keep = [r for r in read_jsonl(path) if r.get("id") not in ids]
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep))
+    keep = [r for r in read_records(path, torn_tail="skip", missing_ok=True) if r.get("id") not in ids]
+    write_jsonl(path, keep)
 
 
 class Recorder:
@@ -122,7 +103,7 @@ class Recorder:
         }
         if tools is None:
             record.pop("tools")
-        append_line_atomic(self.path, json.dumps(record, ensure_ascii=False))
+        append_jsonl(self.path, record)
 
     def totals(self) -> dict[str, Any]:
         per_agent = {a: dict(v) for a, v in self.usage.items()}

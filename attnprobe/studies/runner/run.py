@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import append_line_atomic, atomic_write_text, iter_jsonl, located_error
+from attnprobe.io import append_jsonl, atomic_write_text, located_error, read_jsonl, read_records, run_resumable
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
-from attnprobe.studies.runner.recorder import Recorder, read_jsonl
+from attnprobe.studies.runner.recorder import Recorder
 from attnprobe.studies.runner.search import SearchBackend, make_search
 from attnprobe.studies.runner.tools import ToolBox
 
@@ -38,7 +38,7 @@ def load_questions(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise AttnprobeError(f"questions file not found: {path}")
     out, seen = [], set()
-    for lineno, rec in iter_jsonl(path, located_error(AttnprobeError)):
+    for lineno, rec in read_jsonl(path, error=located_error(AttnprobeError)):
         if not isinstance(rec, dict):
             raise AttnprobeError(f"{path}, line {lineno}: expected a JSON object")
         q = rec.get("question") or rec.get("task")
@@ -145,39 +145,36 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
             raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --overwrite to "
                                  "start again")
     search = search or make_search("bm25")
-    done = {r["run_id"]: r for r in read_jsonl(rpath)}
+    done = {r["run_id"]: r for r in read_records(rpath, torn_tail="skip", missing_ok=True)}
     for r in done.values():
         if r.get("settings") != settings.to_dict():
             raise AttnprobeError(f"{rpath}: run {r['run_id']} was made with other settings ({r.get('settings')}); "
                                  "resume with the same options or use another --out")
-    calls = read_jsonl(out)
+    calls = read_records(out, torn_tail="skip", missing_ok=True)
     by_run: dict[str, list[dict]] = {}
     for c in calls:
         by_run.setdefault(c.get("meta", {}).get("run_id"), []).append(c)
-    results, skipped = [], 0
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    finished = dict(done)
 
-        bar = tqdm(total=len(questions), desc=f"run {settings.name}", unit="q")
-    try:
-        for q in questions:
+    def write_summary() -> None:
+        rows = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
+        atomic_write_text(summary_path(out), json.dumps(
+            {"setting": settings.name, "settings": settings.to_dict(), **summarize(rows)}, indent=2))
+
+    def work(batch: list[dict]) -> None:
+        for q in batch:
             run_id = f"{settings.name}-{q['id']}"
-            if run_id in done:
-                results.append(done[run_id])
-                skipped += 1
-            else:
-                result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id))
-                append_line_atomic(rpath, json.dumps(result, ensure_ascii=False))
-                results.append(result)
-                atomic_write_text(summary_path(out), json.dumps(
-                    {"setting": settings.name, "settings": settings.to_dict(), **summarize(results)}, indent=2))
-            if bar:
-                bar.update(1)
-                bar.set_postfix(correct=sum(bool(r.get("correct")) for r in results))
-    finally:
-        if bar:
-            bar.close()
+            result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id))
+            append_jsonl(rpath, result)
+            finished[run_id] = result
+            write_summary()
+
+    # catch=(): a failing question stops the run (rerun with --resume continues from it).
+    counts = run_resumable(questions, work, done=lambda q: f"{settings.name}-{q['id']}" in done,
+                           describe=lambda q: {"question_id": q["id"]}, errors_path=out.with_suffix(".errors.jsonl"),
+                           stage="run", desc=f"run {settings.name}", unit="q", progress=progress, catch=())
+    skipped = counts["done_before"]
+    results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
     atomic_write_text(summary_path(out), json.dumps({"setting": settings.name, "settings": settings.to_dict(),
                                                      **summary}, indent=2))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import iter_jsonl, located_error
+from attnprobe.io import located_error, read_jsonl
 
 
 class SearchConfigError(AttnprobeError):
@@ -70,7 +70,7 @@ class BM25Search:
             raise SearchConfigError(f"search corpus not found: {path} (set ATTNPROBE_CORPUS or pass --corpus)")
         self.path = path
         self.docs: list[dict] = []
-        for lineno, doc in iter_jsonl(path, located_error(SearchConfigError)):
+        for lineno, doc in read_jsonl(path, error=located_error(SearchConfigError)):
             for key in ("title", "url", "text"):
                 if not isinstance(doc.get(key), str):
                     raise SearchConfigError(f"{path}, line {lineno}: field '{key}' must be a string")

@@ -1,0 +1,22 @@
+"""``attnprobe report``: an HTML report over capture folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_report(args) -> int:
+    from attnprobe.results.report import write_report
+
+    path = write_report(Path(args.results), Path(args.out) if args.out else None)
+    print(f"report written to {path}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="write an HTML report (plotly) over capture folders",
+                       description="Heatmaps and per-step breakdowns per trajectory, decay curves and headline "
+                                   "shares overall, for every capture folder below RESULTS.")
+    p.add_argument("results", help="folder with capture results")
+    p.add_argument("--out", help="report path (default RESULTS/report.html)")
+    p.set_defaults(func=cmd_report)
