@@ -82,24 +82,23 @@ def read_json(root: Path, rel: str | os.PathLike) -> Any:
 
 
 def read_jsonl(root: Path, rel: str | os.PathLike) -> tuple[list[dict], list[str]]:
-    """(records, problems): unreadable lines are reported, not fatal (a crash may leave a torn line)."""
+    """(records, problems) through attnprobe's one JSON Lines reader: a torn last line (a crash
+    mid-append) is skipped; a corrupt line or a non-object is reported and ends the read there."""
+    from attnprobe.io import read_jsonl as _read
+
     path = resolve_inside(root, rel)
-    out, problems = [], []
+    out: list[dict] = []
     if not path.is_file():
-        return out, problems
-    for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{rel_to(root, path)} line {i}: corrupt JSON ({exc.msg})")
-            continue
-        if isinstance(rec, dict):
+        return out, []
+    where = rel_to(root, path)
+    try:
+        for i, rec in _read(path, torn_tail="skip", error=lambda msg, path, line: DataError(f"{where} line {line}: {msg}")):
+            if not isinstance(rec, dict):
+                return out, [f"{where} line {i}: not a JSON object"]
             out.append(rec)
-        else:
-            problems.append(f"{rel_to(root, path)} line {i}: not a JSON object")
-    return out, problems
+    except DataError as exc:
+        return out, [str(exc)]
+    return out, []
 
 
 def read_safetensors(root: Path, rel: str | os.PathLike) -> dict[str, np.ndarray]:

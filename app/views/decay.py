@@ -59,11 +59,13 @@ def render(root, inv) -> None:
     for name, results in groups.items():
         c = decay_curves(results, bins=bins, min_past=min_past, roles=ROLES_SHOWN)
         hl = headline(results, min_past=min_past)
-        rows.append({"group": name, "runs": len(results), "steps in curves": c["num_steps"],
-                     "past reasoning": hl["past_reasoning"], "past tool calls": hl["past_tool_call"],
-                     "past observations": hl["past_observation"],
-                     "reasoning share": hl["reasoning_vs_observation"],
-                     "obs. share in latest 10% turns": hl["recent_observation_share"]})
+        rows.append({"group": name, "runs": len(results), "steps": hl["steps"],
+                     "past reasoning": hl["past_reasoning_share"], "past tool calls": hl["past_tool_call_share"],
+                     "past observations": hl["past_observation_share"], "system": hl["system_share"],
+                     "user": hl["user_share"], "current step": hl["current_step_share"],
+                     "obs. in newest 10% of past turns": hl["recent10_observation_share"],
+                     "obs. by midpoint": hl["midpoint_observation_share"],
+                     "reasoning by midpoint": hl["midpoint_reasoning_share"]})
         if c["num_steps"]:
             curves[name] = c
     if not curves:
@@ -72,8 +74,10 @@ def render(root, inv) -> None:
     else:
         st.plotly_chart(F.decay_figure(curves, roles), key="decay", config={"displaylogo": False})
         st.caption(f"Past turn j of step t sits at j/(t−1) (0 oldest, 1 most recent), in {bins} equal-width bins; only "
-                   f"steps with ≥{min_past} past turns. The cumulative share stays below 100% because system, task and "
-                   "the current step take the rest. Solid/dashed/dotted lines tell the groups apart.")
+                   f"steps with ≥{min_past} past turns. The cumulative share accumulates from the newest past turn "
+                   "back and stays below 100% because system, user and the current step take the rest (seed 002, "
+                   "E.5). Chat-template markers count with the message they open or close. Solid/dashed/dotted "
+                   "lines tell the groups apart.")
     st.subheader("Headline figures")
     df = pd.DataFrame(rows)
     C.paginate(df.replace({np.nan: None}), key="decay_table")

@@ -85,15 +85,18 @@ def render(root, inv) -> None:
         hm = C.heatmap(root, rel, layer, head)
         fig = F.heatmap_figure(hm, views["turn_texts"])
         st.plotly_chart(fig, key="heatmap", config={"displaylogo": False})
-        hl = headline([res], layer=layer, head=head)
+        convention = "seed002" if layer is None and head is None else "separate"
+        hl = headline([res], layer=layer, head=head, convention=convention)
         k1, k2, k3, k4 = st.columns(4)
-        k1.metric("past reasoning / step", f"{hl['past_reasoning']:.3f}")
-        k2.metric("past observations / step", f"{hl['past_observation']:.3f}")
-        k3.metric("reasoning share (vs obs.)", f"{100 * hl['reasoning_vs_observation']:.1f}%"
-                  if np.isfinite(hl["reasoning_vs_observation"]) else "n/a")
-        k4.metric(f"obs. attention in latest {int(100 * hl['recent_fraction'])}% turns",
-                  f"{100 * hl['recent_observation_share']:.1f}%" if np.isfinite(hl["recent_observation_share"])
-                  else "n/a", help=f"{hl['recent_steps']} steps with ≥5 past turns")
+        pct = lambda v: f"{100 * v:.1f}%" if np.isfinite(v) else "n/a"  # noqa: E731
+        k1.metric("past reasoning / step", pct(hl["past_reasoning_share"]), help=f"{hl['steps']} steps with ≥5 past turns")
+        k2.metric("past observations / step", pct(hl["past_observation_share"]))
+        k3.metric("obs. attention in newest 10% of past turns", pct(hl["recent10_observation_share"]))
+        k4.metric("reasoning attention by midpoint", pct(hl["midpoint_reasoning_share"]))
+        st.caption("Shares of each step's attention over the reasoning steps with ≥5 past turns (seed 002, 5.3.1). "
+                   + ("Chat-template markers count with the message they open or close (seed 002 convention)."
+                      if convention == "seed002" else
+                      "One layer or head: template markers are counted separately (segment level)."))
         st.caption(f"Lower triangle (blue): attention from reasoning step t (row) to turn j's reasoning. Upper "
                    f"triangle (orange): from step t (column) to turn j's observation (row). Diagonal masked and left "
                    f"out of the colour limits. {'Layer ' + str(layer) if layer is not None else 'Mean of layers'}, "

@@ -365,7 +365,10 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
     for seg in segments:
         if seg.author == "self" and seg.role in ("reasoning", "tool_call") and seg.message_index not in first_seen:
             first_seen.add(seg.message_index)
-            queries.append(QueryPoint(seg.start, "reasoning", seg.turn, seg.message_index))
+            # A message that opens with reasoning text is a reasoning step; one that is only tool calls
+            # is an action step (seed 002 counts reasoning steps only; analyses filter on the kind).
+            kind = "reasoning" if seg.role == "reasoning" else "action"
+            queries.append(QueryPoint(seg.start, kind, seg.turn, seg.message_index))
     decision = QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)
     return Rendered(text=text, input_ids=ids, offsets=offsets, segments=segments, token_segment=token_segment,
                     queries_reasoning=queries, decision=decision, rendering=mode,

@@ -38,7 +38,7 @@ class QueryPoint:
     """A query position with what it stands for (a reasoning start, the decision, or user-chosen)."""
 
     position: int
-    kind: str  # "reasoning" | "decision" | "token"
+    kind: str  # "reasoning" | "action" (a tool-call-only assistant message) | "decision" | "token"
     turn: int
     message_index: int
 

@@ -1,10 +1,24 @@
-"""Analyses of captured scores (seed 002, appendix E): per-step turn x role views, the per-trajectory
+"""Analyses of captured scores (seed 002, appendix E): per-step turn x role masses, the per-trajectory
 heatmap, 20-bin decay curves and the headline shares. Pure numpy on stored scores: no model needed.
+
+Two conventions for chat-template tokens (docs/methods.md):
+
+- ``"seed002"`` (default): markers belong to the message they open or close (E.3: "chat-template
+  markers identify system, user, reasoning, tool-call, and observation segments") and the first
+  (sink) token to the system segment, so per-step shares over system, user, past reasoning, tool
+  calls, observations and the current step sum to 1 and cumulative past-turn shares stay below 1
+  (E.5). Computed from the stored per-token row (the mean over scored layers and heads, exactly
+  E.3's "averaged across layers and heads"), so it is not available for one layer or head.
+- ``"separate"``: template tokens form their own ``template`` role (segment level, any layer/head).
+
+Steps are the reasoning-start queries of kind ``"reasoning"`` (an assistant message with reasoning
+text). Tool-call-only messages give queries of kind ``"action"``, left out unless asked for.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -14,15 +28,82 @@ from attnprobe.render.segments import ROLES
 from attnprobe.results.result import CaptureResult
 
 R = {r: i for i, r in enumerate(ROLES)}
+CONVENTIONS = ("seed002", "separate")
+STEP_KINDS = ("reasoning",)
+# End-of-message markers of the common chat templates (ChatML, Llama 3, Gemma, Mistral, DeepSeek).
+END_MARKER = re.compile(r"^\s*(<\|?(im_end|eot_id|eom_id|end_of_turn|end|endoftext|eos)\|?>|</s>|<end_of_turn>"
+                        r"|<｜end▁of▁sentence｜>)\s*$")
 
 
-def reasoning_steps(result: CaptureResult, layer: int | None = None, head: int | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(turns [k], turn_role [k, T, R]) for the reasoning-start queries, one per reasoning step."""
-    tr = result.turn_role_attention(layer, head)
-    idx = [i for i, q in enumerate(result.queries) if q.kind == "reasoning"]
+def _check_convention(convention: str, layer: int | None, head: int | None) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}")
+    if convention == "seed002" and (layer is not None or head is not None):
+        raise ValueError("the seed002 convention works on the stored per-token row, which is the mean over layers "
+                         "and heads; for one layer or head use convention='separate'")
+
+
+def token_owners(result: CaptureResult) -> tuple[np.ndarray, np.ndarray]:
+    """(turn [n], role index [n]) of every token under the seed002 convention.
+
+    In a run of template tokens, the tokens up to and including the last end-of-message marker (and
+    whitespace right after it) close the previous message; the rest open the next message. A leading
+    run closes the (possibly template-injected) system prompt; a trailing run (the generation prompt)
+    opens the current step. Token 0 (the attention sink) is system. Without stored token texts no
+    marker can be found and every template run opens the next message.
+    """
+    segs = result.segments
+    texts = result.token_texts()
+    n = len(result.input_ids)
+    turn = np.zeros(n, dtype=np.int64)
+    role = np.zeros(n, dtype=np.int64)
+    content = [i for i, s in enumerate(segs) if s.role != "template"]
+    for i, s in enumerate(segs):
+        if s.role != "template":
+            turn[s.start:s.end], role[s.start:s.end] = s.turn, R[s.role]
+            continue
+        prev = next((segs[j] for j in reversed(content) if j < i), None)
+        nxt = next((segs[j] for j in content if j > i), None)
+        ends = [p for p in range(s.start, s.end) if END_MARKER.match(texts[p] or "")]
+        cut = s.start
+        if ends:
+            cut = ends[-1] + 1
+            while cut < s.end and texts[cut] and not texts[cut].strip():
+                cut += 1
+        closing = (prev.turn, R[prev.role]) if prev is not None else (0, R["system"])
+        opening = (nxt.turn, R[nxt.role]) if nxt is not None else (s.turn, R["reasoning"])
+        turn[s.start:cut], role[s.start:cut] = closing
+        turn[cut:s.end], role[cut:s.end] = opening
+    if n:
+        turn[0], role[0] = 0, R["system"]
+    return turn, role
+
+
+def step_masses(result: CaptureResult, *, convention: str = "seed002", kinds: Sequence[str] = STEP_KINDS,
+                layer: int | None = None, head: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(turns [k], mass [k, T, len(ROLES)]) for the queries of the given kinds, in query order.
+
+    mass[q, j, r]: attention from query q to the tokens of turn j and role r (the ``template``
+    column is zero under seed002)."""
+    _check_convention(convention, layer, head)
+    idx = [i for i, q in enumerate(result.queries) if q.kind in kinds]
     turns = np.asarray([result.queries[i].turn for i in idx], dtype=np.int64)
-    return turns, tr[idx]
+    if convention == "separate":
+        return turns, result.turn_role_attention(layer, head)[idx]
+    T = result.num_turns
+    tok_turn, tok_role = token_owners(result)
+    keys = tok_turn * len(ROLES) + tok_role
+    rows = np.asarray(result.token_attention, dtype=np.float64)[idx]
+    out = np.zeros((len(idx), T * len(ROLES)))
+    for k in range(len(idx)):
+        out[k] = np.bincount(keys, weights=rows[k], minlength=T * len(ROLES))[: T * len(ROLES)]
+    return turns, out.reshape(len(idx), T, len(ROLES))
+
+
+def reasoning_steps(result: CaptureResult, layer: int | None = None, head: int | None = None, *,
+                    convention: str = "separate") -> tuple[np.ndarray, np.ndarray]:
+    """(turns [k], turn_role [k, T, R]) for the reasoning steps (see :func:`step_masses`)."""
+    return step_masses(result, convention=convention, layer=layer, head=head)
 
 
 @dataclass
@@ -45,8 +126,10 @@ def _clim(m: np.ndarray) -> tuple[float, float]:
 
 def heatmap(result: CaptureResult, layer: int | None = None, head: int | None = None,
             reasoning_roles: Sequence[str] = ("reasoning",),
-            observation_roles: Sequence[str] = ("observation",)) -> Heatmap:
-    turns, tr = reasoning_steps(result, layer, head)
+            observation_roles: Sequence[str] = ("observation",), *, convention: str | None = None) -> Heatmap:
+    """convention: default seed002 for the layer/head mean, separate for one layer or head."""
+    convention = convention or ("seed002" if layer is None and head is None else "separate")
+    turns, tr = step_masses(result, convention=convention, layer=layer, head=head)
     T = result.num_turns
     rea = np.full((T, T), np.nan)
     obs = np.full((T, T), np.nan)
@@ -59,83 +142,128 @@ def heatmap(result: CaptureResult, layer: int | None = None, head: int | None = 
     return Heatmap(rea, obs, _clim(rea), _clim(obs), turns)
 
 
-def decay_curves(results: Iterable[CaptureResult], *, bins: int = 20, min_past: int = 5,
-                 roles: Sequence[str] = ("reasoning", "tool_call", "observation"),
-                 layer: int | None = None, head: int | None = None) -> dict:
-    """Mean role attention per normalised past-turn position, and the mean cumulative share.
+def _past_bins(t: int, bins: int) -> np.ndarray:
+    """Bin (0 oldest .. bins-1 newest) of each past turn j < t at x = j / (t - 1)."""
+    x = np.arange(t) / (t - 1) if t > 1 else np.ones(1)
+    return np.minimum((x * bins).astype(int), bins - 1)
 
-    Past turn j of step t sits at x = j / (t - 1) (0 oldest, 1 most recent) in ``bins`` equal-width
-    bins; only steps with at least ``min_past`` past turns count. The cumulative share of a step is
-    the attention to past turns in bins <= b; it stays below 1 because system, task and the
-    current step take the rest.
+
+def decay_curves(results: Iterable[CaptureResult], *, bins: int = 20, min_past: int = 5,
+                 roles: Sequence[str] = ("reasoning", "tool_call", "observation"), convention: str = "seed002",
+                 kinds: Sequence[str] = STEP_KINDS, layer: int | None = None, head: int | None = None) -> dict:
+    """Seed 002 E.5: mean role attention per normalised past-turn position, and the cumulative share.
+
+    Past turn j of step t sits at x = j / (t - 1) (0 oldest, 1 newest) in ``bins`` equal-width bins;
+    only steps with at least ``min_past`` past turns count. ``mean[r][b]``: mean attention to role r
+    of a past turn in bin b. ``cumulative[r][b]``: mean over steps of the attention to role r in the
+    newest b + 1 bins, accumulated from the newest turn back (x axis ``cumulative_x`` = fraction of
+    past turns counted from the newest); it stays below 1 because system, user and the current step
+    take the rest.
     """
     sums = {r: np.zeros(bins) for r in roles}
     counts = np.zeros(bins)
     cum = {r: [] for r in (*roles, "all")}
     n_steps = 0
     for res in results:
-        turns, tr = reasoning_steps(res, layer, head)
+        turns, tr = step_masses(res, convention=convention, kinds=kinds, layer=layer, head=head)
         for t, row in zip(turns, tr):
             if t < min_past:
                 continue
             n_steps += 1
-            js = np.arange(t)
-            x = js / (t - 1) if t > 1 else np.ones(1)
-            b = np.minimum((x * bins).astype(int), bins - 1)
+            b = _past_bins(int(t), bins)
             np.add.at(counts, b, 1)
             per_bin_all = np.zeros(bins)
             for r in roles:
-                vals = row[js, R[r]]
+                vals = row[:t, R[r]]
                 np.add.at(sums[r], b, vals)
                 per_bin = np.zeros(bins)
                 np.add.at(per_bin, b, vals)
                 per_bin_all += per_bin
-                cum[r].append(np.cumsum(per_bin))
-            cum["all"].append(np.cumsum(per_bin_all))
+                cum[r].append(np.cumsum(per_bin[::-1]))
+            cum["all"].append(np.cumsum(per_bin_all[::-1]))
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = {r: np.where(counts > 0, sums[r] / counts, np.nan) for r in roles}
     cumulative = {r: (np.mean(v, axis=0) if v else np.full(bins, np.nan)) for r, v in cum.items()}
     centers = (np.arange(bins) + 0.5) / bins
-    return {"centers": centers, "mean": mean, "cumulative": cumulative, "counts": counts, "num_steps": n_steps,
-            "bins": bins, "min_past": min_past}
+    return {"centers": centers, "mean": mean, "cumulative": cumulative, "cumulative_x": (np.arange(bins) + 1) / bins,
+            "counts": counts, "num_steps": n_steps, "bins": bins, "min_past": min_past, "convention": convention}
 
 
-def headline(results: Iterable[CaptureResult], *, min_past: int = 5, recent_fraction: float = 0.1,
+def _within_role_from_newest(past: np.ndarray, t: int, bins: int, newest_bins: int) -> float | None:
+    """Share of a role's past-turn attention that lies in the newest ``newest_bins`` bins."""
+    total = past.sum()
+    if total <= 0:
+        return None
+    return float(past[_past_bins(t, bins) >= bins - newest_bins].sum() / total)
+
+
+def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: str = "seed002", min_past: int = 5,
+             bins: int = 20, recent_fraction: float = 0.1, include_actions: bool = False,
              layer: int | None = None, head: int | None = None) -> dict:
-    """The paper-style headline numbers over every reasoning step.
+    """Seed 002 section 5.3.1's numbers, every one over the same steps.
 
-    past_reasoning / past_observation: mean per-step attention mass to all past turns' reasoning
-    (and tool calls) vs observations; reasoning_vs_observation: the reasoning share of their sum.
-    recent_observation_share: of the attention to past observations, the share on the most recent
-    ceil(10%) of past turns (steps with >= min_past past turns).
+    ``steps``: reasoning steps with >= ``min_past`` past turns (tool-call-only action steps too when
+    ``include_actions``). Per step, the attention mass to system, user, past reasoning, past tool
+    calls, past observations and the current step (plus ``template`` under "separate") sums to 1;
+    the ``*_share`` values are their means over the steps. Within-role shares accumulate a role's
+    past-turn attention from the newest turn back over normalised position (20 bins, as the decay
+    curves): ``recent10_observation_share`` = newest 10% of past turns, ``midpoint_*`` = newest half;
+    means over the steps where the role has any past attention.
     """
-    past_r, past_c, past_o, recent = [], [], [], []
+    if isinstance(results, CaptureResult):
+        results = [results]
+    kinds = ("reasoning", "action") if include_actions else STEP_KINDS
+    keys = ("system", "user", "past_reasoning", "past_tool_call", "past_observation", "current_step", "template")
+    per: dict[str, list[float]] = {k: [] for k in keys}
+    recent_o, mid_o, mid_r = [], [], []
+    newest_recent = max(1, math.ceil(recent_fraction * bins))
     for res in results:
-        turns, tr = reasoning_steps(res, layer, head)
+        turns, tr = step_masses(res, convention=convention, kinds=kinds, layer=layer, head=head)
         for t, row in zip(turns, tr):
-            if t < 1:
+            t = int(t)
+            if t < min_past:
                 continue
-            past_r.append(row[:t, R["reasoning"]].sum())
-            past_c.append(row[:t, R["tool_call"]].sum())
-            obs = row[:t, R["observation"]]
-            past_o.append(obs.sum())
-            if t >= min_past and obs.sum() > 0:
-                k = max(1, math.ceil(recent_fraction * t))
-                recent.append(obs[t - k:].sum() / obs.sum())
-    pr, pc, po = (float(np.mean(v)) if v else float("nan") for v in (past_r, past_c, past_o))
-    return {
-        "num_steps": len(past_r),
-        "past_reasoning": pr, "past_tool_call": pc, "past_observation": po,
-        "reasoning_vs_observation": pr / (pr + po) if (pr + po) > 0 else float("nan"),
-        "recent_observation_share": float(np.mean(recent)) if recent else float("nan"),
-        "recent_steps": len(recent), "recent_fraction": recent_fraction,
-    }
+            per["system"].append(row[:, R["system"]].sum())
+            per["user"].append(row[:, R["task"]].sum())
+            per["past_reasoning"].append(row[:t, R["reasoning"]].sum())
+            per["past_tool_call"].append(row[:t, R["tool_call"]].sum())
+            per["past_observation"].append(row[:t, R["observation"]].sum())
+            per["current_step"].append(row[t:, [R["reasoning"], R["tool_call"], R["observation"]]].sum())
+            per["template"].append(row[:, R["template"]].sum())
+            for acc, role, k in ((recent_o, "observation", newest_recent), (mid_o, "observation", bins // 2),
+                                 (mid_r, "reasoning", bins // 2)):
+                v = _within_role_from_newest(row[:t, R[role]], t, bins, k)
+                if v is not None:
+                    acc.append(v)
+
+    def mean(v):
+        return float(np.mean(v)) if v else float("nan")
+
+    out = {"steps": len(per["system"]), "convention": convention, "min_past": min_past,
+           "include_actions": include_actions}
+    for k in keys:
+        if k == "template" and convention == "seed002":
+            continue
+        out[f"{k}_share"] = mean(per[k])
+    out.update({
+        "recent10_observation_share": mean(recent_o), "midpoint_observation_share": mean(mid_o),
+        "midpoint_reasoning_share": mean(mid_r),
+        "within_role_steps": {"recent10_observation": len(recent_o), "midpoint_observation": len(mid_o),
+                              "midpoint_reasoning": len(mid_r)},
+        "recent_fraction": recent_fraction, "bins": bins,
+    })
+    pr, po = out["past_reasoning_share"], out["past_observation_share"]
+    out["reasoning_vs_observation"] = pr / (pr + po) if (pr + po) > 0 else float("nan")
+    return out
 
 
-def step_breakdown(result: CaptureResult, layer: int | None = None, head: int | None = None) -> dict:
-    """Per reasoning step: attention to system, task, past reasoning / tool calls / observations,
-    the current turn, and template text (shares of the full softmax row; they sum to 1)."""
-    turns, tr = reasoning_steps(result, layer, head)
+def step_breakdown(result: CaptureResult, layer: int | None = None, head: int | None = None, *,
+                   convention: str | None = None, include_actions: bool = False) -> dict:
+    """Per step: attention to system, task, past reasoning / tool calls / observations, the current
+    turn, and template text (zero under seed002); shares of the full softmax row, they sum to 1."""
+    convention = convention or ("seed002" if layer is None and head is None else "separate")
+    kinds = ("reasoning", "action") if include_actions else STEP_KINDS
+    turns, tr = step_masses(result, convention=convention, kinds=kinds, layer=layer, head=head)
     rows = []
     for t, row in zip(turns, tr):
         past = row[:t]
@@ -149,4 +277,4 @@ def step_breakdown(result: CaptureResult, layer: int | None = None, head: int | 
             "current_step": float(row[t:, [R["reasoning"], R["tool_call"], R["observation"]]].sum()),
             "template": float(row[:, R["template"]].sum()),
         })
-    return {"steps": rows}
+    return {"steps": rows, "convention": convention}
