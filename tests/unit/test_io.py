@@ -1,0 +1,104 @@
+"""The one JSON Lines reader / appender and the one resumable loop (attnprobe/io.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from attnprobe import io as aio
+from attnprobe.errors import AttnprobeError, TrajectoryError
+
+SEPARATORS = "\u2028\u2029\u0085\x0b\x0c\x1c\x1d\x1e"
+
+
+def test_unicode_line_separators_inside_strings_round_trip(tmp_path):
+    path = tmp_path / "r.jsonl"
+    records = [{"text": f"a{sep}b"} for sep in SEPARATORS]
+    for r in records:
+        aio.append_jsonl(path, r)
+    raw = path.read_text(encoding="utf-8")
+    assert "\u2028" in raw  # written raw, not escaped: str.splitlines would break this file
+    assert aio.read_records(path) == records
+    assert [n for n, _ in aio.read_jsonl(path)] == list(range(1, len(SEPARATORS) + 1))
+
+
+def test_invalid_line_names_file_and_line_with_the_callers_error_type(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": \n{"a": 3}\n')
+    with pytest.raises(TrajectoryError) as info:
+        aio.read_records(path, error=TrajectoryError)
+    assert info.value.line == 3 and str(path) in str(info.value) and "invalid JSON" in str(info.value)
+
+
+def test_torn_tail_policy(tmp_path, caplog):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": 3, "b": "hal')
+    with pytest.raises(AttnprobeError, match="line 3"):
+        aio.read_records(path)  # inputs written by a person: an error
+    with caplog.at_level("WARNING"):
+        assert aio.read_records(path, torn_tail="skip") == [{"a": 1}, {"a": 2}]
+    assert "torn last line" in caplog.text
+    # a bad line that is not the last one is always an error
+    path.write_bytes(b'{"a": 1}\n{"a": 2\n{"a": 3}\n')
+    with pytest.raises(AttnprobeError, match="line 2"):
+        aio.read_records(path, torn_tail="skip")
+    # a complete last line without a newline is a record, not a tear
+    path.write_bytes(b'{"a": 1}\n{"a": 2}')
+    assert aio.read_records(path) == [{"a": 1}, {"a": 2}]
+
+
+def test_append_repairs_a_torn_tail_and_keeps_a_backup(tmp_path):
+    path = tmp_path / "calls.jsonl"
+    good = json.dumps({"id": 1}) + "\n"
+    path.write_text(good + '{"id": 2, "messages": [{"role": "us')
+    aio.append_jsonl(path, {"id": 3})
+    assert aio.read_records(path) == [{"id": 1}, {"id": 3}]
+    assert (tmp_path / "calls.jsonl.torn").read_text() == '{"id": 2, "messages": [{"role": "us\n'
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_append_retries_short_writes(tmp_path, monkeypatch):
+    path = tmp_path / "x.jsonl"
+    real_write = os.write
+
+    def short_write(fd, data):  # the kernel may write fewer bytes than asked (full disk, signals)
+        return real_write(fd, bytes(data[:5]))
+
+    monkeypatch.setattr(aio.os, "write", short_write)
+    aio.append_jsonl(path, {"text": "x" * 100})
+    monkeypatch.undo()
+    assert aio.read_records(path) == [{"text": "x" * 100}]
+
+
+def test_missing_directory_and_non_utf8_inputs(tmp_path):
+    assert aio.read_records(tmp_path / "none.jsonl", missing_ok=True) == []
+    with pytest.raises(AttnprobeError, match="is a folder"):
+        aio.read_records(tmp_path)
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"a": 1}\n{"a": "caf\xe9"}\n')
+    with pytest.raises(AttnprobeError, match=r"line 2: not UTF-8"):
+        aio.read_records(bad)
+
+
+def test_run_resumable_skips_done_logs_failures_and_batches(tmp_path):
+    seen: list[list[int]] = []
+
+    def work(batch):
+        seen.append(list(batch))
+        if 5 in batch:
+            raise ValueError("boom")
+
+    errors = tmp_path / "errors.jsonl"
+    counts = aio.run_resumable(list(range(8)), work, done=lambda x: x < 2, describe=lambda x: {"item": x},
+                               errors_path=errors, stage="test", desc="t", batch_size=3, progress=False)
+    assert seen == [[2, 3, 4], [5, 6, 7]]
+    assert counts == {"done_before": 2, "done": 3, "failed": 3}
+    logged = aio.read_records(errors)
+    assert [r["item"] for r in logged] == [5, 6, 7]
+    assert all(r["stage"] == "test" and r["error"] == "ValueError: boom" for r in logged)
+    # errors outside `catch` stop the loop
+    with pytest.raises(KeyError):
+        aio.run_resumable([1], lambda b: {}["x"], done=lambda x: False, describe=dict, errors_path=errors,
+                          stage="t", desc="t", progress=False)
