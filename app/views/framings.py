@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from attnprobe.results import figures as F
+from attnprobe.results.formatting import format_ci
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 
@@ -15,12 +16,12 @@ AGG = "all items (aggregated)"
 
 
 def _fmt_gap(e: dict | None, pct: bool = True) -> tuple[str, str]:
-    """(value, '95% CI [lo, hi]') for a metric tile."""
+    """(value, 'value [lo, hi] (95% CI)') for a metric tile and its caption."""
     if not e or e.get("gap") is None:
         return "n/a", ""
-    f = (lambda v: f"{100 * v:+.1f} pp") if pct else (lambda v: f"{v:+.4f}")
-    ci = e.get("ci95") or [None, None]
-    return f(e["gap"]), (f"95% CI [{f(ci[0])}, {f(ci[1])}]" if ci[0] is not None else "")
+    ci = e.get("ci95")
+    return (format_ci(e["gap"], pct=pct),
+            f"{format_ci(e['gap'], ci, pct=pct)} (95% CI)" if ci and None not in ci else "")
 
 
 def render(root, inv) -> None:

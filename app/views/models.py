@@ -5,22 +5,16 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from attnprobe.results.figures import ibis_compare_figure
+from attnprobe.results.formatting import format_ci
+from attnprobe.studies.ibis.compare import compare_rows
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 
 FROM_FOLDERS = "IBIS model folders (metrics.json)"
 
 
-def _ci(v, c, scale=1.0, fmt="{:+.3f}"):
-    if v is None:
-        return "n/a"
-    s = fmt.format(scale * v)
-    return s + (f" [{fmt.format(scale * c[0])}, {fmt.format(scale * c[1])}]" if c and c[0] is not None else "")
-
-
 def render(root, inv) -> None:
-    from attnprobe.studies.ibis.report import compare_figure, compare_rows
-
     st.title("Models")
     C.show_problems(inv.problems)
     sources = list(inv.compares) + ([FROM_FOLDERS] if inv.ibis else [])
@@ -59,17 +53,17 @@ def render(root, inv) -> None:
         r.setdefault("model", "?")
         for k in ("inertia_gap", "inertia_gap_ci95", "attentional_gap", "attentional_gap_ci95"):
             r.setdefault(k, None)
-    st.plotly_chart(compare_figure(rows), key="models_fig", config={"displaylogo": False})
+    st.plotly_chart(ibis_compare_figure(rows), key="models_fig", config={"displaylogo": False})
     st.caption("Left: behavioural inertia gap = observer − agentic accuracy on should_research items (paired, 95% "
                "bootstrap CI). Right: attentional gap = decision-token attention on the own web_search call "
                "(agentic) − on the same query shown as external text (observer).")
     df = pd.DataFrame([{
         "model": r.get("model"), "items": r.get("n_items"),
-        "inertia gap (pp) [95% CI]": _ci(r.get("inertia_gap"), r.get("inertia_gap_ci95"), 100, "{:+.1f}"),
+        "inertia gap (pp) [95% CI]": format_ci(r.get("inertia_gap"), r.get("inertia_gap_ci95"), pct=True, unit=""),
         "McNemar p": r.get("mcnemar_p"),
-        "attentional gap [95% CI]": _ci(r.get("attentional_gap"), r.get("attentional_gap_ci95"), 1, "{:+.4f}"),
-        "results attention gap [95% CI]": _ci(r.get("results_attention_gap"), r.get("results_attention_gap_ci95"),
-                                              1, "{:+.4f}"),
+        "attentional gap [95% CI]": format_ci(r.get("attentional_gap"), r.get("attentional_gap_ci95")),
+        "results attention gap [95% CI]": format_ci(r.get("results_attention_gap"),
+                                                    r.get("results_attention_gap_ci95")),
         "flips in inertia direction": r.get("share_inertia_direction"),
         "unparseable": f"{r.get('unparseable')}/{r.get('decisions')}",
         **{k: r.get(k) for k in r if k.startswith("acc_")}} for r in rows])

@@ -139,30 +139,40 @@ DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
 def decay_figure(curves: dict[str, dict], roles: Sequence[str]) -> go.Figure:
-    """Mean role attention per normalised past-turn bin, and the cumulative share, for several groups."""
+    """Mean role attention per normalised past-turn bin, and the cumulative share accumulated from the
+    newest past turn back (``analysis.decay_curves``), for several groups."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Mean attention per past-turn bin",
-                                                        "Cumulative share (oldest → most recent)"))
+                                                        "Cumulative share (newest → oldest)"))
     for gi, (name, c) in enumerate(curves.items()):
         dash = DASHES[gi % len(DASHES)]
+        cum_x = c.get("cumulative_x", c["centers"])
         for role in roles:
             col = ROLE_COLORS.get(role, "#333")
             fig.add_trace(go.Scatter(x=c["centers"], y=c["mean"][role], mode="lines+markers", name=f"{name} · {role}",
                                      legendgroup=name, line=dict(color=col, dash=dash), marker=dict(size=5),
                                      hovertemplate=f"{name}<br>{role}" + "<br>x=%{x:.3f}: %{y:.4f}<extra></extra>"),
                           row=1, col=1)
-            fig.add_trace(go.Scatter(x=c["centers"], y=c["cumulative"][role], mode="lines", name=f"{name} · {role}",
+            fig.add_trace(go.Scatter(x=cum_x, y=c["cumulative"][role], mode="lines", name=f"{name} · {role}",
                                      legendgroup=name, showlegend=False, line=dict(color=col, dash=dash),
                                      hovertemplate=f"{name}<br>{role} cumulative" + "<br>x=%{x:.3f}: %{y:.3f}<extra></extra>"),
                           row=1, col=2)
-        fig.add_trace(go.Scatter(x=c["centers"], y=c["cumulative"]["all"], mode="lines", name=f"{name} · all past turns",
+        fig.add_trace(go.Scatter(x=cum_x, y=c["cumulative"]["all"], mode="lines", name=f"{name} · all past turns",
                                  legendgroup=name, line=dict(color="black", dash=dash, width=2),
                                  hovertemplate=f"{name}<br>all past turns (reasoning + tool calls + observations), cumulative" + "<br>x=%{x:.3f}: %{y:.3f}<extra></extra>"),
                       row=1, col=2)
-    fig.update_xaxes(title_text="normalised past-turn position (0 oldest, 1 most recent)", range=[0, 1])
+    fig.update_xaxes(title_text="normalised past-turn position (0 oldest, 1 most recent)", range=[0, 1], row=1, col=1)
+    fig.update_xaxes(title_text="share of past turns, counted from the newest", range=[0, 1], row=1, col=2)
     fig.update_yaxes(title_text="mean attention mass", row=1, col=1)
     fig.update_yaxes(title_text="cumulative share", row=1, col=2)
     fig.update_layout(height=460, margin=dict(l=60, r=20, t=40, b=50), legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def _error_y(values: Sequence, lows: Sequence, highs: Sequence) -> dict:
+    """Asymmetric error bars from interval ends (0 where the value or an end is missing)."""
+    return dict(type="data", symmetric=False,
+                array=[h - v if v is not None and h is not None else 0 for v, h in zip(values, highs)],
+                arrayminus=[v - lo if v is not None and lo is not None else 0 for v, lo in zip(values, lows)])
 
 
 def framing_bars(values: dict[str, dict[str, float]], categories: Sequence[str], title: str = "",
@@ -172,9 +182,8 @@ def framing_bars(values: dict[str, dict[str, float]], categories: Sequence[str],
     for fr, by_cat in values.items():
         kw = {}
         if errors and fr in errors:
-            lo = [by_cat[c] - errors[fr][c][0] if errors[fr].get(c) else 0 for c in categories]
-            hi = [errors[fr][c][1] - by_cat[c] if errors[fr].get(c) else 0 for c in categories]
-            kw["error_y"] = dict(type="data", symmetric=False, array=hi, arrayminus=lo)
+            ends = [errors[fr].get(c) or (None, None) for c in categories]
+            kw["error_y"] = _error_y([by_cat[c] for c in categories], [e[0] for e in ends], [e[1] for e in ends])
         fig.add_trace(go.Bar(x=list(categories), y=[by_cat.get(c) for c in categories], name=fr,
                              marker_color=FRAMING_COLORS.get(fr), **kw,
                              hovertemplate=fr + "<br>%{x}: %{y:.4f}<extra></extra>"))
@@ -192,4 +201,60 @@ def head_gap_figure(matrix: np.ndarray, layers: Sequence[int], title: str) -> go
                                hovertemplate="layer %{x}, head %{y}<br>agentic − observer: %{z:.5f}<extra></extra>"))
     fig.update_layout(title=title, height=320, xaxis_title="layer", yaxis_title="head",
                       margin=dict(l=60, r=20, t=40, b=40))
+    return fig
+
+
+# ------------------------------------------------------------------ IBIS (numbers from metrics.json)
+IBIS_SUBSETS = ("should_research", "should_visit_page", "headline")
+
+
+def accuracy_figure(accuracy: dict[str, dict[str, dict]], subsets: Sequence[str] = IBIS_SUBSETS) -> go.Figure:
+    """Next-action accuracy per framing and subset with Wilson CIs (``behaviour.accuracy``)."""
+    fig = go.Figure()
+    for fr, subs in accuracy.items():
+        xs = [s for s in subsets if s in subs]
+        ys = [subs[s]["accuracy"] for s in xs]
+        fig.add_bar(name=fr, x=xs, y=ys, marker_color=FRAMING_COLORS.get(fr), error_y=_error_y(
+            ys, [subs[s]["ci95_wilson"][0] for s in xs], [subs[s]["ci95_wilson"][1] for s in xs]))
+    fig.update_layout(title="Next-action accuracy per framing (95% Wilson CI)", barmode="group",
+                      yaxis=dict(range=[0, 1], title="accuracy"))
+    return fig
+
+
+def decision_mix_figure(accuracy: dict[str, dict[str, dict]], decisions: Sequence[str],
+                        subsets: Sequence[str] = IBIS_SUBSETS[:2]) -> go.Figure:
+    """Share of each decision (web_search, visit_page, ...) per framing and subset, stacked."""
+    fig = go.Figure()
+    cells = [(fr, s, subs[s]) for fr, subs in accuracy.items() for s in subsets if s in subs]
+    for dec in decisions:
+        fig.add_bar(name=dec, x=[f"{fr}<br>{s}" for fr, s, _ in cells], y=[e["decisions"][dec] / e["n"] for *_, e in cells])
+    fig.update_layout(title="What the model did (share of decisions)", barmode="stack")
+    return fig
+
+
+def layer_gap_figure(layers: Sequence[int], per_layer: dict[str, dict[str, list]]) -> go.Figure:
+    """Per-layer agentic - observer gap per category with its CI (``attention.per_layer_gap``)."""
+    fig = go.Figure()
+    for cat, e in per_layer.items():
+        fig.add_scatter(x=list(layers), y=e["gap"], name=cat, mode="lines+markers",
+                        error_y=_error_y(e["gap"], e["lo"], e["hi"]))
+    fig.update_layout(title="Per-layer gap, agentic - observer (95% bootstrap CI)", xaxis_title="layer",
+                      yaxis_title="attention mass difference")
+    return fig
+
+
+def ibis_compare_figure(rows: list[dict]) -> go.Figure:
+    """Behavioural and attentional inertia gap per model with CIs (rows of ``ibis.compare.compare_rows``)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "Behavioural inertia gap (observer - agentic, should_research)",
+        "Attentional gap (own call - external query, decision token)"))
+    names = [r["model"] for r in rows]
+    for col, key, name in ((1, "inertia_gap", "inertia gap"), (2, "attentional_gap", "attentional gap")):
+        vals = [r[key] for r in rows]
+        cis = [r[f"{key}_ci95"] or (None, None) for r in rows]
+        fig.add_bar(x=names, y=vals, error_y=_error_y(vals, [c[0] for c in cis], [c[1] for c in cis]), name=name,
+                    row=1, col=col)
+    fig.update_yaxes(title_text="accuracy difference", row=1, col=1)
+    fig.update_yaxes(title_text="attention mass difference", row=1, col=2)
+    fig.update_layout(title="IBIS across models (95% bootstrap CIs)", showlegend=False)
     return fig

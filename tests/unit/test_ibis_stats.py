@@ -1,4 +1,5 @@
-"""IBIS statistics against hand-computed values (and scikit-learn/scipy when they are installed)."""
+"""IBIS statistics against hand-computed values and the documented resampling scheme (the functions
+wrap scipy / scikit-learn, so the references here are worked by hand, never the library again)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.report import flip_analysis, paired_gap
+from attnprobe.studies.ibis.metrics import flip_analysis, paired_gap
 from attnprobe.studies.ibis.stats import (
     FEATURE_NAMES,
     bootstrap_ci,
@@ -37,40 +38,85 @@ def test_mcnemar_exact_hand_values():
     assert mcnemar_exact(9, 2) == pytest.approx(2 * 67 / 2048)
 
 
-def test_mcnemar_matches_scipy_binomtest():
-    scipy_stats = pytest.importorskip("scipy.stats")
-    for b, c in [(3, 12), (7, 7), (20, 9), (1, 0)]:
-        assert mcnemar_exact(b, c) == pytest.approx(scipy_stats.binomtest(b, b + c, 0.5).pvalue)
+def test_mcnemar_exact_b1_c9_and_large_n():
+    # b=1, c=9: n=10, P(X<=1) = (C(10,0) + C(10,1)) / 2^10 = 11/1024 -> two-sided 22/1024
+    assert mcnemar_exact(1, 9) == pytest.approx(22 / 1024, rel=1e-12)
+    assert mcnemar_exact(9, 1) == pytest.approx(0.021484375, rel=1e-12)
+    # b=2, c=3 (n=5, k=2): P(X<=2) = 16/32 -> 2 * 0.5 = 1, capped at 1
+    assert mcnemar_exact(2, 3) == pytest.approx(1.0)
+    # beyond 2^1024 (the hand-written sum overflowed here): 600 vs 1000 is far from balanced
+    assert 0 < mcnemar_exact(600, 1000) < 1e-20
 
 
 def test_wilson_hand_values():
+    # 3/10: centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n)
+    z, k, n = 1.959963984540054, 3, 10
+    p = k / n
+    den = 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / den, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    lo, hi = wilson_ci(3, 10)
+    assert lo == pytest.approx(centre - half, rel=1e-12) and hi == pytest.approx(centre + half, rel=1e-12)
+    assert (round(lo, 4), round(hi, 4)) == (0.1078, 0.6032)  # the textbook interval for 3/10
     lo, hi = wilson_ci(0, 10)
     assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
     lo, hi = wilson_ci(5, 10)  # symmetric around 0.5: 0.2366 .. 0.7634
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert wilson_ci(10, 10)[1] == 1.0
     assert all(math.isnan(v) for v in wilson_ci(0, 0))
 
 
 def test_roc_auc_hand_values():
     assert roc_auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == pytest.approx(0.75)
     assert roc_auc([0, 1], [0.5, 0.5]) == pytest.approx(0.5)  # a tie counts one half
+    # 3 positives x 2 negatives: each 0.5 beats 0.2 and ties 0.5 (1.5, twice), 0.8 beats both (2) -> 5/6
+    assert roc_auc([0, 0, 1, 1, 1], [0.2, 0.5, 0.5, 0.8, 0.5]) == pytest.approx(5 / 6)
     assert roc_auc([1, 1, 0], [3, 2, 1]) == 1.0
-    assert math.isnan(roc_auc([1, 1], [0.2, 0.3]))
+    assert math.isnan(roc_auc([1, 1], [0.2, 0.3])) and math.isnan(roc_auc([0, 0, 0], [1, 2, 3]))
+
+
+def _reference_percentile_ci(stat, arrays, n_boot, seed):
+    """The documented scheme: rng = default_rng(seed); one index draw integers(0, n, (n_boot, n)) applied
+    to every array; the 2.5% and 97.5% quantiles (linear interpolation) of the replicates."""
+    n = len(arrays[0])
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    reps = np.stack([stat(*(a[i] for a in arrays)) for i in idx])
+    return np.quantile(reps, [0.025, 0.975], axis=0)
+
+
+def test_bootstrap_follows_the_documented_draws():
+    rng = np.random.default_rng(7)
+    xa, xb = rng.integers(0, 2, 23).astype(float), rng.integers(0, 2, 23).astype(float)
+    lo, hi = bootstrap_ci(lambda u, v, axis: v.mean(axis) - u.mean(axis), xa, xb, n_boot=2000, seed=3)
+    ref = _reference_percentile_ci(lambda u, v: v.mean() - u.mean(), (xa, xb), 2000, 3)
+    assert isinstance(lo, float) and (lo, hi) == pytest.approx(tuple(ref), abs=1e-12)
+    # a statistic without an axis keyword is called per replicate: same numbers
+    assert bootstrap_ci(lambda u, v: v.mean() - u.mean(), xa, xb, n_boot=2000, seed=3) == pytest.approx((lo, hi))
+    # per-cell CIs of the mean over items (e.g. [items, layers, heads]), batched: the same draws for every cell
+    x = rng.normal(size=(17, 4, 3))
+    lo3, hi3 = bootstrap_mean_ci(x, n_boot=1500, seed=5)
+    ref3 = _reference_percentile_ci(lambda a: a.mean(axis=0), (x,), 1500, 5)
+    assert lo3.shape == hi3.shape == (4, 3)
+    np.testing.assert_allclose(lo3, ref3[0], atol=1e-12)
+    np.testing.assert_allclose(hi3, ref3[1], atol=1e-12)
+    # one item resamples to itself; no items: NaN
+    assert bootstrap_mean_ci(np.array([[0.25, 0.5]]), n_boot=100)[0].tolist() == [0.25, 0.5]
+    assert bootstrap_ci(lambda u, axis: u.mean(axis), np.array([0.4]), n_boot=100) == (0.4, 0.4)
+    assert all(math.isnan(v) for v in bootstrap_ci(lambda u, axis: u.mean(axis), np.array([]), n_boot=100))
 
 
 def test_bootstrap_ci_constant_and_reproducible():
     x = np.ones(20)
-    assert bootstrap_ci(lambda a: a.mean(), x, n_boot=200) == (1.0, 1.0)
+    assert bootstrap_ci(lambda a, axis: a.mean(axis), x, n_boot=200) == (1.0, 1.0)
     rng = np.random.default_rng(1)
     y = rng.integers(0, 2, 50).astype(float)
-    a = bootstrap_ci(lambda v: v.mean(), y, n_boot=2000, seed=3)
-    b = bootstrap_ci(lambda v: v.mean(), y, n_boot=2000, seed=3)
+    a = bootstrap_ci(lambda v, axis: v.mean(axis), y, n_boot=2000, seed=3)
+    b = bootstrap_ci(lambda v, axis: v.mean(axis), y, n_boot=2000, seed=3)
     assert a == b
     lo, hi = a
     se = y.std() / math.sqrt(len(y))  # percentile CI ~ mean +- 1.96 SE
     assert lo == pytest.approx(y.mean() - 1.96 * se, abs=0.03) and hi == pytest.approx(y.mean() + 1.96 * se, abs=0.03)
     lo2, hi2 = bootstrap_mean_ci(y, n_boot=2000, seed=3)
-    assert float(lo2) == pytest.approx(lo, abs=0.02) and float(hi2) == pytest.approx(hi, abs=0.02)
+    assert (float(lo2), float(hi2)) == pytest.approx((lo, hi), abs=1e-12)  # the same draws
 
 
 def test_paired_gap_and_mcnemar_on_decisions():
@@ -97,16 +143,26 @@ def test_group_kfold_never_splits_a_group():
     for f in folds:
         others = set(np.concatenate([g for g in folds if g is not f]).tolist())
         assert not {groups[i] for i in f} & {groups[i] for i in others}
+    # largest group first, each to the smallest fold (first on ties), equal groups by name:
+    # c(3) -> 0, a(2) -> 1, b(1) -> 2, d(1) -> 2, e(1) -> 1
+    assert [f.tolist() for f in folds] == [[3, 4, 5], [0, 1, 7], [2, 6]]
+    assert [f.tolist() for f in group_kfold(["q1", "q2", "q3", "q4", "q5"], 3)] == [[0, 3], [1, 4], [2]]
+    assert len(group_kfold(["x", "y", "x"], 5)) == 2  # at most one fold per group
+    with pytest.raises(ValueError, match="at least 2 groups"):
+        group_kfold(["x", "x"], 5)
 
 
-def test_logistic_matches_sklearn():
-    sk = pytest.importorskip("sklearn.linear_model")
+def test_logistic_is_the_l2_optimum_with_a_free_intercept():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 3))
     y = (X[:, 0] + 0.5 * rng.normal(size=60) > 0).astype(float)
-    w, b = fit_logistic(X, y, l2=1.0)
-    ref = sk.LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(X, y)
-    assert np.allclose(w, ref.coef_[0], atol=1e-4) and b == pytest.approx(ref.intercept_[0], abs=1e-4)
+    for l2 in (0.5, 1.0, 4.0):
+        w, b = fit_logistic(X, y, l2=l2)
+        p = 1 / (1 + np.exp(-(X @ w + b)))
+        # gradient of sum(log-loss) + l2/2 |w|^2: zero for w; the intercept is unpenalised
+        np.testing.assert_allclose(X.T @ (p - y) + l2 * w, 0, atol=1e-6)
+        assert abs((p - y).sum()) < 1e-6
+    assert np.abs(fit_logistic(X, y, l2=50.0)[0]).sum() < np.abs(fit_logistic(X, y, l2=0.5)[0]).sum()
 
 
 def test_grouped_cv_auc_separable_vs_random_and_degenerate():

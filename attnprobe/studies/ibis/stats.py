@@ -1,133 +1,114 @@
-"""Statistics for IBIS, in numpy only (no scipy/scikit-learn needed at run time).
+"""Statistics for IBIS, on scipy and scikit-learn.
 
-- :func:`mcnemar_exact`: two-sided exact McNemar test = binomial test of the discordant pairs
-  against p = 1/2 (p = min(1, 2 * P[X <= min(b, c)]), X ~ Bin(b + c, 1/2)).
-- :func:`bootstrap_ci`: percentile bootstrap over items (paired: one index draw per replicate is
-  applied to every array), fixed seed.
+- :func:`mcnemar_exact`: two-sided exact McNemar test = binomial test of the discordant pairs against
+  p = 1/2 (``scipy.stats.binomtest``).
+- :func:`bootstrap_ci` / :func:`bootstrap_mean_ci`: percentile bootstrap over items
+  (``scipy.stats.bootstrap``, paired: one index draw per replicate is applied to every array), fixed seed.
 - :func:`wilson_ci`: Wilson score interval for a proportion.
-- :func:`roc_auc`: Mann-Whitney AUC with ties counted one half.
-- :func:`group_kfold` / :func:`grouped_cv_auc`: out-of-fold predictions of an L2 logistic regression
-  (standardised features, Newton iterations) with folds that never split a group (a query), pooled
-  into one AUC; a label-permutation p-value.
+- :func:`roc_auc`: ``sklearn.metrics.roc_auc_score`` (ties count one half); NaN without both classes.
+- :func:`group_kfold` / :func:`grouped_cv_auc`: out-of-fold scores of an L2 logistic regression
+  (standardised features) with ``GroupKFold`` folds that never split a group (a query), pooled into
+  one AUC; a label-permutation p-value.
 - :func:`surface_features`: 18 shallow features of an item's results (paper appendix A.5).
 """
 
 from __future__ import annotations
 
-import math
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
+import sklearn
+from scipy import stats
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GroupKFold
+
+# scipy >= 1.15 takes ``rng``; older releases take the same Generator as ``random_state``
+_RNG_KW = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+_BATCH_ELEMENTS = 1 << 24  # resampled values held at once by bootstrap_mean_ci (128 MiB of float64)
 
 
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value for b and c discordant pairs (1.0 when b + c == 0)."""
-    n, k = int(b) + int(c), min(int(b), int(c))
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-    return float(min(1.0, 2.0 * tail))
+    n = int(b) + int(c)
+    return 1.0 if n == 0 else float(stats.binomtest(min(int(b), int(c)), n, 0.5).pvalue)
 
 
-def wilson_ci(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+def wilson_ci(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     if n == 0:
         return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    ci = stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
+
+
+def _bootstrap(arrays: Sequence[np.ndarray], stat: Callable, n_boot: int, seed: int, alpha: float,
+               batch: int | None = None):
+    """scipy's paired percentile bootstrap; it draws ``rng.integers(0, n, (batch, n))`` per batch from
+    ``default_rng(seed)``, the same index stream for any batch size. A single item (scipy needs two)
+    resamples to itself, so the interval is the statistic."""
+    vectorized = "axis" in inspect.signature(stat).parameters
+    if len(arrays[0]) == 1:
+        v = np.asarray(stat(*arrays, axis=0) if vectorized else stat(*arrays), dtype=np.float64)
+        return v, v
+    res = stats.bootstrap(arrays, stat, n_resamples=n_boot, batch=batch, vectorized=vectorized, paired=True, axis=0,
+                          confidence_level=1 - alpha, method="percentile",
+                          **{_RNG_KW: np.random.default_rng(seed)})
+    return res.confidence_interval.low, res.confidence_interval.high
 
 
 def bootstrap_ci(stat: Callable[..., float | np.ndarray], *arrays: np.ndarray, n_boot: int = 10000, seed: int = 0,
                  alpha: float = 0.05) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """Percentile CI of ``stat(*arrays)`` resampling the first axis (items) jointly across arrays."""
+    """Percentile CI of ``stat(*arrays)`` resampling the first axis (items) jointly across arrays.
+    A ``stat`` with an ``axis`` keyword (``lambda u, v, axis: v.mean(axis) - u.mean(axis)``) is called
+    once per batch of replicates; without one, once per replicate."""
     arrays = tuple(np.asarray(a) for a in arrays)
-    n = len(arrays[0])
-    if n == 0:
+    if len(arrays[0]) == 0:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    reps = np.stack([np.asarray(stat(*(a[idx] for a in arrays)), dtype=np.float64)
-                     for idx in rng.integers(0, n, size=(n_boot, n))])
-    lo, hi = np.quantile(reps, [alpha / 2, 1 - alpha / 2], axis=0)
+    lo, hi = _bootstrap(arrays, stat, n_boot, seed, alpha)
     return (float(lo), float(hi)) if np.ndim(lo) == 0 else (lo, hi)
 
 
 def bootstrap_mean_ci(x: np.ndarray, n_boot: int = 10000, seed: int = 0, alpha: float = 0.05):
-    """Fast vectorised percentile CI of the mean over the first axis (any trailing shape)."""
+    """Percentile CI of the mean over the first axis (any trailing shape, e.g. [items, layers, heads])."""
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[0]
     if n == 0:
         nan = np.full(x.shape[1:], np.nan)
         return nan, nan
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    flat = x.reshape(n, -1)
-    means = np.empty((n_boot, flat.shape[1]))
-    for start in range(0, n_boot, 1000):
-        sl = idx[start:start + 1000]
-        means[start:start + 1000] = flat[sl].mean(axis=1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2], axis=0)
-    return lo.reshape(x.shape[1:]), hi.reshape(x.shape[1:])
+    batch = max(1, min(n_boot, _BATCH_ELEMENTS // max(1, x.size)))
+    lo, hi = _bootstrap((x,), lambda a, axis: a.mean(axis=axis), n_boot, seed, alpha, batch)
+    return np.reshape(lo, x.shape[1:]), np.reshape(hi, x.shape[1:])
 
 
 def roc_auc(y: Sequence[int], score: Sequence[float]) -> float:
     """AUC = P(score_pos > score_neg) + 0.5 P(tie); NaN without both classes."""
     y = np.asarray(y, dtype=int)
-    s = np.asarray(score, dtype=np.float64)
-    pos, neg = s[y == 1], s[y == 0]
-    if len(pos) == 0 or len(neg) == 0:
+    if len(np.unique(y)) < 2:
         return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):  # average ranks for ties
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1
-        i = j + 1
-    r_pos = ranks[y == 1].sum()
-    return float((r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+    return float(roc_auc_score(y, np.asarray(score, dtype=np.float64)))
 
 
 def group_kfold(groups: Sequence, n_splits: int) -> list[np.ndarray]:
-    """Test-index arrays of ``n_splits`` folds; a group never straddles folds (largest groups
-    first, each to the currently smallest fold; deterministic)."""
-    groups = np.asarray([str(g) for g in groups])
-    uniq, counts = np.unique(groups, return_counts=True)
+    """Test-index arrays of ``n_splits`` folds (fewer when there are fewer groups); a group never
+    straddles folds (largest groups first, each to the currently smallest fold; deterministic)."""
+    uniq, inverse = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
     n_splits = min(n_splits, len(uniq))
     if n_splits < 2:
         raise ValueError("grouped cross-validation needs at least 2 groups")
-    order = sorted(range(len(uniq)), key=lambda i: (-counts[i], uniq[i]))
-    fold_of, sizes = {}, [0] * n_splits
-    for i in order:
-        f = int(np.argmin(sizes))
-        fold_of[uniq[i]] = f
-        sizes[f] += counts[i]
-    return [np.flatnonzero([fold_of[g] == f for g in groups]) for f in range(n_splits)]
+    # GroupKFold takes equally large groups in descending label order: label by reversed name rank so
+    # ties go alphabetically (the fold assignment of earlier releases).
+    codes = len(uniq) - 1 - inverse.reshape(-1)
+    return [test for _, test in GroupKFold(n_splits).split(codes, groups=codes)]
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 50) -> tuple[np.ndarray, float]:
-    """L2-penalised logistic regression (intercept unpenalised) by Newton's method."""
-    n, d = X.shape
-    Xb = np.hstack([X, np.ones((n, 1))])
-    w = np.zeros(d + 1)
-    pen = np.full(d + 1, l2)
-    pen[-1] = 0.0
-    for _ in range(iters):
-        z = np.clip(Xb @ w, -30, 30)
-        p = 1 / (1 + np.exp(-z))
-        grad = Xb.T @ (p - y) + pen * w
-        hess = (Xb * (p * (1 - p))[:, None]).T @ Xb + np.diag(pen) + 1e-9 * np.eye(d + 1)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if np.abs(step).max() < 1e-8:
-            break
-    return w[:-1], float(w[-1])
+def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 100) -> tuple[np.ndarray, float]:
+    """L2-penalised logistic regression (penalty l2/2 * |w|^2, intercept unpenalised)."""
+    model = LogisticRegression(C=1.0 / l2, solver="newton-cholesky", tol=1e-10, max_iter=iters)
+    model.fit(X, y)
+    return model.coef_[0], float(model.intercept_[0])
 
 
 def oof_scores(X: np.ndarray, y: np.ndarray, groups: Sequence, n_splits: int = 5, l2: float = 1.0) -> np.ndarray:
@@ -158,10 +139,12 @@ def grouped_cv_auc(X, y, groups, *, n_splits: int = 5, n_perm: int = 200, seed: 
                           f"{n_neg} negative)"}
     if base["n_groups"] < 2:
         return {**base, "auc": None, "p_value": None, "reason": "needs at least 2 query groups"}
-    auc = roc_auc(y, oof_scores(X, y, groups, n_splits))
     rng = np.random.default_rng(seed)
-    null = [roc_auc(yp, oof_scores(X, yp, groups, n_splits)) for yp in (rng.permutation(y) for _ in range(n_perm))]
-    p = (1 + sum(a >= auc for a in null)) / (1 + n_perm)
+    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):  # ~1000 small fits
+        auc = roc_auc(y, oof_scores(X, y, groups, n_splits))
+        null = [roc_auc(yp, oof_scores(X, yp, groups, n_splits)) for yp in (rng.permutation(y) for _ in range(n_perm))]
+    # AUCs are multiples of 1 / (2 n_pos n_neg); roc_auc_score's sum can leave an equal AUC an ulp apart
+    p = (1 + sum(a >= auc - 1e-12 for a in null)) / (1 + n_perm)
     return {**base, "auc": auc, "p_value": float(p), "n_permutations": n_perm,
             "n_splits": min(n_splits, base["n_groups"])}
 
