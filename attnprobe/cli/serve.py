@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
+from attnprobe.cli.options import add_model_options
+
 
 def cmd_serve(args) -> int:
-    from attnprobe.capture.models import load_model
-    from attnprobe.generation.server import make_server
+    from attnprobe.generation.server import serve
 
-    server = make_server(load_model(args.model, dtype=args.dtype), args.host, args.port)
-    host, port = server.server_address[:2]
-    print(f"serving {args.model} on http://{host}:{port}/v1", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+    return serve(args.model, dtype=args.dtype, device=args.device, host=args.host, port=args.port)
 
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a transformers model on an OpenAI-compatible HTTP endpoint",
                        description="A small /v1/chat/completions server (loopback by default) for runs against "
-                                   "the bundled model through the OpenAI-compatible code path.")
-    p.add_argument("--model", default="default")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+                                   "the bundled model through the OpenAI-compatible code path. Prints one line "
+                                   '{"event": "listening", "url": "http://HOST:PORT/v1", "model": NAME} once it '
+                                   "accepts connections (--port 0 = any free port); SIGTERM/Ctrl-C stop it.")
+    add_model_options(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.set_defaults(func=cmd_serve)

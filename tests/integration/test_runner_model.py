@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 import attnprobe
+from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.studies.runner import BM25Search, RunSettings, load_questions, run_questions
-from attnprobe.studies.runner.backends import StopAtCallChat
 
 pytestmark = pytest.mark.slow
 
 from support.paths import ROOT  # noqa: E402
+from support.server import served  # noqa: E402
 
 QUESTIONS = ROOT / "trajectories" / "questions.jsonl"
 SMALL = dict(manager_steps=2, worker_steps=2, max_tokens=64, max_validation_steps=2)
@@ -35,7 +36,7 @@ def bm25():
 def e2e(smol, bm25, tmp_path_factory):
     """The full NIS-Agent setting on two questions with the real model."""
     out = tmp_path_factory.mktemp("e2e") / "nis.jsonl"
-    res = run_questions(StopAtCallChat(smol), load_questions(QUESTIONS)[:2],
+    res = run_questions(TransformersChat(smol), load_questions(QUESTIONS)[:2],
                         RunSettings.preset("nis-agent", **SMALL), out, search=bm25)
     return out, res
 
@@ -95,7 +96,7 @@ def test_resume_after_killed_run(smol, bm25, tmp_path):
     """Kill a real `attnprobe run` process mid-run, resume, and check nothing is lost or duplicated."""
     out = tmp_path / "killed.jsonl"
     cmd = [sys.executable, "-m", "attnprobe", "run", str(QUESTIONS), "--limit", "2", "--out", str(out),
-           "--preset", "baseline", "--manager-steps", "2", "--worker-steps", "2", "--max-tokens", "64",
+           "--preset", "baseline", "--manager-steps", "2", "--worker-steps", "2", "--max-new-tokens", "64",
            "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -115,7 +116,7 @@ def test_resume_after_killed_run(smol, bm25, tmp_path):
     before = [json.loads(x) for x in out.read_text().splitlines()]
     assert before
     settings = RunSettings.preset("baseline", manager_steps=2, worker_steps=2, max_tokens=64)
-    res = run_questions(StopAtCallChat(smol), load_questions(QUESTIONS)[:2], settings, out, search=bm25,
+    res = run_questions(TransformersChat(smol), load_questions(QUESTIONS)[:2], settings, out, search=bm25,
                         resume=True)
     trajs = attnprobe.load_trajectories(out)  # raises on a duplicate id
     ids = [t.id for t in trajs]
@@ -129,28 +130,16 @@ def test_resume_after_killed_run(smol, bm25, tmp_path):
 
 
 def test_openai_backend_against_real_server(bm25, tmp_path):
-    from attnprobe.generation.chat import OpenAIChat
+    from attnprobe.generation.factory import open_backend
 
-    proc = subprocess.Popen([sys.executable, "-m", "attnprobe.generation.launch_server", "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = proc.stdout.readline()  # blocks until the model is loaded
-        assert line.startswith("LISTENING "), line
-        base = line.split()[1]
-        chat = OpenAIChat(base, "SmolLM2-135M-Instruct", timeout=300)
+    with served("default") as info:  # python -m attnprobe.generation.server --port 0
+        chat = open_backend("openai", base_url=info["url"], served_model="SmolLM2-135M-Instruct", timeout=300)
         out = tmp_path / "api.jsonl"
         res = run_questions(chat, load_questions(QUESTIONS)[:1],
                             RunSettings.preset("nis-agent", manager_steps=1, worker_steps=1, max_tokens=48,
                                                max_validation_steps=1), out, search=bm25)
-        r = res["results"][0]
-        assert r["input_tokens"] > 0 and r["output_tokens"] > 0
-        trajs = attnprobe.load_trajectories(out)
-        assert trajs and all(t.model == "SmolLM2-135M-Instruct" for t in trajs)
-        assert all(t.meta["usage"]["input_tokens"] > 0 for t in trajs)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+    r = res["results"][0]
+    assert r["input_tokens"] > 0 and r["output_tokens"] > 0
+    trajs = attnprobe.load_trajectories(out)
+    assert trajs and all(t.model == "SmolLM2-135M-Instruct" for t in trajs)
+    assert all(t.meta["usage"]["input_tokens"] > 0 for t in trajs)

@@ -1,21 +1,22 @@
 """Behaviour: generate the model's next action for every framing and parse it.
 
-Backends (greedy decoding, temperature 0):
+Generation (greedy, temperature 0) goes through one chat backend from
+:func:`attnprobe.generation.factory.open_backend`, wrapped by :class:`BehaviourBackend`:
 
-- :class:`TransformersBackend` runs the loaded model in process. The prompt is rendered by
-  :func:`attnprobe.render` exactly as capture renders it. ``complete_many`` generates several
-  prompts in one left-padded batch (what ``run_behaviour`` uses with ``batch_size > 1``; several
-  times faster on CPU); ``complete`` generates one prompt and can stop early once the reply holds
-  a complete tool call (greedy decoding makes the result a prefix of the full generation, so the
-  parsed action is the same). It also records a *forced choice*: the log-probability of
-  ``{"name": "web_search"`` vs ``{"name": "visit_page"`` after the prompt, which decides every
-  item even when the free reply is unparseable.
-- :class:`OpenAIBackend` talks to any OpenAI-compatible endpoint (``vllm serve``,
-  ``python -m attnprobe.ibis.serve_main``) through :class:`attnprobe.chat.OpenAIChat`.
+- in process (:class:`~attnprobe.generation.transformers_chat.TransformersChat`): the prompt is
+  rendered exactly as capture renders it. ``complete_many`` generates several framings in one
+  left-padded batch (what ``run_behaviour`` uses with ``batch_size > 1``; several times faster on
+  CPU); ``complete`` generates one and stops early once the reply holds a complete tool call
+  (greedy decoding makes the result a prefix of the full generation, so the parsed action is the
+  same). It also records a *forced choice*: the log-probability of ``{"name": "web_search"`` vs
+  ``{"name": "visit_page"`` after the prompt, which decides every item even when the free reply is
+  unparseable.
+- any OpenAI-compatible endpoint (``vllm serve``, ``attnprobe serve``) through
+  :class:`~attnprobe.generation.openai_chat.OpenAIChat`; structured tool calls from the server count.
 
 :func:`classify_reply` maps a reply to ``web_search`` / ``visit_page`` / ``answer`` /
 ``unparseable`` and says how it decided (``method``): structured tool calls first, then every
-tool-call syntax :mod:`attnprobe.toolparse` knows (Hermes/Qwen ``<tool_call>``, Llama-3 JSON,
+tool-call syntax :mod:`attnprobe.generation.toolparse` knows (Hermes/Qwen ``<tool_call>``, Llama-3 JSON,
 smolagents ``Calling tools:``, Mistral ``[TOOL_CALLS]``, fenced JSON, Python-call style), then
 plain text (a tool named in prose, or an explicit intent phrase) after removing sentences copied
 verbatim from the prompt (small models often echo the reminder). Anything else is
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.generation.toolparse import parse_tool_calls
+from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.io import append_jsonl, read_records, run_resumable
 from attnprobe.studies.ibis.framings import FRAMINGS, TOOL_NAMES, build_framing
 from attnprobe.studies.ibis.items import IbisItem
@@ -55,16 +57,6 @@ _VISIT_INTENT = re.compile(
     r"https?://\S+)", re.I)
 FORCED_CHOICE_PREFIX = '{"name": "'
 _ANSWER_INTENT = re.compile(r"\b(final answer|the answer is)\b", re.I)
-
-
-def _accepts_cache_kw(model) -> bool:
-    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
-    import inspect
-
-    try:
-        return "cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _normalise_name(name: str) -> str | None:
@@ -127,109 +119,31 @@ def api_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-class TransformersBackend:
-    """Greedy generation with an in-process transformers model (see module docstring)."""
+class BehaviourBackend:
+    """What IBIS needs on top of one chat backend (see module docstring): a reply for a framing's
+    trajectory as a dict with the prompt text for echo stripping and the rendering name, and, in
+    process, the forced choice. ``early_stop`` and ``forced_choice`` apply to in-process chats only."""
 
-    kind = "transformers"
-
-    def __init__(self, loaded, *, early_stop: bool = True, forced_choice: bool = True):
-        self.loaded = loaded
-        self.name = loaded.name
-        self.early_stop = early_stop
-        self.forced_choice = forced_choice
+    def __init__(self, chat, *, early_stop: bool = True, forced_choice: bool = True):
+        self.in_process = isinstance(chat, TransformersChat)
+        if self.in_process:
+            # one prompt at a time: stop once the text holds a complete call of any known tool name
+            chat = chat.configured(stop_at_call=early_stop, stop_names=tuple(ALIASES), stop_check_every=1)
+        self.chat = chat
+        self.kind = chat.kind
+        self.name = chat.name
+        self.forced_choice = forced_choice and self.in_process
+        self.supports_batch = self.in_process
+        self.tokenizer = chat.tokenizer if self.in_process else None
 
     def option_logprobs(self, prompt_ids) -> dict[str, float]:
         """Forced choice: summed log-probability of each tool name after the prompt + ``{"name": "``.
 
         The options differ only in the tool name (the call format the system prompt asks for), so
         the difference is the model's preference between the two actions; it exists for every
-        item, even when the generated reply is unparseable. One prefill: the prompt + prefix is
-        run once and its KV cache is reused for the second option.
-        """
-        import torch
-
-        tok = self.loaded.tokenizer
-        prefix = tok(FORCED_CHOICE_PREFIX, add_special_tokens=False)["input_ids"]
-        names = {n: tok(FORCED_CHOICE_PREFIX + n + '"', add_special_tokens=False)["input_ids"][len(prefix):]
-                 for n in ("web_search", "visit_page")}
-        full = {n: tok(FORCED_CHOICE_PREFIX + n + '"', add_special_tokens=False)["input_ids"]
-                for n in ("web_search", "visit_page")}
-        if any(full[n][:len(prefix)] != prefix for n in full):  # tokenizer merged across the prefix: no sharing
-            return self._option_logprobs_plain(prompt_ids, full)
-        base = list(prompt_ids) + prefix
-        out = {}
-        with torch.inference_mode():
-            first = self.loaded.model(torch.as_tensor(base)[None], use_cache=True)
-            keys = set(first.keys())  # transformers >= 5.2x names it "cache", older "past_key_values"
-            cache = first["cache"] if "cache" in keys else getattr(first, "past_key_values", None)
-            if cache is None:
-                return self._option_logprobs_plain(prompt_ids, full)
-            last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
-            added = 0
-            for n in ("web_search", "visit_page"):
-                if added:  # drop the previous option's tokens from the shared cache
-                    cache.crop(-added)
-                    added = 0
-                ids = names[n]
-                lp = float(last[ids[0]])
-                if len(ids) > 1:
-                    kw = {"cache" if _accepts_cache_kw(self.loaded.model) else "past_key_values": cache}
-                    logits = self.loaded.model(torch.as_tensor(ids[:-1])[None], use_cache=True,
-                                               **kw).logits[0].float()
-                    logp = torch.log_softmax(logits, dim=-1)
-                    lp += float(logp[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].sum())
-                    added = len(ids) - 1
-                out[n] = lp
-        return out
-
-    def _option_logprobs_plain(self, prompt_ids, full) -> dict[str, float]:
-        import torch
-
-        out = {}
-        for n, cont in full.items():
-            ids = torch.as_tensor(list(prompt_ids) + list(cont))[None]
-            with torch.inference_mode():
-                logits = self.loaded.model(ids).logits[0, len(prompt_ids) - 1:-1].float()
-            out[n] = float(torch.log_softmax(logits, dim=-1).gather(1, torch.as_tensor(cont)[:, None]).sum())
-        return out
-
-    def complete_many(self, trajectories, *, max_tokens: int = 64) -> list[dict[str, Any]]:
-        """Greedy generation for several prompts in one left-padded batch (several times faster on
-        CPU than one by one; outputs checked equal to unbatched generation in the tests)."""
-        import torch
-
-        from attnprobe.render.rendering import render
-
-        tok = self.loaded.tokenizer
-        rendered = [render(t, tok, add_generation_prompt=True) for t in trajectories]
-        prompts = [r.input_ids.tolist() for r in rendered]
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(map(len, prompts))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.inference_mode():
-            out = self.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                                             pad_token_id=pad)
-        eos = tok.eos_token_id
-        fcs = self.option_logprobs_many(prompts) if self.forced_choice else [None] * len(prompts)
-        results = []
-        for r, p, row, fc in zip(rendered, prompts, out, fcs):
-            new = row[width:].tolist()
-            if eos is not None and eos in new:
-                new = new[: new.index(eos) + 1]
-            text = tok.decode(new, skip_special_tokens=True)
-            finish = "stop" if (eos is not None and new and new[-1] == eos) else "length"
-            res = {"raw_text": text, "tool_calls": [], "input_tokens": len(p), "output_tokens": len(new),
-                   "finish_reason": finish, "prompt_text": r.text, "rendering": r.rendering}
-            if fc is not None:
-                res["forced_choice"] = fc
-            results.append(res)
-        return results
-
-    def option_logprobs_many(self, prompts: list[list[int]]) -> list[dict[str, Any]]:
-        """:meth:`option_logprobs` for several prompts; one prefill per prompt (the second option
-        reuses the KV cache of the shared prompt + ``{"name": "`` prefix)."""
-        return [self._fc_entry(self.option_logprobs(p)) for p in prompts]
+        item, even when the generated reply is unparseable."""
+        return self.chat.option_logprobs(prompt_ids, ("web_search", "visit_page"), prefix=FORCED_CHOICE_PREFIX,
+                                         suffix='"')
 
     @staticmethod
     def _fc_entry(lp: dict[str, float]) -> dict[str, Any]:
@@ -237,57 +151,25 @@ class TransformersBackend:
         return {"logprob_web_search": round(ws, 5), "logprob_visit_page": round(vp, 5),
                 "log_odds_visit": round(vp - ws, 5), "choice": "visit_page" if vp > ws else "web_search"}
 
-    def complete(self, trajectory, *, max_tokens: int = 64) -> dict[str, Any]:
-        import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        from attnprobe.render.rendering import render
-
-        tok = self.loaded.tokenizer
-        rendered = render(trajectory, tok, add_generation_prompt=True)
-        ids = torch.as_tensor(rendered.input_ids)[None]
-        n_prompt = ids.shape[1]
-
-        class _CallComplete(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
-                text = tok.decode(input_ids[0, n_prompt:], skip_special_tokens=True)
-                if "}" not in text and ")" not in text:
-                    return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-                _, calls = parse_tool_calls(text, list(ALIASES))
-                return torch.full((input_ids.shape[0],), bool(calls), dtype=torch.bool)
-
-        kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": False,
-                                  "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None
-                                  else tok.eos_token_id}
-        if self.early_stop:
-            kwargs["stopping_criteria"] = StoppingCriteriaList([_CallComplete()])
-        with torch.inference_mode():
-            out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        new = out[0, n_prompt:]
-        text = tok.decode(new, skip_special_tokens=True)
-        eos = tok.eos_token_id
-        stopped_eos = len(new) > 0 and eos is not None and int(new[-1]) == eos
-        finish = "stop" if stopped_eos else ("length" if len(new) >= max_tokens else "call_complete")
-        res = {"raw_text": text, "tool_calls": [], "input_tokens": int(n_prompt), "output_tokens": int(len(new)),
-               "finish_reason": finish, "prompt_text": rendered.text, "rendering": rendered.rendering}
+    def _in_process_out(self, reply, finish: str) -> dict[str, Any]:
+        # the in-process model has no structured calls: its raw text is classified
+        out = {"raw_text": reply.raw_text, "tool_calls": [], "input_tokens": reply.input_tokens,
+               "output_tokens": reply.output_tokens, "finish_reason": finish, "prompt_text": reply.prompt.text,
+               "rendering": reply.prompt.rendering}
         if self.forced_choice:
-            res["forced_choice"] = self._fc_entry(self.option_logprobs(rendered.input_ids.tolist()))
-        return res
+            out["forced_choice"] = self._fc_entry(self.option_logprobs(reply.prompt.ids))
+        return out
 
-
-class OpenAIBackend:
-    """Any OpenAI-compatible /v1/chat/completions endpoint, greedy (temperature 0)."""
-
-    kind = "openai"
-
-    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 600.0):
-        from attnprobe.generation.chat import OpenAIChat
-
-        self.chat = OpenAIChat(base_url, model, api_key_env=api_key_env, timeout=timeout)
-        self.name = model
-        self.base_url = base_url
+    def complete_many(self, trajectories, *, max_tokens: int = 64) -> list[dict[str, Any]]:
+        """Greedy generation for several framings in one left-padded batch (in process only)."""
+        replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_tokens=max_tokens)
+        return [self._in_process_out(r, "stop" if r.stopped_by == "eos" else "length") for r in replies]
 
     def complete(self, trajectory, *, max_tokens: int = 64) -> dict[str, Any]:
+        if self.in_process:
+            reply = self.chat.complete(trajectory.messages, trajectory.tools, max_tokens=max_tokens, temperature=0.0)
+            finish = {"eos": "stop", "length": "length"}.get(reply.stopped_by, "call_complete")
+            return self._in_process_out(reply, finish)
         reply = self.chat.complete(api_messages(trajectory.messages), trajectory.tools, max_tokens=max_tokens,
                                    temperature=0.0)
         # The structured calls a server returns are authoritative; raw text is kept for the record.
@@ -337,7 +219,7 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     folder = Path(folder)
     path = folder / "decisions.jsonl"
     done = set() if force else {(r["item_id"], r["framing"]) for r in read_decisions(path)}
-    batched = batch_size > 1 and hasattr(backend, "complete_many")
+    batched = batch_size > 1 and getattr(backend, "supports_batch", False)
 
     def work(batch: list[tuple[IbisItem, str]]) -> None:
         if batched:

@@ -1,0 +1,59 @@
+"""Open a generation backend by kind: the one place that maps options to a :class:`ChatBackend`.
+
+    chat = open_backend("transformers", model="default")                       # in process
+    chat = open_backend("openai", base_url="http://127.0.0.1:8000/v1", served_model="Qwen2.5-7B")
+
+Kinds live in :data:`BACKENDS` (kind -> opener); adding one is one function and one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.generation.chat import ChatBackend
+
+
+def _open_transformers(*, model: str, dtype: str, device: str, stop_at_call: bool | None, **_: Any) -> ChatBackend:
+    from attnprobe.capture.models import load_model
+    from attnprobe.generation.transformers_chat import TransformersChat
+
+    return TransformersChat(load_model(model, dtype=dtype, device=device), stop_at_call=stop_at_call)
+
+
+def _open_openai(*, model: str, base_url: str | None, served_model: str | None, api_key_env: str, timeout: float,
+                 **_: Any) -> ChatBackend:
+    from attnprobe.generation.openai_chat import OpenAIChat
+
+    if not base_url:
+        raise AttnprobeError("the openai generation backend needs a base URL (e.g. http://127.0.0.1:8000/v1)")
+    return OpenAIChat(base_url, served_model or model, api_key_env=api_key_env, timeout=timeout)
+
+
+BACKENDS: dict[str, Callable[..., ChatBackend]] = {
+    "transformers": _open_transformers,
+    "openai": _open_openai,
+}
+
+
+def backend_kinds() -> list[str]:
+    return list(BACKENDS)
+
+
+def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", device: str = "cpu",
+                 base_url: str | None = None, served_model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
+                 timeout: float = 300.0, stop_at_call: bool | None = None) -> ChatBackend:
+    """A chat backend of ``kind`` ("transformers" | "openai").
+
+    transformers: loads ``model`` (any spec ``load_model`` accepts) with ``dtype`` on ``device``;
+    ``stop_at_call`` None = stop generating at a complete call of an offered tool whenever tools are
+    offered. openai: ``base_url`` (required), ``served_model`` (default: ``model``), the key from the
+    environment variable ``api_key_env``, ``timeout`` seconds per request.
+    """
+    try:
+        opener = BACKENDS[kind]
+    except KeyError:
+        raise AttnprobeError(f"unknown generation backend {kind!r} (choose from {', '.join(BACKENDS)})") from None
+    return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
+                  api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call)

@@ -1,0 +1,240 @@
+"""Generation with an in-process transformers model: the one stack the runner, IBIS and the
+OpenAI-compatible test server share.
+
+- The prompt is rendered by :func:`attnprobe.render.rendering.render` with
+  ``add_generation_prompt=True``, exactly as capture renders it (same fallbacks), so a recorded call
+  can be captured later and the model sees identical tokens.
+- Greedy decoding by default, sampling with ``temperature > 0``.
+- Stop at call (optional): generation ends as soon as the text holds a complete call of an offered
+  tool (small models tend to keep chatting after the JSON). With greedy decoding the reply is then a
+  prefix of the full generation, so the parsed action is the same. Default: on when tools are offered.
+- :meth:`TransformersChat.complete_many`: several prompts in one left-padded batch (several times
+  faster on CPU; equal to one-by-one generation, checked in the tests); no stop-at-call there.
+- :meth:`TransformersChat.option_logprobs`: the log-probability of each of several continuations
+  after a prompt (IBIS's forced choice), from one shared prefill.
+
+Tool calls are parsed from the text by :mod:`attnprobe.generation.toolparse`; call ids are numbered
+``call1``, ``call2``, ... over the life of one chat object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from attnprobe.generation.chat import ChatReply, Prompt, tool_names
+from attnprobe.generation.toolparse import parse_tool_calls
+
+Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
+
+
+def _accepts_cache_kw(model) -> bool:
+    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
+    import inspect
+
+    try:
+        return "cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class TransformersChat:
+    """Chat completions from a loaded model (``attnprobe.load_model``); see the module docstring.
+
+    ``stop_at_call``: None = stop at a complete call when tools are offered (the runner's default),
+    True/False = always/never (True still needs names: the offered tools or ``stop_names``).
+    ``stop_names``: the tool names that count for stopping (default: the offered tools).
+    ``stop_check_every``: decode and parse every N new tokens.
+    """
+
+    kind = "transformers"
+
+    def __init__(self, loaded, *, stop_at_call: bool | None = None, stop_names: Sequence[str] | None = None,
+                 stop_check_every: int = 4, call_prefix: str = "call"):
+        self.loaded = loaded
+        self.name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.stop_at_call = stop_at_call
+        self.stop_names = tuple(stop_names) if stop_names else None
+        self.stop_check_every = max(1, int(stop_check_every))
+        self.call_prefix = call_prefix
+        self._n = 0
+
+    def configured(self, **changes) -> TransformersChat:
+        """A chat on the same loaded model with some options changed (its own call numbering)."""
+        opts = {"stop_at_call": self.stop_at_call, "stop_names": self.stop_names,
+                "stop_check_every": self.stop_check_every, "call_prefix": self.call_prefix}
+        opts.update(changes)
+        return TransformersChat(self.loaded, **opts)
+
+    # ------------------------------------------------------------------ prompts
+    def prompt(self, messages: list[dict], tools: list[dict] | None = None) -> Prompt:
+        """Render ``messages`` (+ ``tools``) with the generation prompt, as capture renders them."""
+        from attnprobe.render.rendering import render
+        from attnprobe.trajectory.schema import Trajectory
+
+        rendered = render(Trajectory(id="prompt", messages=messages, tools=tools), self.tokenizer,
+                          add_generation_prompt=True)
+        return Prompt(ids=rendered.input_ids.tolist(), text=rendered.text, rendering=rendered.rendering)
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def _device(self):
+        return getattr(self.loaded.model, "device", None)
+
+    def _active_stop_names(self, tools: list[dict] | None) -> list[str] | None:
+        on = bool(tools) if self.stop_at_call is None else self.stop_at_call
+        if not on:
+            return None
+        names = list(self.stop_names) if self.stop_names else tool_names(tools)
+        return names or None
+
+    def _stopping(self, n_prompt: int, names: list[str]):
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        tok, every = self.tokenizer, self.stop_check_every
+
+        class _CallComplete(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                n_new = input_ids.shape[1] - n_prompt
+                done = False
+                if n_new > 0 and n_new % every == 0:
+                    text = tok.decode(input_ids[0, n_prompt:], skip_special_tokens=True)
+                    # every call syntax toolparse accepts closes with "}" or ")": skip the parse until then
+                    done = ("}" in text or ")" in text) and bool(parse_tool_calls(text, names)[1])
+                return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+        return StoppingCriteriaList([_CallComplete()])
+
+    def _gen_kwargs(self, max_tokens: int, temperature: float) -> dict[str, Any]:
+        kw: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0,
+                              "pad_token_id": self._pad_id()}
+        if temperature > 0:
+            kw["temperature"] = temperature
+        return kw
+
+    # ------------------------------------------------------------------ generation
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+                 temperature: float = 0.0) -> ChatReply:
+        import torch
+
+        prompt = self.prompt(messages, tools)
+        ids = torch.as_tensor(prompt.ids)[None]
+        if self._device() is not None:
+            ids = ids.to(self._device())
+        kw = self._gen_kwargs(max_tokens, temperature)
+        names = self._active_stop_names(tools)
+        if names:
+            kw["stopping_criteria"] = self._stopping(ids.shape[1], names)
+        with torch.inference_mode():
+            out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        return self._reply(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens)
+
+    def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
+                      temperature: float = 0.0) -> list[ChatReply]:
+        """:meth:`complete` for several (messages, tools) requests in one left-padded batch (no stop
+        at call: every row runs to its end-of-sequence token or ``max_tokens``)."""
+        import torch
+
+        prompts = [self.prompt(messages, tools) for messages, tools in requests]
+        pad = self._pad_id()
+        width = max(len(p.ids) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts])
+        if self._device() is not None:
+            ids, mask = ids.to(self._device()), mask.to(self._device())
+        with torch.inference_mode():
+            out = self.loaded.model.generate(ids, attention_mask=mask, **self._gen_kwargs(max_tokens, temperature))
+        eos = self.tokenizer.eos_token_id
+        replies = []
+        for (_, tools), prompt, row in zip(requests, prompts, out):
+            new = row[width:].tolist()
+            if eos is not None and eos in new:  # a finished row is padded up to the longest one
+                new = new[: new.index(eos) + 1]
+            replies.append(self._reply(prompt, new, tools, max_tokens))
+        return replies
+
+    def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int) -> ChatReply:
+        tok = self.tokenizer
+        text = tok.decode(new, skip_special_tokens=True)
+        content, calls = parse_tool_calls(text, tool_names(tools))
+        tool_calls = []
+        for c in calls:
+            self._n += 1
+            tool_calls.append(c.to_openai(f"{self.call_prefix}{self._n}"))
+        eos = tok.eos_token_id
+        if new and eos is not None and new[-1] == eos:
+            stopped_by = "eos"
+        elif len(new) >= max_tokens:
+            stopped_by = "length"
+        else:
+            stopped_by = "other"
+        finish = "tool_calls" if tool_calls else ("length" if len(new) >= max_tokens else "stop")
+        return ChatReply(content=content if tool_calls else text.strip(), tool_calls=tool_calls, raw_text=text,
+                         input_tokens=len(prompt.ids), output_tokens=len(new), finish_reason=finish,
+                         stopped_by=stopped_by, prompt=prompt)
+
+    # ------------------------------------------------------------------ scoring
+    def option_logprobs(self, prompt_ids: Sequence[int], options: Sequence[str], *, prefix: str = "",
+                        suffix: str = "") -> dict[str, float]:
+        """Summed log-probability of each option's tokens after the prompt + ``prefix`` (the text of
+        an option is ``prefix + option + suffix``; the prefix is given, not scored).
+
+        One prefill: the prompt + prefix is run once and its KV cache is reused for every option
+        (each option's tokens are cropped off the cache before the next). If the tokenizer merges
+        across the prefix boundary, every option is scored from scratch instead, prefix included.
+        """
+        import torch
+
+        tok, model, dev = self.tokenizer, self.loaded.model, self._device()
+
+        def tensor(x):
+            t = torch.as_tensor(x)
+            return t.to(dev) if dev is not None else t
+
+        pre = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        full = {o: tok(prefix + o + suffix, add_special_tokens=False)["input_ids"] for o in options}
+        if any(full[o][:len(pre)] != pre for o in options):
+            return self._option_logprobs_plain(prompt_ids, full)
+        tails = {o: full[o][len(pre):] for o in options}
+        out: dict[str, float] = {}
+        with torch.inference_mode():
+            first = model(tensor(list(prompt_ids) + pre)[None], use_cache=True)
+            keys = set(first.keys())  # transformers >= 5.2x names it "cache", older "past_key_values"
+            cache = first["cache"] if "cache" in keys else getattr(first, "past_key_values", None)
+            if cache is None:
+                return self._option_logprobs_plain(prompt_ids, full)
+            last = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
+            added = 0
+            for o in options:
+                if added:  # drop the previous option's tokens from the shared cache
+                    cache.crop(-added)
+                    added = 0
+                ids = tails[o]
+                lp = float(last[ids[0]])
+                if len(ids) > 1:
+                    kw = {"cache" if _accepts_cache_kw(model) else "past_key_values": cache}
+                    logits = model(tensor(ids[:-1])[None], use_cache=True, **kw).logits[0].float()
+                    logp = torch.log_softmax(logits, dim=-1)
+                    lp += float(logp[tensor(range(len(ids) - 1)), tensor(ids[1:])].sum())
+                    added = len(ids) - 1
+                out[o] = lp
+        return out
+
+    def _option_logprobs_plain(self, prompt_ids, full: dict[str, list[int]]) -> dict[str, float]:
+        import torch
+
+        dev = self._device()
+        out = {}
+        for o, cont in full.items():
+            ids = torch.as_tensor(list(prompt_ids) + list(cont))[None]
+            idx = torch.as_tensor(cont)[:, None]
+            if dev is not None:
+                ids, idx = ids.to(dev), idx.to(dev)
+            with torch.inference_mode():
+                logits = self.loaded.model(ids).logits[0, len(prompt_ids) - 1:-1].float()
+            out[o] = float(torch.log_softmax(logits, dim=-1).gather(1, idx).sum())
+        return out
