@@ -33,7 +33,7 @@ echo "smoke: attnprobe demo ok ($(ls x | wc -l) entries)"
 grep -q "ok" check.txt
 echo "smoke: attnprobe ibis check ok"
 "$VENV/bin/attnprobe" -q run --limit 1 --out run.jsonl --preset baseline --manager-steps 1 --worker-steps 1 \
-  --max-tokens 24 --no-progress
+  --max-new-tokens 24 --no-progress
 test -s run.jsonl && test -s run.summary.json
 echo "smoke: attnprobe run --limit 1 ok ($(wc -l < run.jsonl) calls recorded)"
 test -z "$(ls -A "$RUN" | grep -v -E '^(x|check.txt|run\.jsonl|run\.results\.ndjson|run\.summary\.json)$')"

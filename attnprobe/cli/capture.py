@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from attnprobe.cli.options import add_capture_options, load_for_capture
+from attnprobe.cli.options import add_capture_options, add_model_options, add_output_options, load_for_capture
 from attnprobe.errors import AttnprobeError
 
 log = logging.getLogger(__name__)
@@ -38,21 +38,21 @@ def run_capture_files(args, files: list[Path], out: Path) -> int:
         return (not args.force and meta.is_file()
                 and json.loads(meta.read_text(encoding="utf-8")).get("cli_settings") == wanted)
 
-    loaded = []
+    # Load the model up front (only if something is left to do): a missing model is exit code 3 for the
+    # whole command, not a per-trajectory failure.
+    loaded = [load_for_capture(args)] if not all(done(t) for t in trajs) else []
 
     def work(batch) -> None:
-        if not loaded:
-            loaded.append(load_for_capture(args))
         for t in batch:
             res = capture(loaded[0], t, queries=args.queries, layers=args.layers, chunk_size=args.chunk_size,
                           rendering=args.rendering, max_tokens=args.max_tokens, truncate=args.truncate,
-                          save_qk_layers=args.save_qk_layers or (), progress=True)
+                          save_qk_layers=args.save_qk_layers or (), progress=not args.no_progress)
             res.meta["cli_settings"] = settings
             res.save(out / safe_name(t.id))
 
     counts = run_resumable(trajs, work, done=done, describe=lambda t: {"trajectory_id": t.id},
                            errors_path=out / "errors.jsonl", stage="capture", desc="capture", unit="traj",
-                           catch=(AttnprobeError,))
+                           progress=not args.no_progress, catch=(AttnprobeError,))
     if counts["done_before"]:
         log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
     log.info("captured %d trajectories into %s%s", counts["done"], out,
@@ -80,18 +80,20 @@ def cmd_demo(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("capture", help="capture attention for trajectories (chunked prefill + online scoring)",
                        description="Render each trajectory with the model's chat template, run one chunked prefill "
-                                   "with capture hooks, and save exact attention by segment, turn and role. "
-                                   "Finished trajectories are skipped on rerun (use --force to redo).")
+                                   "with capture hooks, and save exact attention by segment, turn and role into "
+                                   "OUT/<trajectory id>/. Finished trajectories are skipped on rerun (resume; "
+                                   "--force redoes them); failures go to OUT/errors.jsonl and give exit code 1.")
     p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
-    p.add_argument("--out", required=True, help="output folder (one subfolder per trajectory)")
-    p.add_argument("--force", action="store_true", help="recapture even if a result exists")
+    add_model_options(p, backends=True)
     add_capture_options(p)
+    add_output_options(p, out_required=True, out_help="output folder (one subfolder per trajectory)")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("demo", help="capture + report on the shipped sample trajectories with the bundled model",
                        description="The main job on the embedded default: captures the sample trajectories in "
-                                   "trajectories/ with SmolLM2-135M-Instruct and writes an HTML report.")
-    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    p.add_argument("--force", action="store_true", help="recapture even if results exist")
+                                   "trajectories/ with SmolLM2-135M-Instruct (or --model) into OUT and writes "
+                                   "OUT/report.html. Takes the same model and capture options as 'capture'.")
+    add_model_options(p, backends=True)
     add_capture_options(p)
+    add_output_options(p, out_default="runs/demo", out_help="output folder (default runs/demo)")
     p.set_defaults(func=cmd_demo)

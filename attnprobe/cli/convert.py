@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnprobe.cli.options import add_dtype_option, add_hidden_alias, add_output_options
+
 
 def _convert(args: argparse.Namespace) -> int:
     from attnprobe.capture.convert import convert_gguf
 
-    out = convert_gguf(args.source, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    out = convert_gguf(args.source, args.out, dtype=args.dtype, overwrite=args.force)
     print(f"wrote {out} (config.json, model.safetensors, tokenizer with chat template); "
           f"use it with: attnprobe capture --backend vllm --model {out}", file=sys.stderr)
     return 0
@@ -26,8 +28,11 @@ def register(subparsers) -> None:
             "(~/.cache/attnprobe/converted, or $ATTNPROBE_CACHE/converted). Nothing is downloaded."),
     )
     p.add_argument("source", help="path to a .gguf file, or 'default' for the bundled SmolLM2-135M-Instruct")
-    p.add_argument("out", help="output folder (created; must be empty unless --overwrite)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="dtype of the saved weights (default float32: exact dequantized values)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    p.add_argument("out", help="output folder (created; must be empty unless --force)")
+    add_dtype_option(p.add_argument_group("model"),
+                     help="dtype of the saved weights: float32 (default; the exact dequantized values), "
+                          "bfloat16 or float16")
+    add_output_options(p, out=False, progress=False,
+                       force_help="replace an existing non-empty output folder (old name: --overwrite)")
+    add_hidden_alias(p, "--overwrite", "force", action="store_true")
     p.set_defaults(func=_convert)

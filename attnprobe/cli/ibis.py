@@ -1,4 +1,4 @@
-"""``attnprobe ibis {all,run,capture,report}`` and ``attnprobe compare``.
+"""``attnprobe ibis {all,run,capture,report,check}`` and ``attnprobe compare``.
 
 Exit codes follow attnprobe.cli: 0 ok, 1 some items failed (the rest were written; rerun to
 retry them), 2 bad input, 3 model not available locally, 130 interrupted.
@@ -13,6 +13,13 @@ import re
 import sys
 from pathlib import Path
 
+from attnprobe.cli.options import (
+    add_capture_options,
+    add_generation_options,
+    add_hidden_alias,
+    add_model_options,
+    add_output_options,
+)
 from attnprobe.io import atomic_write_text
 from attnprobe.studies.ibis.framings import FRAMINGS
 
@@ -24,77 +31,104 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "model"
 
 
-def _add_common(p: argparse.ArgumentParser, *, model: bool = True, items: bool = True):
-    if items:
-        p.add_argument("--items", type=Path, default=None,
-                       help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
-        p.add_argument("--limit", type=int, default=None, help="use only the first N items")
-        p.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
-        p.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS)
-    if model:
-        p.add_argument("--model", default="default",
-                       help="model for in-process generation/capture: 'default' (bundled SmolLM2), a HF folder, a "
-                            "GGUF file or a cached hub id")
-        p.add_argument("--dtype", default="float32")
-    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                   help="root folder; each model gets <results>/<model-name>/ (default: results/ibis)")
-    p.add_argument("--folder", type=Path, default=None, help="explicit model folder (overrides --results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+def _add_items(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("items")
+    g.add_argument("--items", type=Path, default=None,
+                   help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
+    g.add_argument("--limit", type=int, default=None, help="use only the first N items")
+    g.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
+    g.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS,
+                   help="framings to run (default: all of them)")
 
 
-def _add_run(p):
-    p.add_argument("--backend", choices=("transformers", "openai"), default="transformers",
-                   help="generate in process (transformers) or through an OpenAI-compatible endpoint")
-    p.add_argument("--base-url", default=None, help="endpoint for --backend openai, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--served-model", default=None, help="model name to request from the endpoint (--backend openai)")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="generation limit per decision (greedy)")
-    p.add_argument("--force", action="store_true", help="redo finished items instead of resuming")
-    p.add_argument("--batch-size", type=int, default=12,
-                   help="prompts generated together (transformers backend; left-padded batch, same greedy output)")
+def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, progress: bool = True):
+    g = add_output_options(p, out=False, force=force_help is not None, force_help=force_help or "",
+                           progress=progress)
+    g.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                   help="results root; each model gets <results>/<model name>/ (default: results/ibis)")
+    g.add_argument("--folder", type=Path, default=None,
+                   help="the model folder itself (overrides --results and the name derived from the model)")
+    return g
 
 
-def _add_capture(p):
-    p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size for capture")
-    p.add_argument("--force-capture", action="store_true", help="recapture finished items")
+def _add_generation(p):
+    g = add_generation_options(p, max_new_tokens=64, backend_alias=True)
+    g.add_argument(
+        "--batch-size", type=int, default=12,
+        help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
+
+
+def _add_capture(p, *, force_capture: bool):
+    g = add_capture_options(p, trajectories=False)
+    if force_capture:
+        g.add_argument("--force-capture", action="store_true", help="recapture finished items (capture stage only)")
 
 
 def _add_report(p):
-    p.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples for CIs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--permutations", type=int, default=200, help="label permutations for the flip-AUC p-values")
-    p.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
-                   help="embed plotly.js in report.html (works offline) or load it from the CDN")
+    g = p.add_argument_group("report")
+    g.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples for CIs (default 10000)")
+    g.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap and permutations")
+    g.add_argument("--permutations", type=int, default=200, help="label permutations for the flip-AUC p-values")
+    g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
+                   help="embed plotly.js in report.html (works offline; default) or load it from the CDN")
 
 
 def register(subparsers) -> None:
     ibis = subparsers.add_parser(
         "ibis", help="inertia-bias benchmark: behaviour and attention per framing (agentic/observer/direct)",
         description="IBIS: does the model judge search results worse when the search was its own action, and "
-                    "where does its attention go? 'all' runs the whole pipeline; run/capture/report do one stage. "
-                    "Results go to one folder per model (layout: docs/ibis.md).")
+                    "where does its attention go? 'all' runs the whole pipeline; run/capture/report do one stage; "
+                    "check validates items. Results go to one folder per model (layout: docs/ibis.md).")
     sub = ibis.add_subparsers(dest="ibis_action", metavar="ACTION")
-    p_all = sub.add_parser("all", help="run + capture + report in one command")
-    _add_common(p_all)
-    _add_run(p_all)
-    _add_capture(p_all)
+    p_all = sub.add_parser(
+        "all", help="run + capture + report in one command",
+        description="Generate the next action for every item and framing, capture attention at the decision "
+                    "token, and write the report, item group by item group (an interrupted run has both stages "
+                    "for every finished item; rerun to resume). Generation can go through an endpoint "
+                    "(--generator openai); capture always uses the in-process --model.")
+    _add_items(p_all)
+    add_model_options(p_all)
+    _add_generation(p_all)
+    _add_capture(p_all, force_capture=True)
     _add_report(p_all)
+    _add_output(p_all, force_help="redo finished items in every stage instead of resuming")
     p_all.set_defaults(func=cmd_all)
-    p_run = sub.add_parser("run", help="generate and parse the next action for every item and framing")
-    _add_common(p_run)
-    _add_run(p_run)
+    p_run = sub.add_parser(
+        "run", help="generate and parse the next action for every item and framing",
+        description="Greedy generation of the model's next message for every (item, framing), parsed into a "
+                    "decision (web_search / visit_page / answer) and appended to FOLDER/decisions.jsonl. "
+                    "Resumable: finished pairs are skipped, failures are retried on the next run.")
+    _add_items(p_run)
+    add_model_options(p_run)
+    _add_generation(p_run)
+    _add_output(p_run, force_help="redo finished items instead of resuming")
     p_run.set_defaults(func=cmd_run)
-    p_cap = sub.add_parser("capture", help="capture attention at the decision position for every item and framing")
-    _add_common(p_cap)
-    _add_capture(p_cap)
+    p_cap = sub.add_parser(
+        "capture", help="capture attention at the decision position for every item and framing",
+        description="Render every (item, framing) with --model's chat template, capture exact attention from the "
+                    "decision token to every earlier token and aggregate it by category into "
+                    "FOLDER/attention.safetensors. Resumable.")
+    _add_items(p_cap)
+    add_model_options(p_cap)
+    _add_capture(p_cap, force_capture=False)
+    _add_output(p_cap, force_help="recapture finished items (old name: --force-capture)")
+    add_hidden_alias(p_cap, "--force-capture", "force", action="store_true")
     p_cap.set_defaults(func=cmd_capture)
-    p_rep = sub.add_parser("report", help="metrics.json, report.md and report.html from a model folder")
-    _add_common(p_rep, model=False, items=False)
-    p_rep.add_argument("--model", default="default", help="model name used to find the folder under --results")
+    p_rep = sub.add_parser(
+        "report", help="metrics.json, report.md and report.html from a model folder",
+        description="Behavioural metrics (accuracy, inertia gap, forced choice) and attentional metrics (gap, "
+                    "heads) with bootstrap CIs from a model folder written by run/capture; prints the markdown "
+                    "report. The folder is --folder, or <--results>/<bundled model name> by default.")
     _add_report(p_rep)
+    _add_output(p_rep, progress=False)
     p_rep.set_defaults(func=cmd_report)
-    p_check = sub.add_parser("check", help="validate an items file and the framing invariants for a model's template")
-    _add_common(p_check)
+    p_check = sub.add_parser(
+        "check", help="validate an items file and the framing invariants for a model's template",
+        description="Load and validate the items (errors name file, line and field) and check on the rendered "
+                    "token ids that the framings differ only where they should for --model's chat template. "
+                    "Exit code 2 if any item breaks an invariant.")
+    _add_items(p_check)
+    add_model_options(p_check)
     p_check.set_defaults(func=cmd_check)
     ibis.set_defaults(func=lambda a: (ibis.print_help(), 2)[1])
 
@@ -103,8 +137,10 @@ def register(subparsers) -> None:
         description="Reads metrics.json from every model folder given (or every model folder inside a results "
                     "root) and writes compare.md, compare.json and compare.html (plotly).")
     cmp_.add_argument("folders", nargs="+", type=Path, help="model folders or results roots")
-    cmp_.add_argument("--out", type=Path, default=Path("results") / "ibis_compare", help="output folder")
-    cmp_.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline")
+    g = add_output_options(cmp_, out_type=Path, out_default=Path("results") / "ibis_compare",
+                           out_help="output folder (default results/ibis_compare)", force=False, progress=False)
+    g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
+                   help="embed plotly.js in compare.html (works offline; default) or load it from the CDN")
     cmp_.set_defaults(func=cmd_compare)
 
 
@@ -131,13 +167,14 @@ def _items(args):
 def _model_name(args) -> str:
     if getattr(args, "backend", "transformers") == "openai":
         if not args.served_model or not args.base_url:
-            raise ValueError("--backend openai needs --base-url and --served-model")
+            raise ValueError("--generator openai needs --base-url and --served-model")
         return args.served_model
-    if args.model == "default":
+    model = getattr(args, "model", "default")  # `ibis report` has no model: the bundled model's folder
+    if model == "default":
         from attnprobe.capture.models import DEFAULT_NAME
 
         return DEFAULT_NAME
-    return Path(args.model).stem if args.model.endswith(".gguf") else Path(args.model).name or args.model
+    return Path(model).stem if model.endswith(".gguf") else Path(model).name or model
 
 
 def _folder(args, name: str | None = None) -> Path:
@@ -195,20 +232,15 @@ def _check_invariants(tokenizer, items, folder: Path | None) -> dict:
 
 # ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
-    from attnprobe.capture.models import load_model
-    from attnprobe.studies.ibis.behaviour import OpenAIBackend, TransformersBackend, run_behaviour
+    from attnprobe.cli.options import make_generator
+    from attnprobe.studies.ibis.behaviour import BehaviourBackend, run_behaviour
 
     items = _items(args)
     name = _model_name(args)
     folder = _folder(args, name)
     _prepare_folder(folder, items, args, name, args.backend)
-    if args.backend == "openai":
-        backend = OpenAIBackend(args.base_url, args.served_model, api_key_env=args.api_key_env)
-        inv = None
-    else:
-        loaded = load_model(args.model, dtype=args.dtype)
-        inv = _check_invariants(loaded.tokenizer, items, folder)
-        backend = TransformersBackend(loaded)
+    backend = BehaviourBackend(make_generator(args, timeout=600.0))
+    inv = _check_invariants(backend.tokenizer, items, folder) if backend.tokenizer is not None else None
     counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
                            force=args.force, progress=not args.no_progress, batch_size=args.batch_size)
     _update_run(folder, "behaviour", {"backend": args.backend, "base_url": args.base_url, "model_spec": args.model,
@@ -225,13 +257,13 @@ def cmd_capture(args, aggregate_now: bool = True) -> int:
     from attnprobe.studies.ibis.attention import aggregate, run_attention
 
     items = _items(args)
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     folder = _folder(args, getattr(args, "_name", None) or loaded.name)
     if not (folder / "items.jsonl").is_file():
         _prepare_folder(folder, items, args, loaded.name, "transformers")
     inv = _check_invariants(loaded.tokenizer, items, folder)
     counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size,
-                           force=args.force_capture, progress=not args.no_progress)
+                           force=args.force or getattr(args, "force_capture", False), progress=not args.no_progress)
     index = aggregate(items, folder) if aggregate_now else None
     _update_run(folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size, "invariants": inv,
                                       **counts, "aggregated_items": len(index["items"]) if index else None})
@@ -243,7 +275,7 @@ def cmd_capture(args, aggregate_now: bool = True) -> int:
 def cmd_report(args) -> int:
     from attnprobe.studies.ibis.report import markdown_report, write_report
 
-    folder = args.folder if args.folder else args.results / slug(_model_name(args))
+    folder = _folder(args)
     m = write_report(folder, n_boot=args.bootstrap, seed=args.seed, n_perm=args.permutations,
                      plotlyjs=True if args.plotlyjs == "inline" else "cdn")
     print(markdown_report(m))
@@ -282,7 +314,7 @@ def cmd_check(args) -> int:
     from attnprobe.studies.ibis.framings import check_invariants
 
     items = _items(args)
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     bad = 0
     for it in items:
         res = check_invariants(loaded.tokenizer, it)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnprobe.cli.options import add_output_options
+from attnprobe.trajectory.importers import FORMATS
+
 
 def cmd_import(args) -> int:
     from attnprobe.trajectory.importers import iter_import
@@ -17,9 +20,11 @@ def cmd_import(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("import", help="convert other agents' logs into attnprobe trajectories",
-                       description="Formats: openai (message lists, one per line or {messages, tools, id}), "
-                                   "masking (qid/question/full_messages records), smolagents (memory messages).")
+                       description="Read agent logs and write them as one attnprobe trajectory file (JSON Lines, "
+                                   "validated), ready for 'capture'. Formats: openai (message lists, one per line "
+                                   "or {messages, tools, id}), masking (qid/question/full_messages records), "
+                                   "smolagents (memory messages).")
     p.add_argument("inputs", nargs="+", help=".json or .jsonl files")
-    p.add_argument("--format", required=True, choices=["openai", "masking", "smolagents"])
-    p.add_argument("--out", required=True, help="output .jsonl")
+    p.add_argument("--format", required=True, choices=FORMATS, help="log format of the inputs")
+    add_output_options(p, out_required=True, out_help="output trajectory file (.jsonl)", force=False, progress=False)
     p.set_defaults(func=cmd_import)

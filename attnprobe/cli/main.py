@@ -10,11 +10,15 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import shutil
 import sys
+import textwrap
 
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
 
 EXIT_OK, EXIT_PARTIAL, EXIT_INPUT, EXIT_MODEL, EXIT_INTERRUPT = 0, 1, 2, 3, 130
+
+log = logging.getLogger("attnprobe.cli")
 
 # Modules with a register(subparsers) function; each adds one or more subcommands.
 SUBCOMMAND_MODULES = [
@@ -28,24 +32,69 @@ SUBCOMMAND_MODULES = [
     "attnprobe.cli.app",  # app
 ]
 
+# How `attnprobe --help` groups the commands; a command not listed here shows under "other".
+COMMAND_GROUPS = [
+    ("attention in recorded trajectories", ["capture", "report", "demo"]),
+    ("studies (generate, then capture)", ["run", "ibis", "compare"]),
+    ("trajectories and models", ["import", "convert", "serve"]),
+    ("explore", ["app"]),
+]
+
+EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 bad input,\n"
+              "3 model not available locally, 130 interrupted (finished results are kept; rerun to resume).")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Parser of every subcommand (nested ones too): also accepts -v/-q after the command name."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        g = self.add_argument_group("global options (also accepted before the command)")
+        # Own dests with no default, so they never overwrite -v/-q given before the command.
+        g.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=argparse.SUPPRESS,
+                       help="more detail (debug messages; also tracebacks on errors)")
+        g.add_argument("-q", "--quiet", dest="sub_quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="only warnings and errors (no progress bars)")
+
+
+def _command_listing(helps: dict[str, str]) -> str:
+    width = max(60, min(100, shutil.get_terminal_size((80, 24)).columns)) - 2
+    name_w = max(len(n) for n in helps) + 2
+    listed = {n for _, names in COMMAND_GROUPS for n in names}
+    groups = [(title, [n for n in names if n in helps]) for title, names in COMMAND_GROUPS]
+    groups.append(("other", [n for n in helps if n not in listed]))
+    lines = []
+    for title, names in groups:
+        if not names:
+            continue
+        lines.append(f"{title}:")
+        for n in names:
+            lines.extend(textwrap.wrap(helps[n], width, initial_indent=f"  {n:<{name_w}}",
+                                       subsequent_indent=" " * (name_w + 2)))
+        lines.append("")
+    lines.append("'attnprobe COMMAND --help' explains a command and lists its options.")
+    return "\n".join(lines)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="attnprobe",
-        description="Exact attention by turn and role inside LLM search-agent trajectories.",
-        epilog="Exit codes: 0 ok, 1 some items failed, 2 bad input, 3 model not available locally, 130 interrupted.",
-    )
+        prog="attnprobe", usage="%(prog)s [-h] [--version] [-v] [-q] COMMAND ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
     from attnprobe._version import __version__
 
     parser.add_argument("--version", action="version", version=f"attnprobe {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more detail (-v: debug messages; also tracebacks on errors)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog="attnprobe", parser_class=CommandParser)
     for name in SUBCOMMAND_MODULES:
         if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and importlib.util.find_spec(name) is None:
             continue  # feature module not present in this build
         importlib.import_module(name).register(sub)
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    parser.description = ("Exact attention by turn and role inside LLM search-agent trajectories.\n\n"
+                          + _command_listing(helps))
+    sub.help = argparse.SUPPRESS  # the grouped listing above replaces argparse's flat one
     return parser
 
 
@@ -62,18 +111,29 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnprobe.cli.options import finish_args
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbose, args.quiet)
+    verbose = args.verbose + getattr(args, "sub_verbose", 0)
+    quiet = args.quiet or getattr(args, "sub_quiet", False)
+    setup_logging(verbose, quiet)
+    if quiet and hasattr(args, "no_progress"):
+        args.no_progress = True  # -q: only warnings and errors, no progress bars either
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT
     try:
+        finish_args(args)
+        log.debug("command %s: %s", args.command,
+                  {k: v for k, v in sorted(vars(args).items()) if k != "func" and not k.startswith("_")})
         return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
+        log.debug("traceback", exc_info=True)
         print(f"attnprobe: model not available: {exc}", file=sys.stderr)
         return EXIT_MODEL
     except (AttnprobeError, ValueError, FileNotFoundError) as exc:
+        log.debug("traceback", exc_info=True)
         print(f"attnprobe: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:

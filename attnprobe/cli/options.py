@@ -1,9 +1,41 @@
-"""Option groups shared by several commands, declared once (same names, help and defaults everywhere)."""
+"""Option groups shared by several commands, declared once (same names, help, choices and defaults everywhere).
+
+Groups (each an argparse argument group, so ``--help`` shows them under their own title):
+
+- :func:`add_model_options` ("model"): ``--model``, ``--dtype``, ``--device``; with ``backends`` also the
+  capture ``--backend`` and ``--tensor-parallel-size``.
+- :func:`add_capture_options` ("capture"): ``--chunk-size`` and, for trajectory capture, ``--queries``,
+  ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``.
+- :func:`add_generation_options` ("generation"): ``--generator`` (old name on ``ibis run``: ``--backend``),
+  ``--base-url``, ``--served-model``, ``--api-key-env``, ``--max-new-tokens``, optionally ``--temperature``.
+- :func:`add_output_options` ("output"): ``--out``, ``--force``, ``--no-progress``.
+
+:func:`finish_args` runs after parsing (``attnprobe.cli.main`` calls it) and resolves what depends on
+several options (the generator kind). :func:`make_generator` opens the generation backend the options
+describe.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16")
+MODEL_HELP = ("model spec: 'default' (the bundled SmolLM2-135M-Instruct), a local Hugging Face folder, "
+              "a .gguf file, or a hub id already in the local cache (nothing is downloaded)")
+DTYPE_HELP = "float32 (default; the exact reference), bfloat16 or float16"
+DEVICE_HELP = "torch device for in-process models, e.g. cpu (default) or cuda"
+NO_PROGRESS_HELP = "no progress bars"
+
+
+
+def _generators() -> list[str]:
+    """Generation backends from the generation registry (one list, no copy here)."""
+    from attnprobe.generation.factory import backend_kinds
+
+    return backend_kinds()
 
 def parse_int_list(text: str | None) -> list[int] | None:
     """'0,3,5-8' -> [0, 3, 5, 6, 7, 8]; None/'all' -> None."""
@@ -31,22 +63,138 @@ def _queries(text: str):
     return text
 
 
-def add_capture_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="'default' (bundled SmolLM2-135M-Instruct), a local HF folder, a .gguf file, or a cached hub id")
-    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
-    p.add_argument("--dtype", default="float32", help="float32 (exact reference), bfloat16 or float16")
-    p.add_argument("--device", default="cpu", help="transformers device, e.g. cpu or cuda")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only: tensor-parallel ranks")
-    p.add_argument("--queries", default="reasoning", type=_queries,
-                   help="reasoning | decision | reasoning+decision | positions:10,20,300")
-    p.add_argument("--layers", default=None, type=parse_int_list, help="layers to score, e.g. '0-3,10' (default all)")
-    p.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size in tokens (default 512)")
-    p.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"])
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="refuse longer trajectories (default: the model's max_position_embeddings)")
-    p.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
-    p.add_argument("--save-qk-layers", type=parse_int_list, default=[], help="also save q/k of these layers")
+def _dtype(text: str) -> str:
+    """Accept the short names the library accepts (fp32, bf16, fp16); argparse then checks DTYPES."""
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(text, text)
+
+
+def add_dtype_option(group, help: str = DTYPE_HELP) -> None:
+    group.add_argument("--dtype", default="float32", type=_dtype, choices=DTYPES, help=help)
+
+
+def _capture_backends() -> list[str]:
+    try:
+        from attnprobe_hooks.backend import backend_names
+
+        return backend_names()
+    except ImportError:  # pragma: no cover - the hooks package ships with attnprobe
+        return ["transformers", "vllm"]
+
+
+def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, device: bool = True):
+    """The "model" group: --model, --dtype, --device; with ``backends`` also the capture backend
+    (--backend, choices from the capture-backend registry) and --tensor-parallel-size (vLLM)."""
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="default", help=MODEL_HELP)
+    add_dtype_option(g)
+    if device:
+        g.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    if backends:
+        g.add_argument("--backend", default="transformers", choices=_capture_backends(),
+                       help="capture backend (default transformers; vllm: GPU, see docs/vllm.md)")
+        g.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only: tensor-parallel ranks")
+    return g
+
+
+def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True):
+    """The "capture" group. ``trajectories=False`` (IBIS, whose query is fixed: the decision token)
+    keeps only --chunk-size."""
+    g = p.add_argument_group("capture")
+    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size in tokens (default 512)")
+    if trajectories:
+        g.add_argument("--queries", default="reasoning", type=_queries,
+                       help="reasoning (default) | decision | reasoning+decision | positions:10,20,300")
+        g.add_argument("--layers", default=None, type=parse_int_list,
+                       help="layers to score, e.g. '0-3,10' (default all)")
+        g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
+                       help="how the trajectory is rendered (default auto: the richest the chat template supports)")
+        g.add_argument("--max-tokens", type=int, default=None,
+                       help="refuse longer trajectories (default: the model's max_position_embeddings)")
+        g.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
+        g.add_argument("--save-qk-layers", type=parse_int_list, default=[], help="also save q/k of these layers")
+    return g
+
+
+def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int, temperature: bool = False,
+                           backend_alias: bool = False):
+    """The "generation" group for commands that generate text.
+
+    ``--generator`` (dest ``backend``) picks in-process transformers or an OpenAI-compatible endpoint;
+    when it is not given it is ``openai`` if --base-url is given, else ``transformers`` (see
+    :func:`finish_args`). ``backend_alias`` also accepts the old spelling ``--backend`` (hidden)."""
+    g = p.add_argument_group("generation")
+    g.add_argument("--generator", dest="backend", choices=_generators(), default=None,
+                   help="generate in process with --model (transformers) or through an OpenAI-compatible "
+                        "endpoint (openai); default: openai when --base-url is given, else transformers"
+                        + (" (old name: --backend)" if backend_alias else ""))
+    if backend_alias:
+        g.add_argument("--backend", dest="backend", choices=_generators(), default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
+    g.add_argument("--base-url", default=None, help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--served-model", default=None, help="model name to request from the endpoint (--generator openai)")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the endpoint's API key (default OPENAI_API_KEY)")
+    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"generation limit per model call (default {max_new_tokens})")
+    if temperature:
+        g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+    p.set_defaults(_generation=True)
+    return g
+
+
+def add_output_options(p: argparse.ArgumentParser, *, out: bool = True, out_help: str = "output folder",
+                       out_required: bool = False, out_default=None, out_type=None, force: bool = True,
+                       force_help: str = "redo finished items instead of resuming (skipping) them",
+                       progress: bool = True):
+    """The "output" group: --out (where results go), --force (redo instead of resume/skip),
+    --no-progress (no progress bars). Returns the group so a command can add its own output options."""
+    g = p.add_argument_group("output")
+    if out:
+        kw = {"type": out_type} if out_type else {}
+        g.add_argument("--out", required=out_required, default=out_default, help=out_help, **kw)
+    if force:
+        g.add_argument("--force", action="store_true", help=force_help)
+    if progress:
+        g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
+    return g
+
+
+def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, **kw) -> None:
+    """An old option name kept working without showing up in --help."""
+    p.add_argument(option, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+
+
+def generator_kind(args) -> str:
+    kind = getattr(args, "backend", None)
+    return kind or ("openai" if getattr(args, "base_url", None) else "transformers")
+
+
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Post-parse fix-ups that depend on several options; raises ValueError (exit code 2) on bad combinations."""
+    if getattr(args, "_generation", False):
+        args.backend = generator_kind(args)
+        if args.backend == "openai":
+            if getattr(args, "_served_model_from_model", False) and not args.served_model and args.model != "default":
+                log.warning("--model NAME as the endpoint's model name is deprecated; use --served-model NAME")
+                args.served_model = args.model
+            if not args.base_url:
+                raise ValueError("--generator openai needs --base-url (and --served-model)")
+    return args
+
+
+def make_generator(args, **overrides):
+    """Open the generation backend the model and generation options describe
+    (``attnprobe.generation.factory.open_backend``); ``overrides`` replace single arguments
+    (``kind``, ``model``, ``timeout``, ``stop_at_call`` ...)."""
+    from attnprobe.generation.factory import open_backend
+
+    kw = {"model": getattr(args, "model", "default"), "dtype": getattr(args, "dtype", "float32"),
+          "device": getattr(args, "device", "cpu"), "base_url": getattr(args, "base_url", None),
+          "served_model": getattr(args, "served_model", None),
+          "api_key_env": getattr(args, "api_key_env", "OPENAI_API_KEY")}
+    kw.update(overrides)
+    kind = kw.pop("kind", None) or generator_kind(args)
+    return open_backend(kind, **kw)
 
 
 def load_for_capture(args):
@@ -55,4 +203,6 @@ def load_for_capture(args):
     if args.backend == "vllm":
         return load_model(args.model, backend="vllm", dtype=args.dtype,
                           tensor_parallel_size=args.tensor_parallel_size, chunk_size=args.chunk_size)
+    if args.backend != "transformers":
+        return load_model(args.model, backend=args.backend, dtype=args.dtype)
     return load_model(args.model, dtype=args.dtype, device=args.device)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnprobe.cli.options import add_output_options
+
 
 def cmd_report(args) -> int:
     from attnprobe.results.report import write_report
@@ -16,7 +18,8 @@ def cmd_report(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("report", help="write an HTML report (plotly) over capture folders",
                        description="Heatmaps and per-step breakdowns per trajectory, decay curves and headline "
-                                   "shares overall, for every capture folder below RESULTS.")
+                                   "shares overall, for every capture folder below RESULTS (written by 'capture' "
+                                   "or 'demo'). One self-contained HTML file.")
     p.add_argument("results", help="folder with capture results")
-    p.add_argument("--out", help="report path (default RESULTS/report.html)")
+    add_output_options(p, out_help="report path (default RESULTS/report.html)", force=False, progress=False)
     p.set_defaults(func=cmd_report)

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
+from attnprobe.cli.options import (
+    add_generation_options,
+    add_hidden_alias,
+    add_model_options,
+    add_output_options,
+)
 from attnprobe.errors import AttnprobeError
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
 
@@ -15,7 +22,8 @@ Examples:
   attnprobe run trajectories/questions.jsonl --preset baseline --out runs/baseline.jsonl
   attnprobe run trajectories/questions.jsonl --preset nis-agent --out runs/nis.jsonl --resume
   attnprobe run q.jsonl --filter in-context --validation stage1 --out runs/ablation.jsonl
-  OPENAI_API_KEY=... attnprobe run q.jsonl --base-url http://127.0.0.1:8000/v1 --model my-model --out runs/x.jsonl
+  OPENAI_API_KEY=... attnprobe run q.jsonl --generator openai --base-url http://127.0.0.1:8000/v1 \\
+      --served-model my-model --out runs/x.jsonl
   ATTNPROBE_SEARCH_KEY=... attnprobe run q.jsonl --search http --out runs/web.jsonl
 
 Outputs: OUT (every model call as a trajectory; capture works on it), OUT with .results.ndjson (one
@@ -26,47 +34,43 @@ Questions: JSON Lines with "id", "question" and optionally "answer" and "aliases
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="run the NIS-Agent manager/worker agents over questions, recording every call",
-                       description="Run the NIS-Agent runner (manager + search worker, context-isolated filter, "
-                                   "isolation-based stepwise validation) over a JSONL of questions. Every model "
-                                   "call is appended atomically as a trajectory; --resume continues after a crash.",
+                       description=textwrap.fill(
+                           "Run the NIS-Agent runner (manager + search worker, context-isolated filter, "
+                           "isolation-based stepwise validation) over a JSONL of questions. Every model call is "
+                           "appended atomically as a trajectory; --resume continues after a crash.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("questions", help="JSONL of questions ({id, question, answer, aliases})")
-    p.add_argument("--out", required=True, help="output JSONL of recorded calls (trajectories)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="nis-agent",
+    g = p.add_argument_group("agent")
+    g.add_argument("--preset", choices=sorted(PRESETS), default="nis-agent",
                    help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
-    p.add_argument("--filter", choices=FILTER_MODES, help="override the preset's filter")
-    p.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
-    p.add_argument("--name", help="setting name used in run ids (default: the preset, or 'custom' with overrides)")
-    p.add_argument("--model", default="default",
-                   help="model spec for the in-process backend (default: bundled SmolLM2), or the model name "
-                        "for --base-url")
-    p.add_argument("--base-url", help="use an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1)")
-    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    p.add_argument("--search", choices=("bm25", "http"), default="bm25",
+    g.add_argument("--filter", choices=FILTER_MODES, help="override the preset's filter")
+    g.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
+    g.add_argument("--name", help="setting name used in run ids (default: the preset, or 'custom' with overrides)")
+    g.add_argument("--search", choices=("bm25", "http"), default="bm25",
                    help="bm25 = offline corpus (default); http = web search API (ATTNPROBE_SEARCH_* variables)")
-    p.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
-    p.add_argument("--manager-steps", type=int, default=3)
-    p.add_argument("--worker-steps", type=int, default=3)
-    p.add_argument("--max-rewrites", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=128, help="max new tokens per model call")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--limit", type=int, help="only the first N questions")
-    p.add_argument("--resume", action="store_true", help="continue OUT: skip finished questions, replay partial runs")
-    p.add_argument("--overwrite", action="store_true", help="delete OUT and its results first")
-    p.add_argument("--no-progress", action="store_true")
+    g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+    g.add_argument("--manager-steps", type=int, default=3, help="manager tool calls before it must answer (default 3)")
+    g.add_argument("--worker-steps", type=int, default=3, help="worker tool calls per delegated sub-task (default 3)")
+    g.add_argument("--max-rewrites", type=int, default=1, help="query rewrites the filter may trigger per web_search (default 1)")
+    g.add_argument("--limit", type=int, help="only the first N questions")
+    add_model_options(p)
+    add_generation_options(p, max_new_tokens=128, temperature=True)
+    add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=int)  # old name of --max-new-tokens
+    # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
+    p.set_defaults(_served_model_from_model=True)
+    g = add_output_options(p, out_required=True, out_help="output JSONL of recorded calls (trajectories)",
+                           force_help="start over: delete OUT and its results first (old name: --overwrite)")
+    g.add_argument("--resume", action="store_true", help="continue OUT: skip finished questions, replay partial runs")
+    add_hidden_alias(p, "--overwrite", "force", action="store_true")
     p.set_defaults(func=cmd_run)
 
 
 def make_chat(args):
-    if args.base_url:
-        from attnprobe.generation.chat import OpenAIChat
+    """The generation backend (attnprobe.generation.factory.open_backend): in process, generation
+    stops at a complete call of an offered tool; over --base-url, any OpenAI-compatible endpoint."""
+    from attnprobe.cli.options import make_generator
 
-        return OpenAIChat(args.base_url, args.model if args.model != "default" else "default",
-                          api_key_env=args.api_key_env)
-    from attnprobe.capture.models import load_model
-    from attnprobe.studies.runner.backends import StopAtCallChat
-
-    return StopAtCallChat(load_model(args.model))
+    return make_generator(args)
 
 
 def cmd_run(args) -> int:
@@ -76,17 +80,17 @@ def cmd_run(args) -> int:
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
     settings = RunSettings.preset(
         args.preset, **overrides, manager_steps=args.manager_steps, worker_steps=args.worker_steps,
-        max_rewrites=args.max_rewrites, max_tokens=args.max_tokens, temperature=args.temperature,
+        max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         name=args.name or (args.preset if not overrides else "custom"))
-    if args.resume and args.overwrite:
-        raise AttnprobeError("--resume and --overwrite exclude each other")
+    if args.resume and args.force:
+        raise AttnprobeError("--resume and --force exclude each other")
     questions = load_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
     search = make_search(args.search, args.corpus)  # fails early on missing keys / corpus
     chat = make_chat(args)
     out = run_questions(chat, questions, settings, Path(args.out), search=search, resume=args.resume,
-                        overwrite=args.overwrite, progress=not args.no_progress)
+                        overwrite=args.force, progress=not args.no_progress)
     s = out["summary"]
     print(token_table({settings.name: s}))
     if out["skipped"]:

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
-from support.paths import TRAJ_DIR
+import pytest
+from support.paths import ROOT, TRAJ_DIR
 
 import attnprobe
-from attnprobe.cli.main import main
+from attnprobe.cli.main import build_parser, main
+from attnprobe.cli.options import DTYPES, MODEL_HELP, NO_PROGRESS_HELP, finish_args
 from attnprobe.io import safe_name
 
 REASONING = str(TRAJ_DIR / "reasoning_content.jsonl")
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(path, parser) for every subcommand at every depth, e.g. (("ibis", "report"), <parser>)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield path + (name,), sub
+                yield from _commands(sub, path + (name,))
+
+
+def _option(parser: argparse.ArgumentParser, flag: str):
+    return next((a for a in parser._actions if flag in a.option_strings), None)
+
+
+COMMANDS = {" ".join(path): sub for path, sub in _commands(build_parser())}
 
 
 def test_capture_resume_and_report(smol, tmp_path, capsys):
@@ -34,8 +54,19 @@ def test_capture_resume_and_report(smol, tmp_path, capsys):
     mtime = (out / "sample-reasoning-1" / "meta.json").stat().st_mtime_ns
     capsys.readouterr()
     assert main(args) == 0  # resume: nothing to do
-    assert "2 of 2 trajectories already captured" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "attnprobe: resuming: 2 of 2 trajectories already captured" in err
+    assert "attnprobe: command capture:" not in err  # debug messages only with -v
     assert (out / "sample-reasoning-1" / "meta.json").stat().st_mtime_ns == mtime
+    # -q (global, before the command) silences info messages; -v after the command adds debug ones
+    assert main(["-q", *args]) == 0
+    assert capsys.readouterr().err == ""
+    assert main([*args, "-q"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main([*args, "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "attnprobe: resuming: 2 of 2 trajectories already captured" in err
+    assert "attnprobe: command capture: {" in err and "'chunk_size': 256" in err
     assert main(["report", str(out)]) == 0
     html = (out / "report.html").read_text()
     assert "sample-reasoning-2" in html and "Decay curves" in html and "plotly" in html.lower()
@@ -84,3 +115,110 @@ def test_safe_names_are_unique():
     assert safe_name("sample-long-research") == "sample-long-research"
     a, b = safe_name("run-1/worker-2"), safe_name("run-1__worker-2")
     assert a.startswith("run-1__worker-2-") and a != b and "/" not in a
+
+
+# ------------------------------------------------------------------ option groups declared once
+def test_every_command_is_walked():
+    assert {"capture", "demo", "report", "import", "convert", "ibis", "ibis all", "ibis run", "ibis capture",
+            "ibis report", "ibis check", "compare", "run", "app"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_shared_options_mean_the_same_everywhere(name):
+    p = COMMANDS[name]
+    assert p.description, f"'attnprobe {name} --help' has no description"
+    dtype = _option(p, "--dtype")
+    if dtype is not None:
+        assert tuple(dtype.choices) == DTYPES and dtype.default == "float32"
+    model = _option(p, "--model")
+    if model is not None:
+        assert model.help == MODEL_HELP and model.default == "default"
+    progress = _option(p, "--no-progress")
+    if progress is not None:
+        assert progress.help == NO_PROGRESS_HELP
+    for flag in ("-v", "-q"):  # global options are also accepted after the command
+        assert _option(p, flag) is not None, (name, flag)
+
+
+def test_dtype_and_model_options_are_consistent_across_commands():
+    dtypes = {n: tuple(_option(p, "--dtype").choices) for n, p in COMMANDS.items()
+              if _option(p, "--dtype") is not None}
+    helps = {n: _option(p, "--model").help for n, p in COMMANDS.items()
+             if _option(p, "--model") is not None}
+    assert {"capture", "demo", "convert", "ibis all", "ibis run", "ibis capture", "ibis check", "run"} <= set(dtypes)
+    assert {"capture", "demo", "ibis all", "ibis run", "ibis capture", "ibis check", "run"} <= set(helps)
+    assert set(dtypes.values()) == {("float32", "bfloat16", "float16")}
+    assert len(set(helps.values())) == 1
+    assert _option(COMMANDS["ibis report"], "--model") is None  # was a folder name; now --folder
+    p = build_parser()
+    assert p.parse_args(["capture", "x", "--out", "o", "--dtype", "bf16"]).dtype == "bfloat16"  # library aliases
+    with pytest.raises(SystemExit):
+        p.parse_args(["run", "q", "--out", "o", "--dtype", "float64"])
+
+
+def test_generation_options_and_old_flag_names():
+    p = build_parser()
+
+    def parse(*argv):
+        return finish_args(p.parse_args(list(argv)))
+
+    a = parse("ibis", "run", "--generator", "openai", "--base-url", "http://h/v1", "--served-model", "m")
+    assert (a.backend, a.base_url, a.served_model, a.api_key_env, a.max_new_tokens) == \
+        ("openai", "http://h/v1", "m", "OPENAI_API_KEY", 64)
+    assert parse("ibis", "run", "--backend", "openai", "--base-url", "u", "--served-model", "m").backend == "openai"
+    assert parse("ibis", "all").backend == "transformers"
+    assert parse("ibis", "all", "--base-url", "u", "--served-model", "m").backend == "openai"  # implied
+    with pytest.raises(ValueError, match="--generator openai needs --base-url"):
+        parse("ibis", "run", "--generator", "openai")
+    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-new-tokens", "9", "--temperature", "0.5", "--force")
+    assert (a.backend, a.max_new_tokens, a.temperature, a.force, a.model) == ("transformers", 9, 0.5, True, "default")
+    # old spellings of `run`: --max-tokens, --overwrite, and --base-url URL --model NAME (NAME = served model)
+    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-tokens", "7", "--overwrite", "--base-url", "u",
+              "--model", "served-name")
+    assert (a.max_new_tokens, a.force, a.backend, a.served_model) == (7, True, "openai", "served-name")
+    assert parse("ibis", "capture", "--force-capture").force is True
+    a = parse("ibis", "all", "--force-capture")
+    assert (a.force, a.force_capture) == (False, True)
+    assert parse("convert", "default", "out", "--overwrite").force is True
+    assert parse("capture", "x", "--out", "o", "--backend", "vllm").backend == "vllm"
+    with pytest.raises(SystemExit):  # the capture backend is not a generator and vice versa
+        p.parse_args(["capture", "x", "--out", "o", "--backend", "openai"])
+    a = p.parse_args(["-v", "run", "q", "--out", "o", "-v", "-q"])
+    assert (a.verbose, a.sub_verbose, a.sub_quiet) == (1, 1, True)
+
+
+def test_python_m_help_lists_grouped_commands():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="100")
+    proc = subprocess.run([sys.executable, "-m", "attnprobe", "--help"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: attnprobe [-h] [--version] [-v] [-q] COMMAND ...")
+    for title in ("attention in recorded trajectories:", "studies (generate, then capture):",
+                  "trajectories and models:", "explore:", "Exit codes: 0 ok"):
+        assert title in out
+    i = out.index("attention in recorded trajectories:")
+    assert out.index("  capture ", i) < out.index("  report ", i) < out.index("studies (generate")
+    for name in ("demo", "import", "convert", "ibis", "compare", "run", "app"):
+        assert f"\n  {name} " in out
+
+
+def test_ibis_report_folder(tmp_path, capsys):
+    """`ibis report --folder DIR` (was --model NAME) on the recorded 6-item baseline run."""
+    folder = tmp_path / "results" / "SmolLM2-135M-Instruct"
+    folder.mkdir(parents=True)
+    for name in ("decisions.jsonl", "attention.json", "attention.safetensors"):
+        shutil.copy(ROOT / "tests" / "data" / "baseline" / "ibis" / name, folder / name)
+    items = (TRAJ_DIR / "ibis_items.jsonl").read_text().splitlines(keepends=True)[:6]
+    (folder / "items.jsonl").write_text("".join(items))
+    fast = ["--bootstrap", "50", "--permutations", "5", "--plotlyjs", "cdn"]
+    assert main(["ibis", "report", "--folder", str(folder), *fast]) == 0
+    out, err = capsys.readouterr()
+    assert "IBIS report" in out and f"ibis report -> {folder / 'report.html'}" in err
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["behaviour"]["decisions_total"] == 18
+    (folder / "report.html").unlink()
+    assert main(["ibis", "report", "--results", str(tmp_path / "results"), *fast]) == 0  # default: bundled model
+    assert (folder / "report.html").is_file()
+    with pytest.raises(SystemExit) as exc:
+        main(["ibis", "report", "--model", "SmolLM2-135M-Instruct"])
+    assert exc.value.code == 2
