@@ -50,7 +50,7 @@ def worker(mode: str, n: int, chunk: int) -> dict:
     import torch
 
     import attnprobe
-    from attnprobe_hooks.transformers_capture import chunked_prefill
+    from attnprobe_hooks.transformers.backend import chunked_prefill
 
     model = attnprobe.load_model("default")
     traj = long_trajectory(n, model)

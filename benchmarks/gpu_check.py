@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from vllm_capture import long_context_folder, long_trajectory
 
     import attnprobe
-    from attnprobe_hooks import vllm_backend
+    from attnprobe_hooks.vllm import backend as vllm_backend
 
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="attnprobe-gpu-check-"))

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 
     import attnprobe
     from attnprobe.capture.models import resolve_spec
-    from attnprobe_hooks import vllm_backend
+    from attnprobe_hooks.vllm import backend as vllm_backend
 
     lengths = [int(x) for x in args.lengths.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="attnprobe-bench-"))

@@ -95,6 +95,9 @@ class QueryScorer:
     ``seg_ids`` maps every token position to its segment; ``query_positions`` are absolute token
     positions. Each backend calls :meth:`score_layer` once per (layer, chunk); rows for queries
     outside the chunk are skipped because their keys are complete only in their own chunk.
+
+    Only the methods write the fields (``score_layer``, ``init_layer``, ``place_heads``,
+    ``add_token_sum``, ``reset``); backends and callers read ``per_layer`` / ``token_sum``.
     """
 
     seg_ids: torch.Tensor
@@ -103,9 +106,10 @@ class QueryScorer:
     layers: list[int] | None = None
     per_layer: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [nq, H, S]
     token_sum: torch.Tensor | None = None  # [nq, n], summed over scored layers and heads
-    heads_seen: dict[int, int] = field(default_factory=dict)
+    # layer -> [H] how many times each global head was placed by place_heads (tensor-parallel merge)
+    _coverage: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.query_positions = torch.as_tensor(self.query_positions, dtype=torch.long)
         if len(self.query_positions) and bool((self.query_positions[1:] <= self.query_positions[:-1]).any()):
             raise ValueError("query positions must be strictly increasing")
@@ -114,6 +118,60 @@ class QueryScorer:
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
+
+    # ------------------------------------------------------------------ lifecycle
+    def fresh(self) -> QueryScorer:
+        """A new, empty scorer for the same trajectory, queries and layer selection."""
+        return QueryScorer(seg_ids=self.seg_ids, num_segments=self.num_segments,
+                           query_positions=self.query_positions, layers=self.layers)
+
+    def reset(self) -> None:
+        """Drop every score (the trajectory is run again from position 0, e.g. after preemption)."""
+        self.per_layer = {}
+        self.token_sum = torch.zeros(len(self.query_positions), len(self.seg_ids), dtype=torch.float32)
+        self._coverage = {}
+
+    # ------------------------------------------------------------------ writing scores
+    def init_layer(self, layer: int, total_heads: int) -> torch.Tensor:
+        """The [nq, total_heads, S] scores of ``layer``, created as zeros on first use.
+
+        A layer whose chunk holds none of the queries still exists in the result (with zeros until
+        a later chunk scores it).
+        """
+        arr = self.per_layer.get(layer)
+        if arr is None:
+            arr = torch.zeros(len(self.query_positions), total_heads, self.num_segments, dtype=torch.float32)
+            self.per_layer[layer] = arr
+        return arr
+
+    def place_heads(self, layer: int, shard: torch.Tensor, head_offset: int, total_heads: int) -> None:
+        """Put a head shard [nq, local_heads, S] (one tensor-parallel rank) at its global head offset.
+
+        Coverage is counted per head; :meth:`check_coverage` asserts every head was placed once.
+        """
+        arr = self.init_layer(layer, total_heads)
+        count = int(shard.shape[1])
+        cov = self._coverage.get(layer)
+        if cov is None:
+            cov = self._coverage[layer] = torch.zeros(total_heads, dtype=torch.long)
+        arr[:, head_offset:head_offset + count] = shard
+        cov[head_offset:head_offset + count] += 1
+
+    def add_token_sum(self, shard: torch.Tensor) -> None:
+        """Add a [nq, n] per-token row sum computed elsewhere (another rank's heads)."""
+        self.token_sum += shard
+
+    def check_coverage(self) -> None:
+        """Raise unless every head of every placed layer was placed exactly once."""
+        for layer, cov in self._coverage.items():
+            if not bool((cov == 1).all()):
+                raise RuntimeError(f"layer {layer}: heads were scored {cov.tolist()} times across ranks "
+                                   "(expected once)")
+
+    # ------------------------------------------------------------------ reading scores
+    def head_shard(self, layer: int, head_offset: int, count: int) -> torch.Tensor:
+        """[nq, count, S] scores of heads ``head_offset .. head_offset + count - 1`` of ``layer``."""
+        return self.per_layer[layer][:, head_offset:head_offset + count].contiguous()
 
     def score_layer(
         self,
@@ -140,8 +198,7 @@ class QueryScorer:
         qp = self.query_positions
         sel = ((qp >= chunk_start) & (qp < chunk_start + chunk_len)).nonzero().flatten()
         total_heads = total_heads or num_heads
-        if layer not in self.per_layer:
-            self.per_layer[layer] = torch.zeros(len(qp), total_heads, self.num_segments, dtype=torch.float32)
+        self.init_layer(layer, total_heads)
         if len(sel) == 0:
             return
         lo, hi = int(sel[0]), int(sel[-1]) + 1  # query positions are sorted, so sel is a contiguous range

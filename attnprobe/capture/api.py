@@ -1,15 +1,20 @@
-"""capture(): render a trajectory, run one chunked prefill with the hooks, return scores.
+"""capture() / capture_many(): render trajectories, run chunked prefills with the hooks, return scores.
 
-The public entry point is backend-neutral: rendering, query selection and result assembly live
-here; each backend only runs the prefill and feeds a :class:`attnprobe_hooks.QueryScorer`.
+Everything here is backend-neutral: rendering (:func:`prepare`), query selection
+(:func:`select_queries`), building backend plans and assembling results (:func:`assemble`). The
+backend named by ``model.backend`` (see :mod:`attnprobe_hooks.backend`) only runs the prefills and
+fills one :class:`attnprobe_hooks.QueryScorer` per trajectory.
 """
 
 from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from attnprobe._version import __version__
 from attnprobe.capture.models import LoadedModel
@@ -18,6 +23,7 @@ from attnprobe.render.rendering import Rendered, render
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory
+from attnprobe_hooks.backend import BackendOutput, CapturePlan, get_backend
 
 QUERY_MODES = ("reasoning", "decision", "reasoning+decision")
 
@@ -82,6 +88,109 @@ def prepare(model: LoadedModel, trajectory: Trajectory, *, rendering: str = "aut
     return rendered
 
 
+@dataclass(frozen=True)
+class CaptureSettings:
+    """The request-side settings recorded in every result's metadata."""
+
+    queries: str | Sequence[int]
+    layers: list[int] | None  # validated and sorted, None = all
+    chunk_size: int
+    seconds: float  # wall time of the backend run that produced the result (per trajectory in a batch)
+
+
+def _check_layers(model: LoadedModel, layers: Iterable[int] | None) -> list[int] | None:
+    if layers is None:
+        return None
+    num_layers = model.num_layers
+    chosen = sorted({int(x) for x in layers})
+    bad = [x for x in chosen if not 0 <= x < num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist (the model has {num_layers} layers, 0..{num_layers - 1})")
+    return chosen
+
+
+def make_plan(rendered: Rendered, points: Sequence[QueryPoint], layers: Sequence[int] | None,
+              save_qk_layers: Iterable[int] = (), desc: str | None = None) -> CapturePlan:
+    """The backend's view of one prepared trajectory."""
+    return CapturePlan(
+        input_ids=np.asarray(rendered.input_ids), token_segment=np.asarray(rendered.token_segment),
+        num_segments=len(rendered.segments), query_positions=tuple(int(p.position) for p in points),
+        layers=None if layers is None else tuple(layers), save_qk_layers=tuple(sorted({int(x) for x in save_qk_layers})),
+        desc=desc)
+
+
+def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, points: list[QueryPoint],
+             output: BackendOutput, settings: CaptureSettings) -> CaptureResult:
+    """Turn one backend output into a :class:`CaptureResult` with self-describing metadata."""
+    scorer, qk, info = output
+    scored, lh = scorer.layer_head_tensor()
+    lh_np = lh.numpy()
+    n_lh = lh_np.shape[1] * lh_np.shape[2]
+    queries, layers = settings.queries, settings.layers
+    meta: dict[str, Any] = {
+        "attnprobe_version": __version__,
+        "model": model.name, "model_spec": model.spec, "model_source": model.source,
+        "model_path": model.extra.get("path"), "backend": model.backend, "dtype": model.dtype,
+        "device": model.extra.get("device"), "attn_implementation": model.attn_implementation,
+        "chat_template_hash": rendered.template_hash, "rendering": rendered.rendering,
+        "renderings_rejected": rendered.tried, "add_generation_prompt": rendered.add_generation_prompt,
+        "chunk_size": settings.chunk_size, "layers_requested": None if layers is None else list(layers),
+        "num_model_layers": model.num_layers, "num_heads": int(lh_np.shape[2]),
+        "queries_mode": queries if isinstance(queries, str) else "positions",
+        "framing": trajectory.framing, "task": trajectory.task, "labels": trajectory.labels,
+        "trajectory_meta": trajectory.meta, "truncated_from": rendered.truncated_from,
+        "capture_seconds": round(settings.seconds, 3), "python": platform.python_version(),
+    }
+    meta.update(info)
+    return CaptureResult(
+        trajectory_id=trajectory.id, input_ids=rendered.input_ids, segments=rendered.segments, queries=points,
+        layers=scored, segment_attention=lh_np.mean(axis=(1, 2)), layer_head_attention=lh_np,
+        token_attention=(scorer.token_sum / n_lh).numpy(), meta=meta, text=rendered.text,
+        offsets=rendered.offsets, qk=qk or None,
+    )
+
+
+def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries: str | Sequence[int] = "reasoning",
+                 layers: Sequence[int] | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
+                 max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
+                 batch_size: int | None = None, progress: bool = False) -> list[CaptureResult]:
+    """Capture several trajectories; one :class:`CaptureResult` per trajectory, in order.
+
+    Every trajectory is rendered and checked first, then handed to the backend in batches of
+    ``batch_size`` (default: all at once). The vLLM backend runs a batch in one ``generate`` call
+    (the requests are sliced apart inside the hooks); the transformers backend runs them one after
+    the other. Results are identical to calling :func:`capture` on each. ``chunk_size`` defaults to
+    the model's (512, or the chunk a vLLM engine was built with). ``capture_seconds`` is the
+    batch's wall time divided by its size.
+    """
+    chunk = model.default_chunk_size if chunk_size is None else int(chunk_size)
+    if chunk < 1:
+        raise ValueError("chunk_size must be >= 1")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    backend = get_backend(model.backend)
+    trajectories = list(trajectories)
+    prepared = []
+    for traj in trajectories:
+        rendered = prepare(model, traj, rendering=rendering, max_tokens=max_tokens, truncate=truncate)
+        prepared.append((traj, rendered, select_queries(rendered, queries)))
+    chosen = _check_layers(model, layers)
+    size = batch_size or max(1, len(prepared))
+    results: list[CaptureResult] = []
+    for b in range(0, len(prepared), size):
+        batch = prepared[b:b + size]
+        plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
+        t0 = time.perf_counter()
+        outputs = backend.run(model, plans, chunk_size=chunk, progress=progress)
+        if len(outputs) != len(plans):
+            raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
+        settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
+                                   seconds=(time.perf_counter() - t0) / len(plans))
+        results += [assemble(model, traj, rendered, points, out, settings)
+                    for (traj, rendered, points), out in zip(batch, outputs)]
+    return results
+
+
 def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[int] = "reasoning",
             layers: Sequence[int] | None = None, *, chunk_size: int = 512, rendering: str = "auto",
             max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
@@ -91,50 +200,11 @@ def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[
     queries: "reasoning" (first token of each reasoning step), "decision" (last prompt token),
     "reasoning+decision", or a list of token positions. layers: model layer indices to score
     (default all attention layers). The forward pass is a chunked prefill with ``chunk_size``
-    tokens per step; no token is generated.
+    tokens per step; no token is generated. (A vLLM engine's chunk is fixed when it is built; the
+    metadata records the one used.)
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")
-    rendered = prepare(model, trajectory, rendering=rendering, max_tokens=max_tokens, truncate=truncate)
-    points = select_queries(rendered, queries)
-    num_layers = model.num_layers
-    if layers is not None:
-        layers = sorted({int(x) for x in layers})
-        bad = [x for x in layers if not 0 <= x < num_layers]
-        if bad:
-            raise ValueError(f"layers {bad} do not exist (the model has {num_layers} layers, 0..{num_layers - 1})")
-    t0 = time.perf_counter()
-    if model.backend == "transformers":
-        from attnprobe_hooks.transformers_capture import run_capture
-    elif model.backend == "vllm":
-        from attnprobe_hooks.vllm_backend import run_capture  # type: ignore[no-redef]
-    else:
-        raise ValueError(f"unknown backend {model.backend!r}")
-    scorer, qk, info = run_capture(model, rendered, points, layers, chunk_size=chunk_size,
-                                   save_qk_layers=list(save_qk_layers), progress=progress,
-                                   desc=trajectory.id)
-    elapsed = time.perf_counter() - t0
-    scored, lh = scorer.layer_head_tensor()
-    lh_np = lh.numpy()
-    n_lh = lh_np.shape[1] * lh_np.shape[2]
-    meta: dict[str, Any] = {
-        "attnprobe_version": __version__,
-        "model": model.name, "model_spec": model.spec, "model_source": model.source,
-        "model_path": model.extra.get("path"), "backend": model.backend, "dtype": model.dtype,
-        "device": model.extra.get("device"), "attn_implementation": model.attn_implementation,
-        "chat_template_hash": rendered.template_hash, "rendering": rendered.rendering,
-        "renderings_rejected": rendered.tried, "add_generation_prompt": rendered.add_generation_prompt,
-        "chunk_size": chunk_size, "layers_requested": None if layers is None else list(layers),
-        "num_model_layers": num_layers, "num_heads": int(lh_np.shape[2]),
-        "queries_mode": queries if isinstance(queries, str) else "positions",
-        "framing": trajectory.framing, "task": trajectory.task, "labels": trajectory.labels,
-        "trajectory_meta": trajectory.meta, "truncated_from": rendered.truncated_from,
-        "capture_seconds": round(elapsed, 3), "python": platform.python_version(),
-    }
-    meta.update(info)
-    return CaptureResult(
-        trajectory_id=trajectory.id, input_ids=rendered.input_ids, segments=rendered.segments, queries=points,
-        layers=scored, segment_attention=lh_np.mean(axis=(1, 2)), layer_head_attention=lh_np,
-        token_attention=(scorer.token_sum / n_lh).numpy(), meta=meta, text=rendered.text,
-        offsets=rendered.offsets, qk=qk or None,
-    )
+    return capture_many(model, [trajectory], queries, layers, chunk_size=chunk_size, rendering=rendering,
+                        max_tokens=max_tokens, truncate=truncate, save_qk_layers=save_qk_layers,
+                        progress=progress)[0]

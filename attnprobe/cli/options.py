@@ -73,12 +73,9 @@ def add_dtype_option(group, help: str = DTYPE_HELP) -> None:
 
 
 def _capture_backends() -> list[str]:
-    try:
-        from attnprobe_hooks.backend import backend_names
+    from attnprobe_hooks.backend import backend_names
 
-        return backend_names()
-    except ImportError:  # pragma: no cover - the hooks package ships with attnprobe
-        return ["transformers", "vllm"]
+    return backend_names()
 
 
 def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, device: bool = True):
@@ -198,11 +195,11 @@ def make_generator(args, **overrides):
 
 
 def load_for_capture(args):
+    """Load the capture model with the options its backend takes (the registry says which)."""
     from attnprobe.capture.models import load_model
+    from attnprobe_hooks.backend import applicable_options
 
-    if args.backend == "vllm":
-        return load_model(args.model, backend="vllm", dtype=args.dtype,
-                          tensor_parallel_size=args.tensor_parallel_size, chunk_size=args.chunk_size)
-    if args.backend != "transformers":
-        return load_model(args.model, backend=args.backend, dtype=args.dtype)
-    return load_model(args.model, dtype=args.dtype, device=args.device)
+    opts = applicable_options(args.backend, {"device": getattr(args, "device", "cpu"),
+                                             "tensor_parallel_size": getattr(args, "tensor_parallel_size", 1),
+                                             "chunk_size": args.chunk_size})
+    return load_model(args.model, backend=args.backend, dtype=args.dtype, **opts)

@@ -82,3 +82,19 @@ def test_saved_qk_recompute_scores(smol, samples, tmp_path):
     probs = (q[:, p : p + 1] @ kk.transpose(1, 2) / 8.0).softmax(-1)[:, 0].numpy()  # [H, p+1]
     seg = np.stack([probs[:, s.start:s.end].sum(-1) for s in res.segments], -1)
     np.testing.assert_allclose(seg, res.layer_head_attention[0, 3], atol=TOL)
+
+
+def test_capture_many_equals_capture(smol, samples):
+    """The backend-neutral batch path gives the very same results as one capture per trajectory."""
+    trajs = [samples["sample-reasoning-1"], samples["sample-reasoning-2"]]
+    many = attnprobe.capture_many(smol, trajs, queries="reasoning+decision", layers=[0, 29], batch_size=1)
+    assert [r.trajectory_id for r in many] == [t.id for t in trajs]
+    for traj, got in zip(trajs, many):
+        one = attnprobe.capture(smol, traj, queries="reasoning+decision", layers=[0, 29])
+        for name in ("input_ids", "query_positions", "layer_head_attention", "segment_attention", "token_attention"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(one, name))
+        assert got.layers == one.layers == [0, 29]
+        volatile = {"capture_seconds"}
+        assert {k: v for k, v in got.meta.items() if k not in volatile} == \
+            {k: v for k, v in one.meta.items() if k not in volatile}
+        assert got.meta["chunk_size"] == 512 and got.meta["backend"] == "transformers"

@@ -18,7 +18,7 @@ CHUNK = 256
 @pytest.fixture(scope="module")
 def engines(smol_folder):
     import attnprobe
-    from attnprobe_hooks import vllm_backend
+    from attnprobe_hooks.vllm import backend as vllm_backend
 
     vm = attnprobe.load_model(str(smol_folder), backend="vllm", dtype="float32", chunk_size=CHUNK)
     tm = attnprobe.load_model(str(smol_folder), backend="transformers", dtype="float32")
@@ -100,7 +100,7 @@ def test_batched_equals_one_at_a_time(engines, shipped, singles):
 
     (The 6k-token long_research sample is left out to keep the suite short on 2 cores.)
     """
-    from attnprobe_hooks.vllm_backend import capture_many
+    from attnprobe.capture.api import capture_many
 
     vm, _ = engines
     batch = [t for t in shipped if t.id != "sample-long-research"]
@@ -148,7 +148,7 @@ def test_missing_vllm_message(monkeypatch):
     import importlib.util
 
     from attnprobe.errors import AttnprobeError
-    from attnprobe_hooks import vllm_backend
+    from attnprobe_hooks.vllm import backend as vllm_backend
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))

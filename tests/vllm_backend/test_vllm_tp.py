@@ -20,8 +20,8 @@ QUERIES = "reasoning+decision"
 
 def _compare(folder, shipped, *, heads, kv_heads, head_dim):
     import attnprobe
-    from attnprobe_hooks import vllm_backend
-    from attnprobe_hooks.vllm_backend import capture_many
+    from attnprobe.capture.api import capture_many
+    from attnprobe_hooks.vllm import backend as vllm_backend
 
     trajs = shipped[1:3]
     tm = attnprobe.load_model(str(folder), backend="transformers", dtype="float32")

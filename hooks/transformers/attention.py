@@ -1,4 +1,4 @@
-"""transformers backend: a registered attention function that scores, then delegates.
+"""transformers backend, the hook: a registered attention function that scores, then delegates.
 
 ``AttentionInterface`` hands every attention call the post-RoPE query ``[b, H, q, d]`` and the key
 ``[b, KVH, kv, d]`` already concatenated with the cache, so during a chunked prefill each chunk sees
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ def active(state: CaptureState) -> Iterator[CaptureState]:
         _ACTIVE.reset(token)
 
 
-def _observe(module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
+def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
     state = _ACTIVE.get()
     if state is None:
         return
@@ -95,14 +96,9 @@ def _eager(module):
     return fn
 
 
-_REGISTERED = False
-
-
+@functools.cache
 def register() -> None:
-    """Register both attnprobe attention functions with transformers (idempotent)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
+    """Register both attnprobe attention functions with transformers (once per process)."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask, sdpa_mask
 
@@ -110,10 +106,9 @@ def register() -> None:
     AttentionMaskInterface.register(SDPA_NAME, sdpa_mask)
     AttentionInterface.register(EAGER_NAME, _make(_eager))
     AttentionMaskInterface.register(EAGER_NAME, eager_mask)
-    _REGISTERED = True
 
 
-def install(model) -> str:
+def install(model: torch.nn.Module) -> str:
     """Switch a loaded transformers model to the attnprobe attention function.
 
     Models that were loaded with eager attention (softcap, sinks, ...) keep eager semantics.

