@@ -15,7 +15,6 @@ import math
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-
 from support.paths import ROOT, TRAJ_DIR
 
 BASE = ROOT / "tests" / "data" / "baseline"
