@@ -6,12 +6,15 @@ model while it decides:
 
 - :mod:`.items`      the item format (task, query, results, label) and its validation;
 - :mod:`.framings`   the agentic / observer / direct framings rendered as trajectories;
-- :mod:`.behaviour`  next-action generation (transformers or any OpenAI-compatible endpoint) and
-  tolerant parsing of the action;
+- :mod:`.behaviour`  next-action generation (through :mod:`attnprobe.generation`) and tolerant
+  parsing of the action;
 - :mod:`.attention`  capture at the decision position, attention mass per category, layer and head;
-- :mod:`.stats`      McNemar exact test, bootstrap CIs, flip analysis with grouped-CV AUC (numpy only);
-- :mod:`.report`     metrics.json, report.md/report.html per model folder, and the cross-model compare;
-- :mod:`.cli`        ``attnprobe ibis`` and ``attnprobe compare``.
+- :mod:`.stats`      McNemar exact test, Wilson and bootstrap CIs, grouped-CV AUC (scipy / scikit-learn);
+- :mod:`.metrics`    metrics.json of a model folder (behaviour, flips, attention);
+- :mod:`.compare`    the cross-model rows;
+- :mod:`.report`     report.md / report.html and the compare outputs, from Jinja templates in templates/.
+
+The command line is :mod:`attnprobe.cli.ibis` (``attnprobe ibis`` and ``attnprobe compare``).
 
 The folder layout is documented in docs/ibis.md.
 """
