@@ -185,14 +185,13 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     """Write items.jsonl (the exact items used), framings.jsonl and run.json into the model folder."""
     from attnprobe._version import __version__
     from attnprobe.studies.ibis.framings import build_framing
+    from attnprobe.studies.ibis.items import load_items
     from attnprobe.trajectory.schema import dumps_trajectory
 
     folder.mkdir(parents=True, exist_ok=True)
     items_text = "".join(json.dumps(it.to_dict(), ensure_ascii=False) + "\n" for it in items)
     old = folder / "items.jsonl"
     if old.is_file() and old.read_text(encoding="utf-8") != items_text:
-        from attnprobe.studies.ibis.items import load_items
-
         prev = {it.id: it.to_dict() for it in load_items(old)}
         changed = [it.id for it in items if it.id in prev and prev[it.id] != it.to_dict()]
         if changed:
@@ -201,9 +200,7 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
         merged = {**prev, **{it.id: it.to_dict() for it in items}}
         items_text = "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in merged.values())
     atomic_write_text(old, items_text)
-    from attnprobe.studies.ibis.items import IbisItem
-
-    all_items = [IbisItem.from_dict(json.loads(line)) for line in items_text.splitlines() if line.strip()]
+    all_items = load_items(old)
     atomic_write_text(folder / "framings.jsonl", "".join(
         dumps_trajectory(build_framing(it, fr)) + "\n" for it in all_items for fr in FRAMINGS))
     run_path = folder / "run.json"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
+from attnprobe.io import read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
 
 FORMATS = ("openai", "masking", "smolagents")
@@ -117,18 +118,14 @@ def iter_import(path: str | Path, fmt: str) -> Iterator[Trajectory]:
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}")
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
         entries = [(None, d) for d in (data if isinstance(data, list) and fmt == "masking" else [data])]
     else:
-        entries = []
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            if raw.strip():
-                try:
-                    entries.append((lineno, json.loads(raw)))
-                except json.JSONDecodeError as exc:
-                    raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=lineno) from None
+        entries = list(read_jsonl(path, error=TrajectoryError))
     for n, (lineno, rec) in enumerate(entries):
         default_id = f"{path.stem}-{lineno if lineno is not None else n}"
         if fmt == "masking":

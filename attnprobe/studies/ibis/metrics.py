@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.io import read_records
 from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions
 from attnprobe.studies.ibis.framings import FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
@@ -277,5 +278,5 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
         index, arrays = load_attention(folder)
         m["attention"] = attention_metrics(index, arrays, n_boot=n_boot, seed=seed)
     errors = folder / "errors.jsonl"
-    m["errors_logged"] = sum(1 for ln in errors.read_text().splitlines() if ln.strip()) if errors.is_file() else 0
+    m["errors_logged"] = len(read_records(errors, torn_tail="skip", missing_ok=True))
     return m
