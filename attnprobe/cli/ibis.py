@@ -21,7 +21,7 @@ from attnprobe.cli.options import (
     add_output_options,
 )
 from attnprobe.io import atomic_write_text
-from attnprobe.studies.ibis.framings import FRAMINGS
+from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
@@ -39,6 +39,10 @@ def _add_items(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
     g.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS,
                    help="framings to run (default: all of them)")
+    g.add_argument("--protocol", choices=PROTOCOLS, default="paper",
+                   help="paper (default): seed 001 appendix E's layouts, the query never shown to the observer; "
+                        "matched: the observer and direct framings also show the query, for attention to the same "
+                        "query tokens (docs/methods.md). A model folder holds one protocol.")
 
 
 def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, progress: bool = True):
@@ -121,6 +125,8 @@ def register(subparsers) -> None:
                     "report. The folder is --folder, or <--results>/<bundled model name> by default.")
     _add_report(p_rep)
     _add_output(p_rep, progress=False)
+    p_rep.add_argument("--protocol", choices=PROTOCOLS, default="paper",
+                       help="which protocol's default folder to report (ignored with --folder)")
     p_rep.set_defaults(func=cmd_report)
     p_check = sub.add_parser(
         "check", help="validate an items file and the framing invariants for a model's template",
@@ -178,7 +184,11 @@ def _model_name(args) -> str:
 
 
 def _folder(args, name: str | None = None) -> Path:
-    return args.folder if args.folder else args.results / slug(name or _model_name(args))
+    """<results>/<model> for the paper protocol, <results>/<model>__matched for the matched one."""
+    if args.folder:
+        return args.folder
+    protocol = getattr(args, "protocol", "paper")
+    return args.results / (slug(name or _model_name(args)) + ("" if protocol == "paper" else f"__{protocol}"))
 
 
 def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
@@ -201,11 +211,15 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
         items_text = "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in merged.values())
     atomic_write_text(old, items_text)
     all_items = load_items(old)
-    atomic_write_text(folder / "framings.jsonl", "".join(
-        dumps_trajectory(build_framing(it, fr)) + "\n" for it in all_items for fr in FRAMINGS))
     run_path = folder / "run.json"
     run = json.loads(run_path.read_text()) if run_path.is_file() else {}
-    run.update({"model": name, "attnprobe_version": __version__, "items_source": str(args.items),
+    done_with = run.get("protocol", "matched" if run else args.protocol)  # folders before protocols: matched
+    if done_with != args.protocol:
+        raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {args.protocol}: use "
+                         "another --folder (or the default folder of that protocol)")
+    atomic_write_text(folder / "framings.jsonl", "".join(
+        dumps_trajectory(build_framing(it, fr, args.protocol)) + "\n" for it in all_items for fr in FRAMINGS))
+    run.update({"model": name, "protocol": args.protocol, "attnprobe_version": __version__, "items_source": str(args.items),
                 "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})
     atomic_write_text(run_path, json.dumps(run, indent=1))
@@ -218,10 +232,10 @@ def _update_run(folder: Path, stage: str, info: dict) -> None:
     atomic_write_text(run_path, json.dumps(run, indent=1))
 
 
-def _check_invariants(tokenizer, items, folder: Path | None) -> dict:
+def _check_invariants(tokenizer, items, protocol: str) -> dict:
     from attnprobe.studies.ibis.framings import check_invariants
 
-    res = check_invariants(tokenizer, items[0])
+    res = check_invariants(tokenizer, items[0], protocol=protocol)
     if not res["ok"]:
         raise ValueError("framing invariants broken for this chat template: " + "; ".join(res["problems"]))
     return res
@@ -237,9 +251,10 @@ def cmd_run(args) -> int:
     folder = _folder(args, name)
     _prepare_folder(folder, items, args, name, args.backend)
     backend = BehaviourBackend(make_generator(args, timeout=600.0))
-    inv = _check_invariants(backend.tokenizer, items, folder) if backend.tokenizer is not None else None
+    inv = _check_invariants(backend.tokenizer, items, args.protocol) if backend.tokenizer is not None else None
     counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
-                           force=args.force, progress=not args.no_progress, batch_size=args.batch_size)
+                           force=args.force, progress=not args.no_progress, batch_size=args.batch_size,
+                           protocol=args.protocol)
     _update_run(folder, "behaviour", {"backend": args.backend, "base_url": args.base_url, "model_spec": args.model,
                                       "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
                                       "batch_size": args.batch_size,
@@ -258,10 +273,11 @@ def cmd_capture(args, aggregate_now: bool = True) -> int:
     folder = _folder(args, getattr(args, "_name", None) or loaded.name)
     if not (folder / "items.jsonl").is_file():
         _prepare_folder(folder, items, args, loaded.name, "transformers")
-    inv = _check_invariants(loaded.tokenizer, items, folder)
+    inv = _check_invariants(loaded.tokenizer, items, args.protocol)
     counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size,
-                           force=args.force or getattr(args, "force_capture", False), progress=not args.no_progress)
-    index = aggregate(items, folder) if aggregate_now else None
+                           force=args.force or getattr(args, "force_capture", False), progress=not args.no_progress,
+                           protocol=args.protocol)
+    index = aggregate(items, folder, protocol=args.protocol) if aggregate_now else None
     _update_run(folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size, "invariants": inv,
                                       **counts, "aggregated_items": len(index["items"]) if index else None})
     print(f"ibis capture: {counts['captured']} captured, {counts['done_before']} already done, {counts['failed']} "
@@ -300,7 +316,7 @@ def cmd_all(args) -> int:
         rc = max(rc, cmd_capture(args, aggregate_now=False))
         print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
     args.ids, args.limit = all_ids, None
-    index = aggregate(_items(args), _folder(args, args._name))
+    index = aggregate(_items(args), _folder(args, args._name), protocol=args.protocol)
     _update_run(_folder(args, args._name), "aggregate", {"items": len(index["items"]) if index else 0})
     cmd_report(args)
     return rc
@@ -314,7 +330,7 @@ def cmd_check(args) -> int:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     bad = 0
     for it in items:
-        res = check_invariants(loaded.tokenizer, it)
+        res = check_invariants(loaded.tokenizer, it, protocol=args.protocol)
         if not res["ok"]:
             bad += 1
             print(f"{it.id}: " + "; ".join(res["problems"]))

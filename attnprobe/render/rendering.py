@@ -86,15 +86,19 @@ def _args_dict(call: dict) -> dict:
     return args
 
 
+def _annotated(part: Part, msg: dict) -> Part:
+    """Relabel character spans of a message's content (``annotations``) as their own sub-parts."""
+    for j, ann in enumerate(msg.get("annotations") or []):
+        part.subspans.append((ann["start"], ann["end"], ann["role"], ann.get("author", "external"), f"annotation[{j}]"))
+    return part
+
+
 def _text_parts(i: int, msg: dict, turn: int, role: str, author: str) -> list[Part]:
     text = message_text(msg.get("content"))
     author = msg.get("author", author)
     if not text.strip():
         return []
-    part = Part(i, "content", role, author, turn, literal=text)
-    for j, ann in enumerate(msg.get("annotations") or []):
-        part.subspans.append((ann["start"], ann["end"], ann["role"], ann.get("author", "external"), f"annotation[{j}]"))
-    return [part]
+    return [_annotated(Part(i, "content", role, author, turn, literal=text), msg)]
 
 
 def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Part]]:
@@ -121,7 +125,7 @@ def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Pa
                     parts.append(Part(i, "reasoning_content", "reasoning", author, turn, literal=rc))
                     new["reasoning_content"] = rc
                 if content.strip():
-                    parts.append(Part(i, "content", "reasoning", author, turn, literal=content))
+                    parts.append(_annotated(Part(i, "content", "reasoning", author, turn, literal=content), msg))
                 new["content"] = content
             else:
                 pieces = []
@@ -129,7 +133,7 @@ def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Pa
                     parts.append(Part(i, "reasoning_content", "reasoning", author, turn, literal=rc))
                     pieces.append(rc)
                 if content.strip():
-                    parts.append(Part(i, "content", "reasoning", author, turn, literal=content))
+                    parts.append(_annotated(Part(i, "content", "reasoning", author, turn, literal=content), msg))
                     pieces.append(content)
                 new["content"] = "\n".join(pieces)
             if calls and mode != "text":

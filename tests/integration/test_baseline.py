@@ -82,7 +82,7 @@ def test_captures_of_the_shipped_trajectories_are_unchanged(smol, tmp_path):
 def test_ibis_six_item_run_is_unchanged(smol, tmp_path):
     from attnprobe.cli.main import main
 
-    rc = main(["-q", "ibis", "all", "--limit", "6", "--results", str(tmp_path), "--no-progress",
+    rc = main(["-q", "ibis", "all", "--limit", "6", "--results", str(tmp_path), "--no-progress", "--protocol", "matched",
                "--bootstrap", "2000", "--permutations", "50"])
     assert rc == 0
     folder = next(p.parent for p in tmp_path.glob("*/metrics.json"))

@@ -11,7 +11,7 @@ from attnprobe.cli.main import main
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.studies.ibis.attention import load_attention
 from attnprobe.studies.ibis.behaviour import DECISIONS, BehaviourBackend, read_decisions
-from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing
+from attnprobe.studies.ibis.framings import FRAMINGS, PAPER_CATEGORIES, build_framing
 from attnprobe.studies.ibis.items import load_items
 
 SHIPPED = ROOT / "trajectories" / "ibis_items.jsonl"
@@ -35,10 +35,11 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
         assert np.isclose(fc["log_odds_visit"], fc["logprob_visit_page"] - fc["logprob_web_search"], atol=1e-4)
     # attention arrays: one item, every category, all layers and heads; masses sum to 1 per head
     index, arrays = load_attention(folder)
-    assert index["items"] == ["sci-01"] and index["categories"] == list(CATEGORIES)
+    assert index["items"] == ["sci-01"] and index["categories"] == list(PAPER_CATEGORIES)
+    assert index["protocol"] == "paper" and json.loads((folder / "run.json").read_text())["protocol"] == "paper"
     for fr in FRAMINGS:
         m = arrays[f"mass.{fr}"]
-        assert m.shape == (1, len(CATEGORIES), smol.num_layers, index["num_heads"])
+        assert m.shape == (1, len(PAPER_CATEGORIES), smol.num_layers, index["num_heads"])
         assert np.allclose(m.sum(axis=1), 1.0, atol=1e-3)
         assert arrays[f"query_tokens.{fr}"].shape == (1,)
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -46,15 +47,24 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
     assert b["decisions_total"] == 3 and "inertia_gap" in b and "forced_choice" in b
     assert b["unparseable_total"] == sum(e["unparseable"] for fr in b["accuracy"].values()
                                          for s, e in fr.items() if s != "headline")
-    assert a["attentional_gap"]["n"] == 1 and len(a["heads"]["query"]["top"]) == 10
+    # the paper's observer shows no query: no own-vs-external query gap, said so; results heads remain
+    assert metrics["protocol"] == "paper" and a["attentional_gap"]["gap"] is None
+    assert "observer framing shows no query" in a["attentional_gap"]["reason"]
+    assert "query" not in a["heads"] and len(a["heads"]["results"]["top"]) == 10
+    q = a["by_category"]["headline"]["query"]
+    assert q["observer"] == 0.0 and q["agentic"] > 0  # the own query tokens exist only in the agentic framing
     assert "plotly" in (folder / "report.html").read_text()
     out = capsys.readouterr().out
-    assert "IBIS report" in out and "Attentional gap" in out
+    assert "IBIS report" in out and "Attentional gap**: not defined here" in out
     # resume: nothing is redone
     capsys.readouterr()
     assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4",
                  "--no-progress"]) == 0
     assert "0 decided, 3 already done" in capsys.readouterr().err
+    # a folder holds one protocol: resuming it with another is refused (exit 2, the message says which)
+    assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--protocol", "matched",
+                 "--no-progress"]) == 2
+    assert "holds a --protocol paper run; this one is --protocol matched" in capsys.readouterr().err
     # compare across model folders (the same folder twice under two names is enough for the table)
     other = tmp_path / "copy"
     other.mkdir()

@@ -26,7 +26,8 @@ def build(base: Path, smol) -> None:
             res.save(base / "captures" / traj.id.replace("/", "_"))
     # exit code 1 = some (item, framing) pairs failed; the pages must still show the rest, and
     # test_framings_page_item_and_aggregate reports missing decisions at its end.
-    rc = main(["ibis", "all", "--limit", "2", "--results", str(base / "ibis"), "--bootstrap", "200",
+    # the matched protocol: the Models page's attentional gap needs the query shown to the observer
+    rc = main(["ibis", "all", "--limit", "2", "--protocol", "matched", "--results", str(base / "ibis"), "--bootstrap", "200",
                "--permutations", "10", "--no-progress", "--max-new-tokens", "24"])
     assert rc in (0, 1), f"attnprobe ibis all failed (exit {rc})"
     rc = main(["compare", str(base / "ibis"), "--out", str(base / "compare"), "--plotlyjs", "cdn"])

@@ -1,4 +1,5 @@
-"""Framing invariants on the rendered token sequences: only ownership changes."""
+"""Framing invariants on the rendered token sequences: only ownership changes (matched protocol), and the
+paper protocol's appendix E layouts, token by token, on three template families."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from attnprobe.studies.ibis.framings import (
     CATEGORIES,
     FRAMINGS,
     INVARIANT_CATEGORIES,
+    PAPER_CATEGORIES,
     REMINDER,
+    REMINDER_AGENTIC_PAPER,
+    REMINDER_OBSERVER_PAPER,
     SYSTEM_PROMPT,
     build_framing,
     category_tokens,
@@ -74,7 +78,7 @@ def templated(tok):
 def test_invariants_hold_for_every_shipped_item_on_smollm2(tok):
     modes = set()
     for it in ITEMS:
-        res = check_invariants(tok, it)
+        res = check_invariants(tok, it, protocol="matched")
         assert res["ok"], (it.id, res["problems"])
         modes.add(tuple(sorted(res["rendering"].items())))
     # SmolLM2 drops tool calls: the agentic framing falls back to the smolagents text serialization
@@ -85,7 +89,7 @@ def test_invariants_hold_for_every_shipped_item_on_smollm2(tok):
 def test_invariants_hold_with_native_tool_call_templates(templated, family):
     tk = templated[family]
     for it in ITEMS[::7]:
-        res = check_invariants(tk, it)
+        res = check_invariants(tk, it, protocol="matched")
         assert res["ok"], (family, it.id, res["problems"])
         assert res["rendering"]["agentic"] == "native"
 
@@ -94,7 +98,7 @@ def test_token_level_identity_and_ownership(tok):
     it = ITEMS[0]
     toks, rendered = {}, {}
     for fr in FRAMINGS:
-        traj = build_framing(it, fr)
+        traj = build_framing(it, fr, "matched")
         rendered[fr] = render(traj, tok, add_generation_prompt=True)
         toks[fr] = category_tokens(rendered[fr], traj)
     for cat in INVARIANT_CATEGORIES:
@@ -112,7 +116,7 @@ def test_token_level_identity_and_ownership(tok):
             assert it.query in tok.decode(r.input_ids[own[0].start:own[0].end])
         else:
             assert not own
-            q = [s for s, c in zip(r.segments, segment_categories(r.segments, build_framing(it, fr))) if c == "query"]
+            q = [s for s, c in zip(r.segments, segment_categories(r.segments, build_framing(it, fr, "matched"))) if c == "query"]
             assert len(q) == 1 and q[0].role == "tool_call" and q[0].author == "external"
             assert tok.decode(r.input_ids[q[0].start:q[0].end]) == it.query
         # the decision position is the last token, inside the generation prompt
@@ -122,7 +126,7 @@ def test_token_level_identity_and_ownership(tok):
 def test_every_token_gets_a_category(tok):
     it = ITEMS[5]
     for fr in FRAMINGS:
-        traj = build_framing(it, fr)
+        traj = build_framing(it, fr, "matched")
         r = render(traj, tok, add_generation_prompt=True)
         cats = segment_categories(r.segments, traj)
         assert set(cats) <= set(CATEGORIES)
@@ -133,10 +137,12 @@ def test_every_token_gets_a_category(tok):
 def test_framings_are_valid_trajectories(tmp_path):
     from attnprobe.trajectory.schema import load_trajectories, save_trajectories
 
-    trajs = [build_framing(it, fr) for it in ITEMS[:3] for fr in FRAMINGS]
-    save_trajectories(trajs, tmp_path / "f.jsonl")
-    back = load_trajectories(tmp_path / "f.jsonl")
-    assert [t.id for t in back] == [t.id for t in trajs] and back[0].framing == "agentic"
+    for proto in ("paper", "matched"):
+        trajs = [build_framing(it, fr, proto) for it in ITEMS[:3] for fr in FRAMINGS]
+        save_trajectories(trajs, tmp_path / f"{proto}.jsonl")
+        back = load_trajectories(tmp_path / f"{proto}.jsonl")
+        assert [t.id for t in back] == [t.id for t in trajs] and back[0].framing == "agentic"
+        assert [t.messages for t in back] == [t.messages for t in trajs]
     with pytest.raises(ValueError, match="framing must be one of"):
         build_framing(ITEMS[0], "masked")
 
@@ -145,5 +151,62 @@ def test_broken_invariant_is_detected(tok):
     """A template that glues the end of the results to its own marker changes the last token: caught."""
     glued = copy.deepcopy(tok)
     glued.chat_template = LLAMA3_LIKE  # markers NOT added as special tokens: '.<|' merges into one token
-    res = check_invariants(glued, ITEMS[0])
+    res = check_invariants(glued, ITEMS[0], protocol="matched")
     assert not res["ok"] and any("results tokens differ" in p for p in res["problems"])
+
+
+# ------------------------------------------------------------------ paper protocol (seed 001, appendix E)
+@pytest.fixture(scope="module")
+def families(tok, templated):
+    return {"smollm2": tok, **templated}
+
+
+@pytest.mark.parametrize("family", ["smollm2", "qwen", "llama3"])
+def test_paper_layouts_token_by_token(families, family):
+    tk = families[family]
+    it = ITEMS[0]
+    res_text = results_text(it)
+    out = {}
+    for fr in ("observer", "agentic", "direct"):
+        traj = build_framing(it, fr, "paper")
+        r = render(traj, tk, add_generation_prompt=True)
+        cats = segment_categories(r.segments, traj)
+        assert set(cats) <= set(PAPER_CATEGORIES) and sum(s.length for s in r.segments) == len(r.input_ids)
+        out[fr] = (traj, r, category_tokens(r, traj))
+    # observer: one user message; no query anywhere in the prompt; fenced results; the observer reminder
+    traj, r, toks = out["observer"]
+    assert [m["role"] for m in traj.messages] == ["system", "user"]
+    assert traj.messages[1]["content"] == (
+        f"Task: {it.task}\nHere are some search results that may help you with this task:\n```\n{res_text}\n```\n"
+        f"{REMINDER_OBSERVER_PAPER}")
+    assert it.query not in r.text and not toks["query"]
+    assert tk.decode(toks["results"]) == res_text and tk.decode(toks["reminder"]) == REMINDER_OBSERVER_PAPER
+    # agentic: the Python-repr call as the model's own text, then one user message with the fenced
+    # results and the agentic reminder
+    traj, r, toks = out["agentic"]
+    assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "user"]
+    assert traj.messages[2]["content"] == ("Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': "
+                                           "{'name': 'web_search', 'arguments': {'query': '" + it.query + "'}}}]")
+    assert traj.messages[3]["content"] == f"Call id: call_1\nObservation:\n```\n{res_text}\n```\n{REMINDER_AGENTIC_PAPER}"
+    assert tk.decode(toks["query"]).strip(" '") == it.query  # the own query tokens, labelled on their own
+    own = [s for s in r.segments if s.author == "self"]
+    assert own and all(s.role == "tool_call" for s in own)  # the whole call is the model's own action
+    assert "Calling tools:" in tk.decode(toks["call"]) and tk.decode(toks["reminder"]) == REMINDER_AGENTIC_PAPER
+    # direct: the runner's isolated filter prompt, with the query shown
+    traj, r, toks = out["direct"]
+    assert traj.messages[1]["content"].startswith(f"Task: {it.task}\n\nSearch query: {it.query}\n")
+    assert tk.decode(toks["query"]).strip() == it.query
+    # what must be identical is identical; the reminders differ as the paper's two listings do
+    for a, b in (("observer", "agentic"), ("observer", "direct"), ("agentic", "direct")):
+        assert out[a][2]["results"] == out[b][2]["results"] and out[a][2]["task"] == out[b][2]["task"], (a, b)
+    assert out["observer"][2]["system"] == out["agentic"][2]["system"]
+    assert REMINDER_OBSERVER_PAPER != REMINDER_AGENTIC_PAPER
+    res = check_invariants(tk, it, protocol="paper")
+    assert res["ok"], res["problems"]
+
+
+def test_protocol_is_validated_and_recorded():
+    with pytest.raises(ValueError, match="protocol must be one of"):
+        build_framing(ITEMS[0], "observer", "other")
+    assert build_framing(ITEMS[0], "observer").meta["ibis"]["protocol"] == "paper"
+    assert CATEGORIES == PAPER_CATEGORIES[:-1] and PAPER_CATEGORIES[-1] == "call"

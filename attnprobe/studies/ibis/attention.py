@@ -24,17 +24,18 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, run_resumable
 from attnprobe.results.result import META_FILE, CaptureResult
-from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
+from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, categories_for, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 
 
-def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
-    """[C, L, H] attention mass from the (single) decision query to each category."""
+def category_mass(result: CaptureResult, trajectory, protocol: str = "paper") -> np.ndarray:
+    """[C, L, H] attention mass from the (single) decision query to each category of the protocol."""
+    names = categories_for(protocol)
     cats = segment_categories(result.segments, trajectory)
     lh = np.asarray(result.layer_head_attention[0], dtype=np.float64)  # [L, H, S]
-    out = np.zeros((len(CATEGORIES),) + lh.shape[:2], dtype=np.float64)
+    out = np.zeros((len(names),) + lh.shape[:2], dtype=np.float64)
     for s, cat in enumerate(cats):
-        out[CATEGORIES.index(cat)] += lh[:, :, s]
+        out[names.index(cat)] += lh[:, :, s]
     return out
 
 
@@ -66,7 +67,7 @@ def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
 
 
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
-                  force: bool = False, progress: bool = True) -> dict[str, int]:
+                  force: bool = False, progress: bool = True, protocol: str = "paper") -> dict[str, int]:
     """Capture every (item, framing) not captured yet; resumable (a finished capture has meta.json)."""
     from attnprobe.capture.api import capture
 
@@ -74,9 +75,9 @@ def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMIN
 
     def work(batch: list[tuple[IbisItem, str]]) -> None:
         for it, fr in batch:
-            traj = build_framing(it, fr)
+            traj = build_framing(it, fr, protocol)
             res = capture(model, traj, queries="decision", chunk_size=chunk_size)
-            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label,
+            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": protocol,
                                 "categories": segment_categories(res.segments, traj)}
             res.save(capture_dir(folder, it.id, fr))
 
@@ -88,7 +89,8 @@ def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMIN
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 
-def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS) -> dict[str, Any] | None:
+def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protocol: str = "paper"
+              ) -> dict[str, Any] | None:
     """Stack captured masses into attention.safetensors (+ attention.json); items missing any framing
     are left out (and listed). Returns the index, or None when nothing was captured."""
     from safetensors.numpy import save_file
@@ -104,8 +106,8 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS) -> dict
             continue
         for fr, d in zip(framings, dirs):
             res = CaptureResult.load(d)
-            traj = build_framing(it, fr)
-            rows[fr].append(category_mass(res, traj))
+            traj = build_framing(it, fr, protocol)
+            rows[fr].append(category_mass(res, traj, protocol))
             qtok[fr].append(query_token_mass(res, it, traj))
             meta0 = meta0 or res.meta
         kept.append(it)
@@ -117,7 +119,8 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS) -> dict
         arrays[f"query_tokens.{fr}"] = np.asarray(qtok[fr], dtype=np.float32)
     L, H = arrays[f"mass.{framings[0]}"].shape[2:]
     index = {
-        "format_version": 1, "framings": list(framings), "categories": list(CATEGORIES),
+        "format_version": 1, "framings": list(framings), "categories": list(categories_for(protocol)),
+        "protocol": protocol,
         "items": [it.id for it in kept], "labels": [it.label for it in kept], "domains": [it.domain for it in kept],
         "missing_items": missing, "layers": meta0.get("layers", list(range(L))), "num_heads": int(H),
         "arrays": {"mass.<framing>": "[items, categories, layers, heads] float32: attention mass from the decision "

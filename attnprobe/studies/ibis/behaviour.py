@@ -179,15 +179,16 @@ class BehaviourBackend:
                 "finish_reason": reply.finish_reason, "prompt_text": prompt_text, "rendering": "server"}
 
 
-def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = 64) -> dict[str, Any]:
+def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = 64, protocol: str = "paper") -> dict[str, Any]:
     """Run one framing of one item and return its decision record (a decisions.jsonl line)."""
-    traj = build_framing(item, framing)
+    traj = build_framing(item, framing, protocol)
     t0 = time.perf_counter()
     out = backend.complete(traj, max_tokens=max_tokens)
-    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens)
+    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens, protocol)
 
 
-def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int) -> dict[str, Any]:
+def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int,
+            protocol: str) -> dict[str, Any]:
     cls = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
@@ -196,7 +197,7 @@ def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, ma
         "raw_text": out["raw_text"], "structured_tool_calls": out["tool_calls"], "finish_reason": out["finish_reason"],
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
         "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, "max_tokens": max_tokens,
-        "forced_choice": out.get("forced_choice"),
+        "forced_choice": out.get("forced_choice"), "protocol": protocol,
     }
 
 
@@ -210,7 +211,8 @@ def read_decisions(path: Path) -> list[dict]:
 
 
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, max_tokens: int = 64,
-                  force: bool = False, progress: bool = True, batch_size: int = 1) -> dict[str, int]:
+                  force: bool = False, progress: bool = True, batch_size: int = 1,
+                  protocol: str = "paper") -> dict[str, int]:
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``; returns counts.
 
     Resumable: finished pairs are skipped; each decision is appended durably as soon as it exists.
@@ -224,13 +226,13 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     def work(batch: list[tuple[IbisItem, str]]) -> None:
         if batched:
             t0 = time.perf_counter()
-            outs = backend.complete_many([build_framing(it, fr) for it, fr in batch], max_tokens=max_tokens)
+            outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in batch], max_tokens=max_tokens)
             per = (time.perf_counter() - t0) / len(batch)
             for (it, fr), out in zip(batch, outs):
-                append_jsonl(path, _record(backend, it, fr, out, per, max_tokens))
+                append_jsonl(path, _record(backend, it, fr, out, per, max_tokens, protocol))
         else:
             for it, fr in batch:
-                append_jsonl(path, decide(backend, it, fr, max_tokens=max_tokens))
+                append_jsonl(path, decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol))
 
     counts = run_resumable(
         [(it, fr) for it in items for fr in framings], work, done=lambda x: (x[0].id, x[1]) in done,

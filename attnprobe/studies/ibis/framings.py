@@ -1,5 +1,20 @@
 """The three IBIS framings of one item, as trajectories (DESIGN section 8, paper appendix E).
 
+Two protocols (docs/methods.md):
+
+``paper`` (default) seed 001 appendix E character for character: observer = one user message
+           ``Task: {task}`` + ``Here are some search results that may help you with this task:`` and
+           the fenced results + the reminder ending "search with a different query" (the query is never
+           shown); agentic = user ``Task: {task}``, an assistant text ``Calling tools:`` with the
+           Python-repr call, then one user message ``Call id: ...\nObservation:`` with the fenced results
+           + the reminder ending "adjust the query and search again". The paper's three text parts of a
+           user message are joined with a newline (chat templates take one string). Direct mode is the
+           NIS-Agent context-isolated filter prompt, the same one the runner uses.
+``matched`` the layout below, where the observer and direct framings also show the query, so that
+           attention to the *same query tokens* can be compared between own and external.
+
+The ``matched`` layout:
+
 All three share, character for character, the system prompt, the tool list, the task text, the
 results block and the reminder; they differ only in who *owns* the search:
 
@@ -27,6 +42,8 @@ system      the system prompt
 framing     the remaining user-side wrapper words ("Task:", "Here are some search results ...")
 template    chat-template markers, special tokens, the generation prompt and any text the
             renderer inserts (e.g. ``Calling tools:``/``Call id:`` in the text fallback)
+call        paper protocol, agentic: the own ``Calling tools:`` call text around the query (role
+            ``tool_call``, author ``self``); the query inside it is ``query``
 ==========  ===========================================================================
 """
 
@@ -42,7 +59,14 @@ from attnprobe.studies.ibis.items import IbisItem, results_text
 from attnprobe.trajectory.schema import Trajectory
 
 FRAMINGS = ("agentic", "observer", "direct")
+PROTOCOLS = ("paper", "matched")
 CATEGORIES = ("query", "results", "reminder", "task", "system", "framing", "template")
+PAPER_CATEGORIES = CATEGORIES + ("call",)
+
+
+def categories_for(protocol: str) -> tuple[str, ...]:
+    """The categories a protocol's framings are reduced to (``call`` exists only in the paper's agentic)."""
+    return PAPER_CATEGORIES if protocol == "paper" else CATEGORIES
 INVARIANT_CATEGORIES = ("system", "results", "reminder", "task")
 CALL_ID = "call_1"
 
@@ -60,6 +84,17 @@ REMINDER = (
     "based on the summaries. If they are not helpful, you need to search again with a different query. "
     "Your response should always be a tool call.</system-reminder>"
 )
+
+# Seed 001 appendix E, verbatim. The paper calls the reminder "identical" in both modes, but its two
+# listings differ in the last instruction; we follow the listings (docs/methods.md).
+REMINDER_OBSERVER_PAPER = REMINDER
+REMINDER_AGENTIC_PAPER = (
+    "<system-reminder>You should first consider whether these webpages are helpful for completing the task "
+    "based on the summaries. If they are not helpful, you need to adjust the query and search again. "
+    "Your response should always be a tool call.</system-reminder>"
+)
+PAPER_PART_SEPARATOR = "\n"  # between the text parts of one user message (see the module docstring)
+FENCE = "```"
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
@@ -92,20 +127,82 @@ class _Builder:
         self.text += text
         return self
 
-    def message(self, index: int, spans: list[dict]) -> dict:
+    def message(self, index: int, spans: list[dict], role: str = "user") -> dict:
         for j, cat in enumerate(self.names):
             spans.append({"category": cat, "message_index": index, "part": f"annotation[{j}]"})
-        return {"role": "user", "content": self.text, "annotations": self.annotations}
+        return {"role": role, "content": self.text, "annotations": self.annotations}
 
 
-def build_framing(item: IbisItem, framing: str) -> Trajectory:
-    """The item rendered as a trajectory under one framing (see module docstring)."""
+def paper_call_text(query: str, call_id: str = CALL_ID) -> tuple[str, int, int]:
+    """The agentic assistant text of appendix E and the character span of the query inside it."""
+    head = (f"Calling tools:\n[{{'id': '{call_id}', 'type': 'function', 'function': {{'name': 'web_search', "
+            f"'arguments': {{'query': '")
+    return head + query + "'}}}]", len(head), len(head) + len(query)
+
+
+def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict]) -> list[dict]:
+    sep = PAPER_PART_SEPARATOR
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
+    if framing == "observer":
+        b = _Builder().add("Task:").add(" " + item.task, "task").add(sep)
+        b.add(f"Here are some search results that may help you with this task:\n{FENCE}\n")
+        b.add(res, "results", role="observation").add(f"\n{FENCE}").add(sep).add(REMINDER_OBSERVER_PAPER, "reminder")
+        messages.append(b.message(1, spans))
+        return messages
+    # agentic
+    messages.append(_Builder().add("Task:").add(" " + item.task, "task").message(1, spans))
+    text, qs, qe = paper_call_text(item.query)
+    call = _Builder().add(text[:qs], "call", role="tool_call", author="self")
+    call.add(text[qs:qe], "query", role="tool_call", author="self").add(text[qe:], "call", role="tool_call",
+                                                                          author="self")
+    msg = call.message(2, spans, role="assistant")
+    messages.append(msg)
+    b = _Builder().add(f"Call id: {CALL_ID}\nObservation:\n{FENCE}\n").add(res, "results", role="observation")
+    b.add(f"\n{FENCE}").add(sep).add(REMINDER_AGENTIC_PAPER, "reminder")
+    messages.append(b.message(3, spans))
+    return messages
+
+
+def _located(text: str, pieces: list[tuple[str, str, str, str]]) -> list[dict]:
+    """Annotations for (substring, category, role, author) found in order in ``text``."""
+    anns, cursor = [], 0
+    for sub, _cat, role, author in pieces:
+        pos = text.index(sub, cursor)
+        anns.append({"start": pos, "end": pos + len(sub), "role": role, "author": author})
+        cursor = pos + len(sub)
+    return anns
+
+
+def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Direct mode = the runner's context-isolated filter prompt, text for text (one prompt for both)."""
+    from attnprobe.studies.runner.filter import REMINDER_ISOLATED, isolated_messages
+    from attnprobe.studies.runner.tools import FILTER_TOOLS
+
+    messages = isolated_messages(item.task, item.query, res)
+    user = dict(messages[1])
+    pieces = [(" " + item.task, "task", "task", "external"), (" " + item.query, "query", "tool_call", "external"),
+              (res, "results", "observation", "external"), (REMINDER_ISOLATED, "reminder", "task", "external")]
+    user["annotations"] = _located(user["content"], pieces)
+    for j, (_, cat, _, _) in enumerate(pieces):
+        spans.append({"category": cat, "message_index": 1, "part": f"annotation[{j}]"})
+    return [dict(messages[0]), user], [dict(x) for x in FILTER_TOOLS]
+
+
+def build_framing(item: IbisItem, framing: str, protocol: str = "paper") -> Trajectory:
+    """The item rendered as a trajectory under one framing and protocol (see module docstring)."""
     if framing not in FRAMINGS:
         raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}; got {framing!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
     res = results_text(item)
     spans: list[dict] = []
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
-    if framing == "agentic":
+    tools = [dict(t) for t in TOOLS]
+    if protocol == "paper" and framing == "direct":
+        messages, tools = _paper_direct(item, res, spans)
+    elif protocol == "paper":
+        messages = _paper_messages(item, framing, res, spans)
+    elif framing == "agentic":
         messages.append(_Builder().add("Task:").add(" " + item.task, "task").message(1, spans))
         messages.append({"role": "assistant", "content": "", "tool_calls": [{
             "id": CALL_ID, "type": "function",
@@ -126,9 +223,9 @@ def build_framing(item: IbisItem, framing: str) -> Trajectory:
         messages.append(b.message(1, spans))
     return Trajectory(
         id=f"{item.id}/{framing}", messages=messages, task=item.task, framing=framing,
-        tools=[dict(t) for t in TOOLS], labels={"ibis": item.label, "expected_action": item.expected_action},
+        tools=tools, labels={"ibis": item.label, "expected_action": item.expected_action},
         meta={"ibis": {"item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
-                       "query": item.query, "spans": spans}},
+                       "query": item.query, "spans": spans, "protocol": protocol}},
     )
 
 
@@ -154,36 +251,54 @@ def segment_categories(segments: Sequence, trajectory: Trajectory) -> list[str]:
 def category_tokens(rendered, trajectory: Trajectory) -> dict[str, list[int]]:
     """Token ids of every category, concatenated in order (for the invariant checks)."""
     cats = segment_categories(rendered.segments, trajectory)
-    out: dict[str, list[int]] = {c: [] for c in CATEGORIES}
+    out: dict[str, list[int]] = {c: [] for c in PAPER_CATEGORIES}
     ids = np.asarray(rendered.input_ids)
     for seg, cat in zip(rendered.segments, cats):
         out[cat] += ids[seg.start:seg.end].tolist()
     return out
 
 
-def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMINGS) -> dict[str, Any]:
-    """Render every framing and compare the token ids of system prompt, task, results and reminder.
+def invariant_categories(protocol: str, a: str, b: str) -> tuple[str, ...]:
+    """The categories whose tokens must be identical between framings ``a`` and ``b``.
 
-    Returns {"ok": bool, "rendering": {framing: mode}, "problems": [..], "tokens": {framing: {cat: n}}}.
+    matched: system, results, reminder and task everywhere. paper: the results and the task
+    everywhere; the system prompt between agentic and observer (direct is the filter's own prompt);
+    the reminders differ by design (appendix E's two listings), so they are not compared.
+    """
+    if protocol == "matched":
+        return INVARIANT_CATEGORIES
+    both = {a, b}
+    return ("system", "results", "task") if "direct" not in both else ("results", "task")
+
+
+def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMINGS,
+                     protocol: str = "paper") -> dict[str, Any]:
+    """Render every framing and compare the token ids of what must be identical (per protocol).
+
+    Returns {"ok": bool, "protocol", "rendering": {framing: mode}, "problems": [..],
+    "tokens": {framing: {cat: n}}}.
     """
     from attnprobe.render.rendering import render
 
     toks, modes, problems = {}, {}, []
     for fr in framings:
-        traj = build_framing(item, fr)
+        traj = build_framing(item, fr, protocol)
         rendered = render(traj, tokenizer, add_generation_prompt=True)
         modes[fr] = rendered.rendering
         toks[fr] = category_tokens(rendered, traj)
         if rendered.segments[-1].role != "template" or rendered.decision.position != len(rendered.input_ids) - 1:
             problems.append(f"{fr}: the decision position is not the last prompt token of the generation prompt")
-        for cat in ("query",) + INVARIANT_CATEGORIES:
+        needed = ("results", "reminder", "task", "system")
+        if protocol == "matched" or fr != "observer":
+            needed = ("query",) + needed  # the paper's observer never shows the query
+        for cat in needed:
             if not toks[fr][cat]:
                 problems.append(f"{fr}: no tokens labelled {cat!r}")
-    ref = framings[0]
-    for fr in framings[1:]:
-        for cat in INVARIANT_CATEGORIES:
-            if toks[fr][cat] != toks[ref][cat]:
-                problems.append(f"{cat} tokens differ between {ref} ({len(toks[ref][cat])} tokens) and {fr} "
-                                f"({len(toks[fr][cat])} tokens)")
-    return {"ok": not problems, "rendering": modes, "problems": problems,
+    for i, ref in enumerate(framings):
+        for fr in framings[i + 1:]:
+            for cat in invariant_categories(protocol, ref, fr):
+                if toks[fr][cat] != toks[ref][cat]:
+                    problems.append(f"{cat} tokens differ between {ref} ({len(toks[ref][cat])} tokens) and {fr} "
+                                    f"({len(toks[fr][cat])} tokens)")
+    return {"ok": not problems, "protocol": protocol, "rendering": modes, "problems": problems,
             "tokens": {fr: {c: len(v) for c, v in t.items()} for fr, t in toks.items()}}

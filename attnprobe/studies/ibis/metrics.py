@@ -209,6 +209,14 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
             by_cat[sub][cat] = entry
     out["by_category"] = by_cat
     sel = np.asarray([_in_subset(lb, "headline") for lb in labels])
+    if index.get("protocol", "matched") == "paper":
+        # The paper's observer never shows the query: an own-vs-external query gap has nothing to compare.
+        reason = "paper protocol: the observer framing shows no query; run --protocol matched for this gap"
+        out["attentional_gap"] = {"gap": None, "ci95": [None, None], "reason": reason}
+        out["query_tokens_gap"] = {"gap": None, "ci95": [None, None], "reason": reason}
+        out.update(_layer_and_head_gaps(arrays, cats, layers, sel, ("results", "reminder", "task"), ("results",),
+                                        n_boot=n_boot, seed=seed, top_k=top_k))
+        return out
     qi = cats.index("query")
     d_item = (arrays["mass.agentic"][sel, qi] - arrays["mass.observer"][sel, qi])  # [N, L, H]
     dm = d_item.mean(axis=(1, 2))
@@ -225,15 +233,24 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
         "definition": "mass on the query string's own tokens (same tokens in both framings; mean over layers and "
                       "heads): agentic minus observer", "agentic": _r(qa.mean()), "observer": _r(qo.mean()),
         "gap": _r((qa - qo).mean()), "ci95": [_r(lo), _r(hi)]}
+    out.update(_layer_and_head_gaps(arrays, cats, layers, sel, ("query", "results", "reminder", "task"),
+                                    ("query", "results"), n_boot=n_boot, seed=seed, top_k=top_k))
+    return out
+
+
+def _layer_and_head_gaps(arrays, cats, layers, sel, layer_cats, head_cats, *, n_boot: int, seed: int,
+                         top_k: int) -> dict[str, Any]:
+    """Agentic minus observer per layer (with CIs) and the top heads, for the given categories."""
+    out: dict[str, Any] = {}
     per_layer = {}
-    for cat in ("query", "results", "reminder", "task"):
+    for cat in layer_cats:
         ci_ = cats.index(cat)
         dl = (arrays["mass.agentic"][sel, ci_] - arrays["mass.observer"][sel, ci_]).mean(axis=2)  # [N, L]
         lo, hi = bootstrap_mean_ci(dl, n_boot=n_boot, seed=seed)
         per_layer[cat] = {"gap": [_r(v) for v in dl.mean(0)], "lo": [_r(v) for v in lo], "hi": [_r(v) for v in hi]}
     out["per_layer_gap"] = per_layer
     heads = {}
-    for cat in ("query", "results"):
+    for cat in head_cats:
         ci_ = cats.index(cat)
         dh = arrays["mass.agentic"][sel, ci_] - arrays["mass.observer"][sel, ci_]  # [N, L, H]
         mean = dh.mean(0)
@@ -265,7 +282,8 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
     decisions = read_decisions(folder / "decisions.jsonl")
     run = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
     m: dict[str, Any] = {
-        "format_version": 1, "model": run.get("model", folder.name), "folder": str(folder),
+        "format_version": 1, "model": run.get("model", folder.name), "protocol": run.get("protocol", "matched"),
+        "folder": str(folder),
         "n_items": len(items), "labels": {lb: sum(it.label == lb for it in items) for lb in LABELS},
         "domains": sorted({it.domain for it in items}), "bootstrap": {"n": n_boot, "seed": seed},
         "run": run,

@@ -30,7 +30,8 @@ def _template(name: str) -> jinja2.Template:
 
 
 def markdown_report(m: dict) -> str:
-    return _template("report.md").render(m=m, categories=CATEGORIES).rstrip("\n") + "\n"
+    cats = (m.get("attention") or {}).get("categories") or list(CATEGORIES)
+    return _template("report.md").render(m=m, categories=cats).rstrip("\n") + "\n"
 
 
 def report_figures(m: dict) -> list:
@@ -42,12 +43,15 @@ def report_figures(m: dict) -> list:
     a = m.get("attention")
     if a and "by_category" in a:
         sub = a["by_category"]["headline"]
+        cats = a.get("categories") or list(CATEGORIES)
+        head_cat = "query" if "query" in a["heads"] else "results"
         figs += [
-            F.framing_bars({fr: {c: sub[c][fr] for c in CATEGORIES} for fr in a["framings"]}, CATEGORIES,
+            F.framing_bars({fr: {c: sub[c][fr] for c in cats} for fr in a["framings"]}, cats,
                            "Decision-token attention mass per category (mean over layers, heads, items)"),
             F.layer_gap_figure(a["layers"], a["per_layer_gap"]),
-            F.head_gap_figure(a["heads"]["query"]["gap_matrix"], a["layers"],
-                              "Own call (agentic) - external query (observer), per layer and head")]
+            F.head_gap_figure(a["heads"][head_cat]["gap_matrix"], a["layers"],
+                              "Own call (agentic) - external query (observer), per layer and head" if head_cat == "query"
+                              else "Results: agentic - observer, per layer and head")]
     return figs
 
 
@@ -68,7 +72,9 @@ def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: in
     if (folder / "captures").is_dir() and (folder / "items.jsonl").is_file():
         from attnprobe.studies.ibis.attention import aggregate
 
-        aggregate(load_items(folder / "items.jsonl"), folder)
+        run = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+        # a folder made before protocols existed holds the matched layout
+        aggregate(load_items(folder / "items.jsonl"), folder, protocol=run.get("protocol", "matched"))
     m = compute_metrics(folder, n_boot=n_boot, seed=seed, n_perm=n_perm)
     atomic_write_text(folder / "metrics.json", json.dumps(m, indent=1))
     atomic_write_text(folder / "report.md", markdown_report(m))
