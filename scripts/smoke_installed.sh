@@ -29,9 +29,9 @@ echo "smoke: python -m attnprobe --help ok"
 "$VENV/bin/attnprobe" -q demo --out x
 test -f x/report.html && test -f x/sample-long-research/scores.safetensors
 echo "smoke: attnprobe demo ok ($(ls x | wc -l) entries)"
-"$VENV/bin/attnprobe" ibis check > check.txt
-grep -q "ok" check.txt
-echo "smoke: attnprobe ibis check ok"
+"$VENV/bin/attnprobe" -q ibis check > check.txt
+grep -q "64 items valid; framing invariants hold for 64 of them" check.txt
+echo "smoke: attnprobe ibis check ok ($(tail -n 1 check.txt | cut -c1-60))"
 "$VENV/bin/attnprobe" -q run --limit 1 --out run.jsonl --preset baseline --manager-steps 1 --worker-steps 1 \
   --max-new-tokens 24 --no-progress
 test -s run.jsonl && test -s run.summary.json
