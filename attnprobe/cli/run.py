@@ -39,7 +39,8 @@ def register(sub) -> None:
                            "isolation-based stepwise validation) over a JSONL of questions. Every model call is "
                            "appended atomically as a trajectory; --resume continues after a crash.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("questions", help="JSONL of questions ({id, question, answer, aliases})")
+    p.add_argument("questions", nargs="?", default=None,
+                   help="JSONL of questions ({id, question, answer, aliases}); default: the 12 shipped questions")
     g = p.add_argument_group("agent")
     g.add_argument("--preset", choices=sorted(PRESETS), default="nis-agent",
                    help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
@@ -84,6 +85,10 @@ def cmd_run(args) -> int:
         name=args.name or (args.preset if not overrides else "custom"))
     if args.resume and args.force:
         raise AttnprobeError("--resume and --force exclude each other")
+    if args.questions is None:
+        from attnprobe.resources import data_path
+
+        args.questions = str(data_path("questions.jsonl"))
     questions = load_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
