@@ -39,10 +39,14 @@ def _add_items(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
     g.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS,
                    help="framings to run (default: all of them)")
+    _add_protocol(g)
+
+
+def _add_protocol(g, extra: str = "") -> None:
     g.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                    help="paper (default): seed 001 appendix E's layouts, the query never shown to the observer; "
                         "matched: the observer and direct framings also show the query, for attention to the same "
-                        "query tokens (docs/methods.md). A model folder holds one protocol.")
+                        "query tokens (docs/methods.md). A model folder holds one protocol." + extra)
 
 
 def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, progress: bool = True):
@@ -125,8 +129,7 @@ def register(subparsers) -> None:
                     "report. The folder is --folder, or <--results>/<bundled model name> by default.")
     _add_report(p_rep)
     _add_output(p_rep, progress=False)
-    p_rep.add_argument("--protocol", choices=PROTOCOLS, default="paper",
-                       help="which protocol's default folder to report (ignored with --folder)")
+    _add_protocol(p_rep, " Here: whose default folder to report (ignored with --folder).")
     p_rep.set_defaults(func=cmd_report)
     p_check = sub.add_parser(
         "check", help="validate an items file and the framing invariants for a model's template",
@@ -194,12 +197,12 @@ def _folder(args, name: str | None = None) -> Path:
 def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     """Write items.jsonl (the exact items used), framings.jsonl and run.json into the model folder."""
     from attnprobe._version import __version__
+    from attnprobe.io import dumps_line, write_jsonl
     from attnprobe.studies.ibis.framings import build_framing
     from attnprobe.studies.ibis.items import load_items
-    from attnprobe.trajectory.schema import dumps_trajectory
 
     folder.mkdir(parents=True, exist_ok=True)
-    items_text = "".join(json.dumps(it.to_dict(), ensure_ascii=False) + "\n" for it in items)
+    items_text = "".join(dumps_line(it.to_dict()) for it in items)
     old = folder / "items.jsonl"
     if old.is_file() and old.read_text(encoding="utf-8") != items_text:
         prev = {it.id: it.to_dict() for it in load_items(old)}
@@ -208,7 +211,7 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
             raise ValueError(f"{folder}: items {', '.join(changed[:5])} differ from the ones already run there; use a "
                              f"new --folder or delete the old results")
         merged = {**prev, **{it.id: it.to_dict() for it in items}}
-        items_text = "".join(json.dumps(v, ensure_ascii=False) + "\n" for v in merged.values())
+        items_text = "".join(dumps_line(v) for v in merged.values())
     atomic_write_text(old, items_text)
     all_items = load_items(old)
     run_path = folder / "run.json"
@@ -217,8 +220,8 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     if done_with != args.protocol:
         raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {args.protocol}: use "
                          "another --folder (or the default folder of that protocol)")
-    atomic_write_text(folder / "framings.jsonl", "".join(
-        dumps_trajectory(build_framing(it, fr, args.protocol)) + "\n" for it in all_items for fr in FRAMINGS))
+    write_jsonl(folder / "framings.jsonl",
+                (build_framing(it, fr, args.protocol).to_dict() for it in all_items for fr in FRAMINGS))
     run.update({"model": name, "protocol": args.protocol, "attnprobe_version": __version__, "items_source": str(args.items),
                 "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})

@@ -100,12 +100,6 @@ def step_masses(result: CaptureResult, *, convention: str = "seed002", kinds: Se
     return turns, out.reshape(len(idx), T, len(ROLES))
 
 
-def reasoning_steps(result: CaptureResult, layer: int | None = None, head: int | None = None, *,
-                    convention: str = "separate") -> tuple[np.ndarray, np.ndarray]:
-    """(turns [k], turn_role [k, T, R]) for the reasoning steps (see :func:`step_masses`)."""
-    return step_masses(result, convention=convention, layer=layer, head=head)
-
-
 @dataclass
 class Heatmap:
     """reasoning[t, j] (j < t): attention from step t to turn j's reasoning (lower triangle);

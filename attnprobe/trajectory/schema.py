@@ -225,10 +225,6 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
         yield traj
 
 
-def dumps_trajectory(traj: Trajectory) -> str:
-    return json.dumps(traj.to_dict(), ensure_ascii=False)
-
-
 def save_trajectories(trajs: Iterable[Trajectory], path: str | Path) -> None:
     """Write trajectories as JSON Lines atomically (a crash leaves the old file intact)."""
     write_jsonl(Path(path), (t.to_dict() for t in trajs))
