@@ -12,6 +12,7 @@ import platform
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,33 @@ def prepare(model: LoadedModel, trajectory: Trajectory, *, rendering: str = "aut
     return rendered
 
 
+def weights_hash(spec: str) -> str | None:
+    """Fingerprint of the weights a model spec names (:func:`attnprobe.io.fingerprint`: config and
+    tokenizer files whole, weight files by size and three 64 KiB samples); None when the spec does not
+    resolve to local files. Computed from the spec, not the loaded model, so a resume can be checked
+    before any model is loaded."""
+    from attnprobe.capture.models import resolve_spec
+    from attnprobe.io import fingerprint
+
+    try:
+        source, where, gguf = resolve_spec(spec)
+        if source == "gguf":
+            return fingerprint(Path(where) / gguf)
+        if source == "hf-folder":
+            return fingerprint(Path(where))
+        from huggingface_hub import snapshot_download
+
+        return fingerprint(Path(snapshot_download(str(where), local_files_only=True)))
+    except Exception:  # noqa: BLE001 - a model that cannot be found fails later, at load time, with its own message
+        return None
+
+
+def variant_key(model: str, dtype: str, backend: str, weights: str | None) -> str:
+    """What makes two captures comparable: model name, dtype, backend and weights fingerprint.
+    Results of different variants are never mixed (``attnprobe capture`` refuses to resume across them)."""
+    return f"{model}/{dtype}/{backend}/{weights or 'unknown-weights'}"
+
+
 @dataclass(frozen=True)
 class CaptureSettings:
     """The request-side settings recorded in every result's metadata."""
@@ -96,6 +124,7 @@ class CaptureSettings:
     layers: list[int] | None  # validated and sorted, None = all
     chunk_size: int
     seconds: float  # wall time of the backend run that produced the result (per trajectory in a batch)
+    weights_hash: str | None = None  # see weights_hash()
 
 
 def _check_layers(model: LoadedModel, layers: Iterable[int] | None) -> list[int] | None:
@@ -140,6 +169,8 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
         "framing": trajectory.framing, "task": trajectory.task, "labels": trajectory.labels,
         "trajectory_meta": trajectory.meta, "truncated_from": rendered.truncated_from,
         "capture_seconds": round(settings.seconds, 3), "python": platform.python_version(),
+        "trajectory_hash": trajectory.content_hash(), "weights_hash": settings.weights_hash,
+        "variant": variant_key(model.name, model.dtype, model.backend, settings.weights_hash),
     }
     meta.update(info)
     return CaptureResult(
@@ -176,6 +207,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
         prepared.append((traj, rendered, select_queries(rendered, queries)))
     chosen = _check_layers(model, layers)
     size = batch_size or max(1, len(prepared))
+    weights = weights_hash(model.spec)
     results: list[CaptureResult] = []
     for b in range(0, len(prepared), size):
         batch = prepared[b:b + size]
@@ -185,7 +217,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
         if len(outputs) != len(plans):
             raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
         settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
-                                   seconds=(time.perf_counter() - t0) / len(plans))
+                                   seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights)
         results += [assemble(model, traj, rendered, points, out, settings)
                     for (traj, rendered, points), out in zip(batch, outputs)]
     return results

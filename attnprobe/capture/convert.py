@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
+from attnprobe.io import AtomicDir
 
 MARKER = "attnprobe_convert.json"
 
@@ -69,9 +68,7 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
             model.is_quantized = False
         except AttributeError:
             pass
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with AtomicDir(out) as tmp:  # the folder appears whole, and a replaced one is never missing
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         if getattr(tokenizer, "chat_template", None) and not any(
@@ -83,12 +80,6 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
         (tmp / MARKER).write_text(json.dumps({
             "source": str(src_path), "source_sha256": _sha256(src_path), "dtype": dtype,
             "tool": "attnprobe convert"}, indent=1), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -9,8 +9,16 @@ from attnprobe.cli.options import add_dtype_option, add_hidden_alias, add_output
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from attnprobe.capture.convert import convert_gguf
+    from pathlib import Path
 
+    from attnprobe.capture.convert import convert_gguf
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.io import ensure_writable_dir
+
+    target = Path(args.out).expanduser()
+    if target.exists() and not target.is_dir():
+        raise AttnprobeError(f"{target}: the output folder is a file, not a folder")
+    ensure_writable_dir(target.parent, "folder of the output")  # before minutes of dequantizing
     out = convert_gguf(args.source, args.out, dtype=args.dtype, overwrite=args.force)
     print(f"wrote {out} (config.json, model.safetensors, tokenizer with chat template); "
           f"use it with: attnprobe capture --backend vllm --model {out}", file=sys.stderr)

@@ -9,11 +9,15 @@ from attnprobe.trajectory.importers import FORMATS
 
 
 def cmd_import(args) -> int:
+    """Every input is read and validated (ids unique across all of them) before the output is written."""
+    from attnprobe.io import ensure_writable_file
     from attnprobe.trajectory.importers import iter_import
-    from attnprobe.trajectory.schema import save_trajectories
+    from attnprobe.trajectory.schema import check_unique_ids, save_trajectories
 
+    out = ensure_writable_file(Path(args.out), "output trajectory file")
     trajs = [t for path in args.inputs for t in iter_import(path, args.format)]
-    save_trajectories(trajs, Path(args.out))
+    check_unique_ids(trajs)
+    save_trajectories(trajs, out)
     print(f"wrote {len(trajs)} trajectories to {args.out}")
     return 0
 

@@ -1,14 +1,18 @@
 """The ``attnprobe`` command line. Each feature module registers its own subcommand.
 
 Exit codes scripts can trust: 0 success; 1 some items failed (the rest were written);
-2 bad input or usage; 3 model not available locally; 130 interrupted.
+2 bad input or usage, or an output that cannot be written (read-only, disk full); 3 model not
+available locally; 130 interrupted. Whatever fails, stderr gets one line ``attnprobe: error: ...``
+(:func:`main` is the one place that turns exceptions into it); ``-v`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
+import json
 import logging
 import shutil
 import sys
@@ -40,8 +44,9 @@ COMMAND_GROUPS = [
     ("explore", ["app"]),
 ]
 
-EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 bad input,\n"
-              "3 model not available locally, 130 interrupted (finished results are kept; rerun to resume).")
+EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 bad input or an output that\n"
+              "cannot be written (read-only, disk full), 3 model not available locally, 130 interrupted\n"
+              "(finished results are kept; rerun to resume).")
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -110,7 +115,30 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
         lg.propagate = False
 
 
+def describe_error(exc: BaseException) -> str:
+    """The one-line text of an expected failure: the file (and line/field) where there is one."""
+    if isinstance(exc, OSError) and not isinstance(exc, AttnprobeError):
+        reason = {errno.ENOSPC: "no space left on device (disk full)", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                  errno.EISDIR: "is a folder, not a file", errno.ENOTDIR: "a file is in the way of a folder"
+                  }.get(exc.errno, exc.strerror or str(exc) or type(exc).__name__)
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        return f"{where}: {reason}" if where else reason
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {exc.start})"
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply (JSON or messages)"
+    text = " ".join(str(exc).split())
+    if isinstance(exc, (AttnprobeError, ValueError)) or (isinstance(exc, FileNotFoundError) and text):
+        return text or type(exc).__name__
+    return f"unexpected {type(exc).__name__}: {text}" if text else f"unexpected {type(exc).__name__}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. The only error boundary of the CLI: every failure becomes one line
+    ``attnprobe: error: ...`` on stderr and an exit code (see EXIT_CODES); ``-v`` adds the traceback."""
     from attnprobe.cli.options import finish_args
 
     parser = build_parser()
@@ -130,15 +158,17 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
         log.debug("traceback", exc_info=True)
-        print(f"attnprobe: model not available: {exc}", file=sys.stderr)
+        print(f"attnprobe: model not available: {describe_error(exc)}", file=sys.stderr)
         return EXIT_MODEL
-    except (AttnprobeError, ValueError, FileNotFoundError) as exc:
-        log.debug("traceback", exc_info=True)
-        print(f"attnprobe: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
     except KeyboardInterrupt:
+        log.debug("traceback", exc_info=True)
         print("attnprobe: interrupted; finished results are kept, rerun to resume", file=sys.stderr)
         return EXIT_INTERRUPT
+    except Exception as exc:  # noqa: BLE001 - the boundary: everything else is one line + exit code 2
+        log.debug("traceback", exc_info=True)
+        hint = "" if verbose or isinstance(exc, (AttnprobeError, OSError, ValueError)) else " (-v shows the traceback)"
+        print(f"attnprobe: error: {describe_error(exc)}{hint}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 if __name__ == "__main__":

@@ -57,7 +57,10 @@ class OpenAIChat:
             raise AttnprobeError(f"{self.url}: no reply within {self.timeout:g} s") from None
         except openai.APIConnectionError as exc:
             reason = exc.__cause__ or exc
-            raise AttnprobeError(f"{self.url}: cannot connect ({_one_line(reason, 200)})") from None
+            text = _one_line(reason, 200)
+            if "disconnected" in text.lower() or "RemoteProtocolError" in type(reason).__name__:
+                raise AttnprobeError(f"{self.url}: the server closed the connection without a reply ({text})") from None
+            raise AttnprobeError(f"{self.url}: cannot connect ({text})") from None
         except openai.APIStatusError as exc:
             body = getattr(exc, "message", None) or getattr(exc.response, "text", "")
             hint = ""
@@ -74,6 +77,9 @@ class OpenAIChat:
         if tools:
             payload["tools"] = tools
         resp = self._create(payload)
+        if isinstance(resp, (str, bytes)):  # the client hands back a body it could not parse as JSON
+            kind = "an HTML page" if str(resp).lstrip()[:1] == "<" else "not JSON"
+            raise AttnprobeError(f"{self.url}: the reply is not a chat completion ({kind}: {_one_line(resp, 120)})")
         try:
             choice = resp.choices[0]
             msg = choice.message

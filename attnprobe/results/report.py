@@ -3,17 +3,20 @@ the page is the Jinja template ``templates/report.html``."""
 
 from __future__ import annotations
 
-import json
+import logging
+import os
 from functools import cache
 from pathlib import Path
 
 from attnprobe._version import __version__
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text
+from attnprobe.io import atomic_write_text, ensure_writable_file, is_work_dir, load_json
 from attnprobe.results.analysis import decay_curves, headline, heatmap, step_breakdown
 from attnprobe.results.figures import decay_figure, heatmap_figure, step_breakdown_figure
 from attnprobe.results.formatting import format_ci, template_env
 from attnprobe.results.result import META_FILE, CaptureResult
+
+log = logging.getLogger(__name__)
 
 HEADLINE_ROWS = (  # (label, key of analysis.headline) with its defaults: steps with >= 5 past turns, 20 bins
     ("mean attention to past reasoning", "past_reasoning_share"),
@@ -31,30 +34,59 @@ def _template():
     return template_env("attnprobe.results").get_template("report.html")
 
 
-def find_results(root: Path) -> list[Path]:
-    """Every capture folder below root (a folder whose meta.json has a trajectory_id)."""
+def find_results(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """Every capture folder below root (a folder whose meta.json has a trajectory_id).
+
+    Dot-folders are not entered (AtomicDir's work folders of an interrupted save, ``.git``); symlinked
+    folders are not followed. A meta.json that is unreadable, over :data:`attnprobe.io.MAX_JSON_BYTES`
+    (checked before reading) or not JSON is appended to ``skipped`` as (path, reason) and logged; one
+    that is valid JSON without our keys belongs to another tool and is passed over quietly.
+    """
     out = []
-    for meta in sorted(Path(root).rglob(META_FILE)):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not is_work_dir(d))
+        if META_FILE not in filenames:
+            continue
+        meta = Path(dirpath) / META_FILE
         try:
-            data = json.loads(meta.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            data = load_json(meta)
+        except AttnprobeError as exc:
+            log.warning("skipping %s", exc)
+            if skipped is not None:
+                skipped.append((str(meta.parent), str(exc)))
             continue
         if isinstance(data, dict) and "trajectory_id" in data and "format_version" in data:
             out.append(meta.parent)
-    return out
+        else:
+            log.debug("%s: not a capture result (no trajectory_id/format_version)", meta)
+    return sorted(out)
 
 
-def build_report(results: list[CaptureResult], title: str = "attnprobe report") -> str:
+def variant_label(meta: dict) -> str:
+    """How a report names a model variant: results of different dtypes, backends or weights are
+    never pooled (see attnprobe.capture.api.variant_key)."""
+    weights = meta.get("weights_hash")
+    return (f"{meta.get('model', '?')} ({meta.get('dtype', '?')}, {meta.get('backend', '?')}"
+            f"{', weights ' + weights[:8] if weights else ''})")
+
+
+def build_report(results: list[CaptureResult], title: str = "attnprobe report",
+                 skipped: list[tuple[str, str]] | None = None) -> str:
+    """The HTML page. ``skipped``: (folder, reason) of captures that could not be read; listed in a
+    table so a reader knows the overall numbers leave them out."""
     if not results:
         raise AttnprobeError("no capture results to report on")
     by_model: dict[str, list[CaptureResult]] = {}
     for r in results:
-        by_model.setdefault(r.meta.get("model", "?"), []).append(r)
+        by_model.setdefault(variant_label(r.meta), []).append(r)
     overall = []
     for model, rs in by_model.items():
         h = headline(rs)
         rows = [("trajectories", len(rs)), (f"reasoning steps with ≥{h['min_past']} past turns", h["steps"])]
         overall.append((model, rows + [(label, format_ci(h[key], signed=False)) for label, key in HEADLINE_ROWS]))
+    if skipped:
+        overall.append((f"Skipped: {len(skipped)} unreadable capture folder{'s' if len(skipped) > 1 else ''} "
+                        "(not in any number above)", list(skipped)))
     decay = decay_figure({model: decay_curves(rs) for model, rs in by_model.items()}, ("reasoning", "tool_call",
                                                                                       "observation"))
     decay.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
@@ -63,7 +95,7 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report") 
         m = r.meta
         figs = any(q.kind == "reasoning" for q in r.queries) and r.num_turns > 1
         sections.append({"id": r.trajectory_id, "info": [
-            ("model", f"{m.get('model')} ({m.get('backend')}, {m.get('dtype')})"),
+            ("model", variant_label(m)),
             ("tokens / turns / queries", f"{len(r.input_ids)} / {r.num_turns} / {len(r.queries)}"),
             ("rendering", m.get("rendering")), ("chat template hash", m.get("chat_template_hash")),
             ("chunk size", m.get("chunk_size")), ("layers scored", f"{len(r.layers)} of {m.get('num_model_layers')}"),
@@ -79,11 +111,25 @@ def _html(fig, plotlyjs: bool = False) -> str:
 
 
 def write_report(root: Path, out: Path | None = None) -> Path:
+    """Report over every capture below ``root``: an unreadable one is skipped (logged, and listed on
+    the page with its reason) instead of aborting the report."""
     root = Path(root)
-    folders = find_results(root)
-    if not folders:
-        raise AttnprobeError(f"{root}: no capture results found (run 'attnprobe capture' first)")
-    results = [CaptureResult.load(f) for f in folders]
+    if not root.is_dir():
+        raise AttnprobeError(f"{root}: not a folder" if root.exists() else f"{root}: folder not found")
     out = Path(out) if out else root / "report.html"
-    atomic_write_text(out, build_report(results))
+    ensure_writable_file(out, "report file")
+    skipped: list[tuple[str, str]] = []
+    results = []
+    for folder in find_results(root, skipped):
+        try:
+            results.append(CaptureResult.load(folder))
+        except AttnprobeError as exc:
+            log.warning("skipping %s", exc)
+            skipped.append((str(folder), str(exc)))
+    if not results:
+        why = f"; {len(skipped)} unreadable: {skipped[0][1]}" if skipped else " (run 'attnprobe capture' first)"
+        raise AttnprobeError(f"{root}: no readable capture results found{why}")
+    atomic_write_text(out, build_report(results, skipped=skipped))
+    if skipped:
+        log.warning("report written without %d unreadable capture folder(s), listed in the report", len(skipped))
     return out

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import AtomicDir
+from attnprobe.io import AtomicDir, finite_json, load_json
 from attnprobe.render.segments import AUTHORS, ROLES, QueryPoint, Segment
 
 FORMAT_VERSION = 1
@@ -126,8 +126,13 @@ class CaptureResult:
 
     # ---------------------------------------------------------------- persistence
     def save(self, directory: str | Path) -> Path:
-        """Write meta.json, text.json and scores.safetensors atomically into ``directory``."""
-        from safetensors.numpy import save_file
+        """Write meta.json, text.json and scores.safetensors atomically into ``directory``.
+
+        The tensors are serialised in memory and written with plain file writes, so a full disk is
+        an OSError naming the file (not a library-specific error). NaN and infinities in the
+        metadata become null (JSON has no NaN).
+        """
+        from safetensors.numpy import save as to_bytes
 
         directory = Path(directory)
         meta = dict(self.meta)
@@ -152,46 +157,61 @@ class CaptureResult:
         if self.offsets is not None:
             arrays["offsets"] = np.ascontiguousarray(self.offsets, dtype=np.int64)
         with AtomicDir(directory) as tmp:
-            save_file(arrays, str(tmp / SCORES_FILE))
+            (tmp / SCORES_FILE).write_bytes(to_bytes(arrays))
             if self.qk:
-                from safetensors.torch import save_file as save_torch
+                from safetensors.torch import save as torch_to_bytes
 
-                save_torch({k: v.contiguous() for k, v in self.qk.items()}, str(tmp / QK_FILE))
+                (tmp / QK_FILE).write_bytes(torch_to_bytes({k: v.contiguous() for k, v in self.qk.items()}))
             (tmp / TEXT_FILE).write_text(json.dumps({"text": self.text}, ensure_ascii=False), encoding="utf-8")
             # meta.json last: its presence marks a complete result.
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
+            (tmp / META_FILE).write_text(json.dumps(finite_json(meta), indent=1, ensure_ascii=False,
+                                                    allow_nan=False), encoding="utf-8")
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> CaptureResult:
+        """Read a capture folder; anything missing or malformed is an AttnprobeError naming the file
+        (and field). meta.json over :data:`attnprobe.io.MAX_JSON_BYTES` is refused without being read."""
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         directory = Path(directory)
         meta_path = directory / META_FILE
         if not meta_path.is_file():
             raise AttnprobeError(f"{directory}: not a capture result (no {META_FILE})")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise AttnprobeError(f"{meta_path}: corrupt JSON ({exc.msg}, line {exc.lineno})") from None
+        meta = load_json(meta_path)
+        if not isinstance(meta, dict):
+            raise AttnprobeError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
         if meta.get("format_version") != FORMAT_VERSION:
             raise AttnprobeError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
         try:
             arrays = load_file(str(directory / SCORES_FILE))
-        except Exception as exc:
+        except (OSError, SafetensorError, ValueError) as exc:
             raise AttnprobeError(f"{directory / SCORES_FILE}: cannot read scores ({exc})") from None
         text_path = directory / TEXT_FILE
-        text = json.loads(text_path.read_text(encoding="utf-8"))["text"] if text_path.is_file() else ""
-        segments = [Segment(**s) for s in meta.pop("segments")]
-        queries = [QueryPoint(**q) for q in meta.pop("queries")]
-        res = cls(
-            trajectory_id=meta["trajectory_id"], input_ids=arrays["input_ids"], segments=segments,
-            queries=queries, layers=list(meta["layers"]), segment_attention=arrays["segment_attention"],
-            layer_head_attention=arrays["layer_head_attention"], token_attention=arrays["token_attention"],
-            meta=meta, text=text, offsets=arrays.get("offsets"),
-        )
+        text = ""
+        if text_path.is_file():
+            doc = load_json(text_path)
+            text = doc.get("text", "") if isinstance(doc, dict) else None
+            if not isinstance(text, str):
+                raise AttnprobeError(f"{text_path}: expected {{'text': string}}")
+        fld = "segments"
+        try:
+            segments = [Segment(**s) for s in meta.pop("segments")]
+            fld = "queries"
+            queries = [QueryPoint(**q) for q in meta.pop("queries")]
+            fld = "trajectory_id / layers / score arrays"
+            res = cls(
+                trajectory_id=str(meta["trajectory_id"]), input_ids=arrays["input_ids"], segments=segments,
+                queries=queries, layers=[int(x) for x in meta["layers"]],
+                segment_attention=arrays["segment_attention"], layer_head_attention=arrays["layer_head_attention"],
+                token_attention=arrays["token_attention"], meta=meta, text=text, offsets=arrays.get("offsets"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AttnprobeError(f"{meta_path}, field '{fld}': malformed ({type(exc).__name__}: {exc})") from None
         n_q, n_s = len(queries), len(segments)
-        if res.segment_attention.shape != (n_q, n_s) or res.layer_head_attention.shape[::3] != (n_q, n_s):
+        if (res.segment_attention.shape != (n_q, n_s) or res.layer_head_attention.ndim != 4
+                or res.layer_head_attention.shape[::3] != (n_q, n_s)):
             raise AttnprobeError(f"{directory}: score arrays do not match {n_q} queries x {n_s} segments")
         return res
 

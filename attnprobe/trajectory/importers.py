@@ -15,19 +15,36 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import read_jsonl
+from attnprobe.io import load_json, read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
 
 FORMATS = ("openai", "masking", "smolagents")
+
+
+def _text(content: Any, path, line, field: str) -> str:
+    """message_text for content not validated yet: a wrong type is a located error, not a crash."""
+    ok = content is None or isinstance(content, str) or (
+        isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content))
+    if not ok:
+        raise TrajectoryError(f"expected a string or a list of text parts, got {type(content).__name__}",
+                              path=path, line=line, field=field)
+    return message_text(content)
+
+
+def _id(value: Any, path, line, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise TrajectoryError(f"must be a non-empty string (or an integer), got {value!r}", path=path, line=line,
+                              field=field)
+    return str(value)
 
 
 def from_openai_messages(messages: list[dict], *, id: str, task: str | None = None, tools=None,
                          **extra: Any) -> Trajectory:
     """A plain OpenAI chat-messages list (optionally with tools)."""
     record = {"id": id, "messages": messages, "framing": "trace", "meta": {"source": "openai"}}
-    if task is None:
-        first_user = next((m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None)
-        task = message_text(first_user.get("content")) if first_user else None
+    if task is None and isinstance(messages, list):
+        first = next(((i, m) for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+        task = _text(first[1].get("content"), None, None, f"messages[{first[0]}].content") if first else None
     if task is not None:
         record["task"] = task
     if tools is not None:
@@ -38,13 +55,17 @@ def from_openai_messages(messages: list[dict], *, id: str, task: str | None = No
 
 def from_masking_record(record: dict, *, path: str | None = None, line: int | None = None) -> Trajectory:
     """An observation-masking style record: {qid, question, full_messages, [answer, correct, ...]}."""
+    if not isinstance(record, dict):
+        raise TrajectoryError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
     for key in ("qid", "full_messages"):
         if key not in record:
             raise TrajectoryError("missing required field", path=path, line=line, field=key)
+    if not isinstance(record["full_messages"], list) or not record["full_messages"]:
+        raise TrajectoryError("must be a non-empty list of messages", path=path, line=line, field="full_messages")
     labels = {k: record[k] for k in ("answer", "correct", "gold_answer", "is_correct") if k in record}
     meta = {k: v for k, v in record.items() if k not in ("qid", "question", "full_messages", "tools", *labels)}
     meta["source"] = "observation-masking"
-    out = {"id": str(record["qid"]), "task": record.get("question"), "framing": record.get("framing", "trace"),
+    out = {"id": _id(record["qid"], path, line, "qid"), "task": record.get("question"), "framing": record.get("framing", "trace"),
            "messages": record["full_messages"], "labels": labels, "meta": meta}
     if record.get("tools") is not None:
         out["tools"] = record["tools"]
@@ -70,8 +91,11 @@ def _parse_calls(text: str, where: str, path, line) -> list[dict]:
             raise TrajectoryError("cannot parse the tool calls of a tool-call message", path=path, line=line,
                                   field=where) from None
     out = []
-    for c in calls if isinstance(calls, list) else [calls]:
-        fn = c.get("function", c)
+    for j, c in enumerate(calls if isinstance(calls, list) else [calls]):
+        fn = c.get("function", c) if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise TrajectoryError(f"tool call {j} has no function name (expected {{'function': {{'name': ...}}}})",
+                                  path=path, line=line, field=where)
         args = fn.get("arguments", {})
         out.append({"id": c.get("id"), "type": "function",
                     "function": {"name": fn["name"],
@@ -84,8 +108,10 @@ def from_smolagents_memory(messages: list[dict], *, id: str, path: str | None = 
     """smolagents ``write_memory_to_messages()`` output (roles system/user/assistant/tool-call/tool-response)."""
     out: list[dict] = []
     for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise TrajectoryError("a message must be a JSON object", path=path, line=line, field=f"messages[{i}]")
         role = _role(msg.get("role"))
-        text = message_text(msg.get("content"))
+        text = _text(msg.get("content"), path, line, f"messages[{i}].content")
         if role in ("system", "user"):
             out.append({"role": role, "content": text})
         elif role == "assistant":
@@ -119,30 +145,35 @@ def iter_import(path: str | Path, fmt: str) -> Iterator[Trajectory]:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}")
     path = Path(path)
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
+        data = load_json(path, error=TrajectoryError, max_bytes=None)
         entries = [(None, d) for d in (data if isinstance(data, list) and fmt == "masking" else [data])]
     else:
         entries = list(read_jsonl(path, error=TrajectoryError))
+    if not entries:
+        raise TrajectoryError("no records in this file (it is empty)", path=str(path))
     for n, (lineno, rec) in enumerate(entries):
-        default_id = f"{path.stem}-{lineno if lineno is not None else n}"
-        if fmt == "masking":
-            yield from_masking_record(rec, path=str(path), line=lineno)
-            continue
-        messages = rec.get("messages") if isinstance(rec, dict) else rec
-        if not isinstance(messages, list):
-            raise TrajectoryError("expected a list of messages or an object with 'messages'", path=str(path),
-                                  line=lineno, field="messages")
-        rid = str(rec.get("id", default_id)) if isinstance(rec, dict) else default_id
-        try:
-            if fmt == "openai":
-                tools = rec.get("tools") if isinstance(rec, dict) else None
-                yield from_openai_messages(messages, id=rid, tools=tools)
-            else:
-                yield from_smolagents_memory(messages, id=rid, path=str(path), line=lineno)
-        except TrajectoryError as exc:
-            if exc.path is None:
-                raise TrajectoryError(exc.reason, path=str(path), line=lineno, field=exc.field) from None
-            raise
+        traj = _import_one(path, fmt, n, lineno, rec)
+        traj.origin = f"{path}, line {lineno}" if lineno is not None else (
+            f"{path}[{n}]" if len(entries) > 1 else str(path))
+        yield traj
+
+
+def _import_one(path: Path, fmt: str, n: int, lineno: int | None, rec: Any) -> Trajectory:
+    default_id = f"{path.stem}-{lineno if lineno is not None else n}"
+    where = str(path)
+    if fmt == "masking":
+        return from_masking_record(rec, path=where, line=lineno)
+    messages = rec.get("messages") if isinstance(rec, dict) else rec
+    if not isinstance(messages, list):
+        raise TrajectoryError("expected a list of messages or an object with 'messages'", path=where,
+                              line=lineno, field="messages")
+    rid = _id(rec.get("id", default_id), where, lineno, "id") if isinstance(rec, dict) else default_id
+    try:
+        if fmt == "openai":
+            tools = rec.get("tools") if isinstance(rec, dict) else None
+            return from_openai_messages(messages, id=rid, tools=tools)
+        return from_smolagents_memory(messages, id=rid, path=where, line=lineno)
+    except TrajectoryError as exc:
+        if exc.path is None:
+            raise TrajectoryError(exc.reason, path=where, line=lineno, field=exc.field) from None
+        raise

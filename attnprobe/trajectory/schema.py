@@ -7,6 +7,7 @@ file, the line and the field. Unknown fields are kept and written back unchanged
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import read_jsonl, write_jsonl
+from attnprobe.io import load_json, read_jsonl, write_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -34,6 +35,7 @@ class Trajectory:
     labels: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str | None = field(default=None, compare=False, repr=False)  # "file, line N" it was read from
 
     @classmethod
     def from_dict(cls, record: Any, *, path: str | None = None, line: int | None = None) -> Trajectory:
@@ -65,6 +67,12 @@ class Trajectory:
         out["meta"] = self.meta
         out.update(self.extra)
         return copy.deepcopy(out)
+
+    def content_hash(self) -> str:
+        """16 hex digits over everything the record holds (canonical JSON): a capture resumes only
+        when the trajectory it was made from is unchanged."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
     @property
     def num_turns(self) -> int:
@@ -99,8 +107,8 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
         _fail(f"a trajectory must be a JSON object, got {type(record).__name__}", path, line, None)
     if "id" not in record:
         _fail("missing required field", path, line, "id")
-    if not isinstance(record["id"], (str, int)) or str(record["id"]).strip() == "":
-        _fail("must be a non-empty string", path, line, "id")
+    if isinstance(record["id"], bool) or not isinstance(record["id"], (str, int)) or str(record["id"]).strip() == "":
+        _fail(f"must be a non-empty string (or an integer), got {record['id']!r}", path, line, "id")
     for key in ("task", "model", "framing"):
         _check_str(record.get(key), key, path, line, allow_none=True)
     for key in ("labels", "meta"):
@@ -172,6 +180,11 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
                     _check_str(call["id"], f"{cw}.id", path, line)
                     open_calls.append(call["id"])
         if role == "tool":
+            prev = messages[i - 1] if i else None
+            if not (isinstance(prev, dict) and (prev.get("role") == "tool" or
+                                                (prev.get("role") == "assistant" and prev.get("tool_calls")))):
+                _fail("a tool message must follow an assistant message with tool_calls (or another tool message)",
+                      path, line, f"{where}.role")
             tcid = msg.get("tool_call_id")
             if tcid is not None:
                 _check_str(tcid, f"{where}.tool_call_id", path, line)
@@ -203,26 +216,45 @@ def load_trajectories(path: str | Path) -> list[Trajectory]:
 
 
 def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """Validated trajectories of one file, each with its ``origin``. A file with none is an error
+    (an empty input is a mistake, not a successful run over nothing)."""
     path = Path(path)
     if not path.exists():
         raise TrajectoryError("file not found", path=str(path))
+    count = 0
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise TrajectoryError(f"invalid JSON ({exc.msg})", path=str(path), line=exc.lineno) from None
+        data = load_json(path, error=TrajectoryError, max_bytes=None)
         records = data if isinstance(data, list) else [data]
         for i, rec in enumerate(records):
-            yield Trajectory.from_dict(rec, path=f"{path}[{i}]" if isinstance(data, list) else str(path))
-        return
-    seen: dict[str, int] = {}
-    for lineno, rec in read_jsonl(path, error=TrajectoryError):
-        traj = Trajectory.from_dict(rec, path=str(path), line=lineno)
-        if traj.id in seen:
-            raise TrajectoryError(f"duplicate id {traj.id!r} (first on line {seen[traj.id]})",
-                                  path=str(path), line=lineno, field="id")
-        seen[traj.id] = lineno
-        yield traj
+            where = f"{path}[{i}]" if isinstance(data, list) else str(path)
+            traj = Trajectory.from_dict(rec, path=where)
+            traj.origin = where
+            count += 1
+            yield traj
+    else:
+        seen: dict[str, int] = {}
+        for lineno, rec in read_jsonl(path, error=TrajectoryError):
+            traj = Trajectory.from_dict(rec, path=str(path), line=lineno)
+            if traj.id in seen:
+                raise TrajectoryError(f"duplicate id {traj.id!r} (first on line {seen[traj.id]})",
+                                      path=str(path), line=lineno, field="id")
+            seen[traj.id] = lineno
+            traj.origin = f"{path}, line {lineno}"
+            count += 1
+            yield traj
+    if not count:
+        raise TrajectoryError("no trajectories in this file (it is empty)", path=str(path))
+
+
+def check_unique_ids(trajs: Iterable[Trajectory]) -> None:
+    """Refuse two trajectories with one id (across files too): their results would share one folder
+    or one record, and one would silently replace the other. The message names both places."""
+    first: dict[str, Trajectory] = {}
+    for t in trajs:
+        if t.id in first:
+            raise TrajectoryError(f"duplicate trajectory id {t.id!r}: also at {first[t.id].origin or '?'}; "
+                                  "ids must be unique across all inputs", path=t.origin or None, field="id")
+        first[t.id] = t
 
 
 def save_trajectories(trajs: Iterable[Trajectory], path: str | Path) -> None:

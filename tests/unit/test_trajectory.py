@@ -60,6 +60,9 @@ def test_unknown_fields_kept(tmp_path):
      "only assistant messages"),
     (lambda r: r["messages"][1].update(annotations=[{"start": 3, "end": 999, "role": "observation"}]), 2,
      "messages[1].annotations[0]", "start < end"),
+    (lambda r: r.update(id=True), 2, "id", "must be a non-empty string (or an integer), got True"),
+    (lambda r: r["messages"].insert(2, {"role": "tool", "content": "stray"}), 2, "messages[2].role",
+     "a tool message must follow an assistant message with tool_calls"),
 ])
 def test_bad_records_name_file_line_field(tmp_path, mutate, line, field, reason):
     bad = json.loads(json.dumps(GOOD))
@@ -117,3 +120,30 @@ def test_import_smolagents_memory():
     assert t.messages[3] == {"role": "tool", "tool_call_id": "call_1", "content": "X is 4."}
     with pytest.raises(TrajectoryError, match=r"field 'messages\[0\].role': unknown smolagents role 'robot'"):
         from_smolagents_memory([{"role": "robot", "content": "x"}], id="s2")
+
+
+def test_content_hash_follows_content_only(tmp_path):
+    a = attnprobe.load_trajectories(write(tmp_path, [GOOD]))[0]
+    reordered = dict(reversed(list(json.loads(json.dumps(GOOD)).items())))  # same content, other key order
+    b = attnprobe.load_trajectories(write(tmp_path, [reordered], name="b.jsonl"))[0]
+    assert a.content_hash() == b.content_hash() and len(a.content_hash()) == 16
+    assert (a.origin, b.origin) == (f"{tmp_path / 't.jsonl'}, line 1", f"{tmp_path / 'b.jsonl'}, line 1")
+    changed = json.loads(json.dumps(GOOD))
+    changed["messages"][3]["content"] += " "
+    c = attnprobe.load_trajectories(write(tmp_path, [changed], name="c.jsonl"))[0]
+    assert c.content_hash() != a.content_hash()
+
+
+def test_unique_ids_across_files_and_empty_files(tmp_path):
+    from attnprobe.trajectory.schema import check_unique_ids
+
+    a = attnprobe.load_trajectories(write(tmp_path, [GOOD], name="a.jsonl"))
+    b = attnprobe.load_trajectories(write(tmp_path, [dict(GOOD, id="t0"), GOOD], name="b.jsonl"))
+    with pytest.raises(TrajectoryError) as info:
+        check_unique_ids(a + b)
+    assert str(info.value) == (f"{tmp_path / 'b.jsonl'}, line 2, field 'id': duplicate trajectory id 't1': also at "
+                               f"{tmp_path / 'a.jsonl'}, line 1; ids must be unique across all inputs")
+    check_unique_ids(a + b[:1])
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(TrajectoryError, match=r"e.jsonl: no trajectories in this file \(it is empty\)"):
+        attnprobe.load_trajectories(tmp_path / "e.jsonl")
