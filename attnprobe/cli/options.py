@@ -194,12 +194,17 @@ def make_generator(args, **overrides):
     return open_backend(kind, **kw)
 
 
-def load_for_capture(args):
-    """Load the capture model with the options its backend takes (the registry says which)."""
-    from attnprobe.capture.models import load_model
+def capture_load_options(args) -> dict:
+    """The load options the capture backend takes (the registry says which), from the parsed args."""
     from attnprobe_hooks.backend import applicable_options
 
-    opts = applicable_options(args.backend, {"device": getattr(args, "device", "cpu"),
+    return applicable_options(args.backend, {"device": getattr(args, "device", "cpu"),
                                              "tensor_parallel_size": getattr(args, "tensor_parallel_size", 1),
                                              "chunk_size": args.chunk_size})
-    return load_model(args.model, backend=args.backend, dtype=args.dtype, **opts)
+
+
+def load_for_capture(args):
+    """Load the capture model with the options its backend takes."""
+    from attnprobe.capture.models import load_model
+
+    return load_model(args.model, backend=args.backend, dtype=args.dtype, **capture_load_options(args))

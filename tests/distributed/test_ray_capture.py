@@ -1,0 +1,175 @@
+"""Distributed capture on a local Ray cluster (2 CPU replicas, transformers, bundled model) equals the
+single-process one; a replica killed mid-run loses nothing and writes nothing twice; a rerun does nothing.
+
+One cluster and one pool of replicas for the whole module (Ray start ~5 s, a model load per replica).
+Torch runs one thread in the replicas and here, so the results are bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'attnprobe[ray]')")
+
+from attnprobe.distributed import RUN_FILE, Cluster, ReplicaPool, capture_distributed  # noqa: E402
+from attnprobe.errors import AttnprobeError  # noqa: E402
+from attnprobe.results.result import CaptureResult  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+MAX_TOKENS = 256  # the shipped trajectories, truncated so the module stays fast
+OPTS = {"queries": "reasoning+decision", "max_tokens": MAX_TOKENS, "truncate": True}
+VOLATILE = {"capture_seconds"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the replicas' thread count: same float summation order
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    # one item per shard so a kill always finds work left; no replacement for the killed replica
+    with ReplicaPool("default", cluster=Cluster(replicas=2, shard_tokens=1, max_replacements=0),
+                     progress=False) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    from attnprobe.resources import SAMPLE_TRAJECTORIES, data_path
+    from attnprobe.trajectory.schema import load_trajectories
+
+    return [t for f in SAMPLE_TRAJECTORIES for t in load_trajectories(data_path(f))]
+
+
+def _assert_same(got: CaptureResult, want: CaptureResult) -> None:
+    for name in ("input_ids", "query_positions", "segment_attention", "layer_head_attention", "token_attention",
+                 "offsets"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b, err_msg=f"{got.trajectory_id}: {name}")  # bit-identical
+    assert got.segments == want.segments and got.queries == want.queries and got.text == want.text
+    assert {k: v for k, v in got.meta.items() if k not in VOLATILE} == \
+        {k: v for k, v in want.meta.items() if k not in VOLATILE}
+
+
+def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+    from attnprobe.resources import data_path
+    from attnprobe.studies.ibis.attention import capture_dir, run_attention
+    from attnprobe.studies.ibis.items import load_items
+
+    items = load_items(data_path("ibis_items.jsonl"))[:2]
+    counts = pool.ibis_attention(items, tmp_path / "dist")
+    assert counts == {"done_before": 0, "captured": 6, "failed": 0}
+    assert run_attention(smol, items, tmp_path / "single", progress=False)["captured"] == 6
+    for it in items:
+        for fr in ("agentic", "observer", "direct"):
+            got = CaptureResult.load(capture_dir(tmp_path / "dist", it.id, fr))
+            _assert_same(got, CaptureResult.load(capture_dir(tmp_path / "single", it.id, fr)))
+            assert got.meta["ibis"]["framing"] == fr and got.meta["ibis"]["item_id"] == it.id
+    run = json.loads((tmp_path / "dist" / RUN_FILE).read_text())["runs"][-1]
+    assert run["stage"] == "attention" and run["shards"] == 6 and run["written"] == 6
+    assert [r["status"] for r in run["replicas"]] == ["idle", "idle"] and run["replicas_lost"] == 0
+    assert all(r["torch_threads"] == 1 and r["load_seconds"] > 0 for r in run["replicas"])
+    # per-replica throughput (a replica that loaded late may have found no work left)
+    assert sum(r["items"] for r in run["replicas"]) == 6
+    assert all(r["items_per_minute"] > 0 and r["tokens"] > 0 for r in run["replicas"] if r["items"])
+
+
+def test_a_function_runs_on_a_replica_and_its_exception_comes_back_as_itself(pool):
+    assert pool.run_on_replica(getattr, "name") == "SmolLM2-135M-Instruct"  # getattr(loaded_model, "name")
+    with pytest.raises(AttributeError, match="no_such_field"):
+        pool.run_on_replica(getattr, "no_such_field")
+
+
+def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, smol, trajectories, tmp_path):
+    from attnprobe.capture.api import capture_many
+    from attnprobe.io import safe_name
+
+    out = tmp_path / "dist"
+    box: dict = {}
+    job = threading.Thread(target=lambda: box.update(counts=pool.capture(trajectories, out, **OPTS)))
+    job.start()
+    victim = pool.slots[0]
+    while not any(out.glob("*/meta.json")) and job.is_alive():
+        time.sleep(0.02)
+    finished_at_kill = len(list(out.glob("*/meta.json")))
+    ray.kill(victim.handle)
+    job.join(timeout=600)
+    assert not job.is_alive()
+    assert finished_at_kill < len(trajectories)  # the kill happened mid-run
+    assert box["counts"] == {"done_before": 0, "done": 4, "failed": 0}
+
+    run = json.loads((out / RUN_FILE).read_text())["runs"][-1]
+    assert run["replicas_lost"] == 1 and victim.status == "died"
+    assert run["written_twice"] == 0
+    # every item once: written and reported, or written by the killed replica just before it died
+    assert run["written"] + run["written_before_a_retry"] == 4
+    assert sorted(p.name for p in out.iterdir()) == sorted([RUN_FILE] + [safe_name(t.id) for t in trajectories])
+
+    for w in capture_many(smol, trajectories, **OPTS):  # the single-process capture, saved the same way
+        single = w.save(tmp_path / "single" / safe_name(w.trajectory_id))
+        _assert_same(CaptureResult.load(out / safe_name(w.trajectory_id)), CaptureResult.load(single))
+
+    # a rerun does nothing: no replica is asked, no file is touched
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*")}
+    assert pool.capture(trajectories, out, **OPTS) == {"done_before": 4, "done": 0, "failed": 0}
+    assert capture_distributed("default", trajectories, out, cluster=Cluster(address="127.0.0.1:9"),
+                               progress=False, **{k: v for k, v in OPTS.items() if k != "queries"},
+                               queries="reasoning+decision") == {"done_before": 4, "done": 0, "failed": 0}
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/*")} == stamps
+    runs = json.loads((out / RUN_FILE).read_text())["runs"]
+    assert [r["shards"] for r in runs[1:]] == [0, 0]
+
+
+def test_no_node_with_the_requested_gpus_is_one_clear_error(cluster, trajectories, tmp_path):
+    with ReplicaPool("default", cluster=Cluster(gpus_per_replica=1), progress=False) as p:
+        with pytest.raises(AttnprobeError, match=r"no node of the Ray cluster can host one replica: each needs "
+                                                 r"1 CPU, 1 GPU \(cluster: 1 node\(s\), 2 CPU, 0 GPU\)"):
+            p.capture(trajectories[:1], tmp_path)
+    assert not any(tmp_path.glob("*/meta.json"))
+
+
+def test_a_model_no_replica_can_load_fails_with_its_own_error(cluster, trajectories, tmp_path):
+    from attnprobe.errors import ModelNotFoundError
+
+    with ReplicaPool(str(tmp_path / "missing.gguf"), cluster=Cluster(replicas=1, cpus_per_replica=0),
+                     progress=False) as p:
+        with pytest.raises(ModelNotFoundError, match="GGUF file not found: .*missing.gguf"):
+            p.capture(trajectories[:1], tmp_path / "out")
+        assert [s.status for s in p.slots] == ["failed to load"]
+
+
+def test_one_bad_item_fails_alone_in_a_shard_and_a_retry_skips_what_the_job_wrote(smol, trajectories, tmp_path):
+    """The replica's shard logic, in this process (no Ray needed for it)."""
+    from attnprobe.distributed import Replica, fs_now
+    from attnprobe.trajectory.schema import Trajectory
+
+    replica = Replica("default", "transformers", "float32", {}, 1)  # the cached model: no second load
+    tiny = Trajectory(id="tiny", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}])
+    items = [{"key": t.id, "trajectory": t.to_dict(), "out": str(tmp_path / t.id), "meta": {"x": 1}}
+             for t in (trajectories[0], tiny)]
+    settings = {"queries": "decision", "layers": None, "chunk_size": None, "rendering": "auto", "max_tokens": 120,
+                "truncate": False, "save_qk_layers": [], "job_start": fs_now(tmp_path)}
+    first = replica.run(items, settings)
+    assert [r["status"] for r in first] == ["failed", "written"]
+    assert first[0]["error_type"] == "TooLongError" and "renders to 6456 tokens" in first[0]["error"]
+    assert CaptureResult.load(tmp_path / "tiny").meta["x"] == 1
+    # the same shard again in the same job (a retry): the written item is skipped, the failed one retried
+    assert [r["status"] for r in replica.run(items, settings)] == ["failed", "skipped"]
+    # a later job (start after the write) redoes it: the driver decided it needs work
+    assert [r["status"] for r in replica.run(items[1:], {**settings, "job_start": fs_now(tmp_path) + 1})] == [
+        "written"]
