@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from attnprobe._version import __version__
 from attnprobe.capture.models import LoadedModel
@@ -193,6 +194,11 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     the other. Results are identical to calling :func:`capture` on each. ``chunk_size`` defaults to
     the model's (512, or the chunk a vLLM engine was built with). ``capture_seconds`` is the
     batch's wall time divided by its size.
+
+    ``progress=True`` shows a bar over the trajectories (when there are several) and the backend's
+    per-chunk prefill bar; ``tqdm.auto`` draws them as widgets in a notebook and as text on stderr
+    elsewhere. ``False`` (the default, as callers such as ``attnprobe capture`` draw their own bar)
+    writes nothing.
     """
     chunk = model.default_chunk_size if chunk_size is None else int(chunk_size)
     if chunk < 1:
@@ -209,17 +215,19 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     size = batch_size or max(1, len(prepared))
     weights = weights_hash(model.spec)
     results: list[CaptureResult] = []
-    for b in range(0, len(prepared), size):
-        batch = prepared[b:b + size]
-        plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
-        t0 = time.perf_counter()
-        outputs = backend.run(model, plans, chunk_size=chunk, progress=progress)
-        if len(outputs) != len(plans):
-            raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
-        settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
-                                   seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights)
-        results += [assemble(model, traj, rendered, points, out, settings)
-                    for (traj, rendered, points), out in zip(batch, outputs)]
+    with tqdm(total=len(prepared), desc="capture", unit="traj", disable=not progress or len(prepared) < 2) as bar:
+        for b in range(0, len(prepared), size):
+            batch = prepared[b:b + size]
+            plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
+            t0 = time.perf_counter()
+            outputs = backend.run(model, plans, chunk_size=chunk, progress=progress)
+            if len(outputs) != len(plans):
+                raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
+            settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
+                                       seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights)
+            results += [assemble(model, traj, rendered, points, out, settings)
+                        for (traj, rendered, points), out in zip(batch, outputs)]
+            bar.update(len(batch))
     return results
 
 
@@ -233,7 +241,8 @@ def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[
     "reasoning+decision", or a list of token positions. layers: model layer indices to score
     (default all attention layers). The forward pass is a chunked prefill with ``chunk_size``
     tokens per step; no token is generated. (A vLLM engine's chunk is fixed when it is built; the
-    metadata records the one used.)
+    metadata records the one used.) ``progress=True``: the prefill's per-chunk bar (``tqdm.auto``,
+    so a widget in a notebook).
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be >= 1")

@@ -9,12 +9,15 @@ load each model once. The spec resolution and dtype helpers here are shared by a
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import ModelNotFoundError
 from attnprobe_hooks.backend import LoadedModel, get_backend
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_GGUF", "DEFAULT_NAME", "DEFAULT_WHEEL", "LoadedModel", "canonical_dtype", "default_gguf_path",
            "display_name", "load_model", "resolve_spec"]
@@ -100,4 +103,26 @@ def load_model(spec: str | os.PathLike = "default", backend: str = "transformers
         options["device"] = device
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
-    return get_backend(backend).load(str(spec), dtype=dtype, **options)
+    impl = get_backend(backend)
+    _announce(str(spec), backend, canonical_dtype(dtype), options)
+    return impl.load(str(spec), dtype=dtype, **options)
+
+
+_ANNOUNCED: set[tuple] = set()
+
+
+def _announce(spec: str, backend: str, dtype: str, options: dict[str, Any]) -> None:
+    """One INFO line before a load, because loading is silent for a minute or two: what, from where,
+    how. Said once per (spec, backend, dtype, options) per process, as the backends cache loaded models
+    and a repeated load returns at once. A spec that does not resolve says nothing: the backend raises."""
+    key = (spec, backend, dtype, tuple(sorted((k, repr(v)) for k, v in options.items())))
+    if key in _ANNOUNCED:
+        return
+    try:
+        source, where, gguf = resolve_spec(spec)
+    except ModelNotFoundError:
+        return
+    _ANNOUNCED.add(key)
+    origin = f"the local Hugging Face cache ({where})" if source == "hf-cache" else Path(where) / gguf if gguf else where
+    extra = "".join(f", {k} {options[k]}" for k in ("device", "tensor_parallel_size") if k in options)
+    log.info("loading model %s from %s (%s, %s%s)", display_name(spec, source, where), origin, backend, dtype, extra)

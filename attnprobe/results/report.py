@@ -12,7 +12,7 @@ from attnprobe._version import __version__
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, ensure_writable_file, is_work_dir, load_json
 from attnprobe.results.analysis import decay_curves, headline, heatmap, step_breakdown
-from attnprobe.results.figures import decay_figure, heatmap_figure, step_breakdown_figure
+from attnprobe.results.figures import HEATMAP_GREY_NOTE, decay_figure, heatmap_figure, step_breakdown_figure
 from attnprobe.results.formatting import format_ci, template_env
 from attnprobe.results.result import META_FILE, CaptureResult
 
@@ -70,10 +70,64 @@ def variant_label(meta: dict) -> str:
             f"{', weights ' + weights[:8] if weights else ''})")
 
 
+QUERY_KINDS = {  # CaptureResult query kind -> (singular, plural) as the report says it
+    "reasoning": ("reasoning step", "reasoning steps"), "action": ("tool-call-only step", "tool-call-only steps"),
+    "decision": ("decision", "decisions"), "token": ("chosen token", "chosen tokens")}
+
+
+def describe_queries(queries) -> str:
+    """The one count a capture section shows for its queries, by kind, e.g. "3 queries: 2 reasoning
+    steps, 1 decision" or "1 query (decision only); no reasoning-step queries" (the heatmap and the
+    step breakdown use the reasoning-step queries only, so their absence is said in the same breath)."""
+    counts: dict[str, int] = {}
+    for q in queries:
+        counts[q.kind] = counts.get(q.kind, 0) + 1
+    n = len(queries)
+    if not n:
+        return "no queries"
+    names = {k: QUERY_KINDS.get(k, (k, k))[c != 1] for k, c in counts.items()}
+    text = f"{n} quer{'y' if n == 1 else 'ies'}"
+    if len(counts) == 1:
+        text += f" ({next(iter(names.values()))} only)"
+    else:
+        text += ": " + ", ".join(f"{c} {names[k]}" for k, c in counts.items())
+    return text if "reasoning" in counts else text + "; no reasoning-step queries"
+
+
+def capture_group(meta: dict, folder: str | None = None) -> tuple[str, str, tuple]:
+    """(group, label, sort key) of a capture in the report's index.
+
+    Runner calls (``trajectory_meta.run_id`` from ``attnprobe run``) group by run (and question, when
+    the meta names one) and are labelled by agent and call index; IBIS framings group by item and are
+    labelled by framing; anything else groups by the folder it was found in (one ``--out`` of
+    ``attnprobe capture`` per input file) and its question id if any. ``folder``: the capture's
+    parent folder relative to the report root ("" or None at the top)."""
+    tm = meta.get("trajectory_meta") if isinstance(meta.get("trajectory_meta"), dict) else {}
+    tid = str(meta.get("trajectory_id", "?"))
+    parts = [folder] if folder and folder != "." else []
+    ibis = tm.get("ibis")
+    if isinstance(ibis, dict) and ibis.get("item_id") is not None:
+        parts.append(f"IBIS item {ibis['item_id']}")
+        framing = str(ibis.get("framing") or meta.get("framing") or tid)
+        return " · ".join(parts), framing, (framing,)
+    if tm.get("run_id") is not None:
+        parts.append(f"run {tm['run_id']}")
+    if tm.get("question_id") is not None:
+        parts.append(f"question {tm['question_id']}")
+    if tm.get("run_id") is not None and tm.get("agent") is not None:
+        idx = tm.get("call_index")
+        return (" · ".join(parts), f"{tm['agent']} #{idx}" if idx is not None else str(tm["agent"]),
+                (idx if isinstance(idx, int) else 1 << 62, tid))
+    return " · ".join(parts) or "captures", tid, (tid,)
+
+
 def build_report(results: list[CaptureResult], title: str = "attnprobe report",
-                 skipped: list[tuple[str, str]] | None = None) -> str:
-    """The HTML page. ``skipped``: (folder, reason) of captures that could not be read; listed in a
-    table so a reader knows the overall numbers leave them out."""
+                 skipped: list[tuple[str, str]] | None = None, folders: list[str] | None = None) -> str:
+    """The HTML page: overall numbers per model variant, then an index of every capture by group
+    (:func:`capture_group`) linking to its section; sections are collapsed (``<details>``) so a
+    folder of 125 captures stays a page one can scroll. ``skipped``: (folder, reason) of captures
+    that could not be read; listed in a table so a reader knows the overall numbers leave them out.
+    ``folders``: each result's parent folder relative to the report root, for grouping."""
     if not results:
         raise AttnprobeError("no capture results to report on")
     by_model: dict[str, list[CaptureResult]] = {}
@@ -90,20 +144,32 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
     decay = decay_figure({model: decay_curves(rs) for model, rs in by_model.items()}, ("reasoning", "tool_call",
                                                                                       "observation"))
     decay.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
-    sections = []
-    for r in results:
+    groups: dict[str, list[tuple[tuple, dict]]] = {}
+    for i, r in enumerate(results):
         m = r.meta
-        figs = any(q.kind == "reasoning" for q in r.queries) and r.num_turns > 1
-        sections.append({"id": r.trajectory_id, "info": [
-            ("model", variant_label(m)),
-            ("tokens / turns / queries", f"{len(r.input_ids)} / {r.num_turns} / {len(r.queries)}"),
-            ("rendering", m.get("rendering")), ("chat template hash", m.get("chat_template_hash")),
-            ("chunk size", m.get("chunk_size")), ("layers scored", f"{len(r.layers)} of {m.get('num_model_layers')}"),
-            ("framing", m.get("framing"))],
-            "heatmap": _html(heatmap_figure(heatmap(r), r.turn_texts())) if figs else None,
-            "steps": _html(step_breakdown_figure(step_breakdown(r)["steps"])) if figs else None})
+        group, label, key = capture_group({**m, "trajectory_id": r.trajectory_id}, folders[i] if folders else None)
+        steps = sum(q.kind == "reasoning" for q in r.queries)
+        figs = steps > 0 and r.num_turns > 1
+        queries = describe_queries(r.queries)
+        section = {"anchor": f"c{i}", "id": r.trajectory_id, "label": label,
+                   "summary": f"{r.num_turns} turn{'s' if r.num_turns != 1 else ''}, {queries}",
+                   "info": [
+                       ("trajectory", r.trajectory_id), ("model", variant_label(m)),
+                       ("tokens / turns", f"{len(r.input_ids)} / {r.num_turns}"), ("queries", queries),
+                       ("rendering", m.get("rendering")), ("chat template hash", m.get("chat_template_hash")),
+                       ("chunk size", m.get("chunk_size")),
+                       ("layers scored", f"{len(r.layers)} of {m.get('num_model_layers')}"),
+                       ("framing", m.get("framing"))],
+                   "heatmap": _html(heatmap_figure(heatmap(r), r.turn_texts())) if figs else None,
+                   "steps": _html(step_breakdown_figure(step_breakdown(r)["steps"])) if figs else None,
+                   "no_figures": None if figs else (
+                       "No heatmap: it needs reasoning-step queries, and this capture has none." if not steps else
+                       "No heatmap: a single turn has no past turns.")}
+        groups.setdefault(group, []).append((key, section))
+    index = [{"anchor": f"g{gi}", "name": name, "sections": [s for _, s in sorted(items, key=lambda x: x[0])]}
+             for gi, (name, items) in enumerate(groups.items())]
     return _template().render(title=title, version=__version__, n_results=len(results), overall=overall,
-                              decay_figure=_html(decay, plotlyjs=True), sections=sections)
+                              decay_figure=_html(decay, plotlyjs=True), groups=index, grey_note=HEATMAP_GREY_NOTE)
 
 
 def _html(fig, plotlyjs: bool = False) -> str:
@@ -119,17 +185,19 @@ def write_report(root: Path, out: Path | None = None) -> Path:
     out = Path(out) if out else root / "report.html"
     ensure_writable_file(out, "report file")
     skipped: list[tuple[str, str]] = []
-    results = []
+    results, folders = [], []
     for folder in find_results(root, skipped):
         try:
             results.append(CaptureResult.load(folder))
         except AttnprobeError as exc:
             log.warning("skipping %s", exc)
             skipped.append((str(folder), str(exc)))
+        else:
+            folders.append(folder.relative_to(root).parent.as_posix())
     if not results:
         why = f"; {len(skipped)} unreadable: {skipped[0][1]}" if skipped else " (run 'attnprobe capture' first)"
         raise AttnprobeError(f"{root}: no readable capture results found{why}")
-    atomic_write_text(out, build_report(results, skipped=skipped))
+    atomic_write_text(out, build_report(results, skipped=skipped, folders=folders))
     if skipped:
         log.warning("report written without %d unreadable capture folder(s), listed in the report", len(skipped))
     return out

@@ -1,0 +1,152 @@
+"""Progress (issue 13, item 13): the "loading model" line, the Python API's ``progress=`` switch and
+progress inside batches of ``run_resumable``. Fake workloads and a fake backend, no model."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from attnprobe.io import run_resumable
+
+# attnprobe.capture is also the function attnprobe.capture(), so import the modules by name
+api = importlib.import_module("attnprobe.capture.api")
+models = importlib.import_module("attnprobe.capture.models")
+
+
+@pytest.fixture
+def records():
+    """INFO records of attnprobe loggers, whatever an earlier cli.main() did to propagation."""
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = seen.append
+    lg = logging.getLogger("attnprobe")
+    old = lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.DEBUG)
+    yield seen
+    lg.removeHandler(handler)
+    lg.setLevel(old)
+
+
+def test_run_resumable_progress_switch(tmp_path, capsys):
+    items = ["a", "b", "c"]
+    common = dict(done=lambda it: it == "a", describe=lambda it: {"item": it}, errors_path=tmp_path / "e.jsonl",
+                  stage="demo", desc="demo work", unit="item")
+    counts = run_resumable(items, lambda batch: None, progress=False, **common)
+    assert counts == {"done_before": 1, "done": 2, "failed": 0}
+    assert capsys.readouterr().err == ""
+    run_resumable(items, lambda batch: None, progress=True, **common)
+    err = capsys.readouterr().err
+    assert re.search(r"demo work: 100%\|[^|]*\| 2/2 ", err), err
+
+
+def test_batch_says_what_it_runs_before_it_ends(tmp_path, capsys):
+    """A batch generated in one call shows "running a batch of N" before it finishes (not a silent 0/N)."""
+    seen = []
+
+    def work(batch):
+        seen.append(capsys.readouterr().err)  # what the user sees while the batch runs
+
+    counts = run_resumable(list(range(5)), work, done=lambda it: False, describe=lambda it: {"i": it},
+                           errors_path=tmp_path / "e.jsonl", stage="s", desc="gen", batch_size=3, progress=True)
+    assert counts["done"] == 5
+    assert "0/5 [" in seen[0] and "running a batch of 3" in seen[0]
+    assert "3/5 [" in seen[1] and "running a batch of 2" in seen[1]
+    assert re.search(r"5/5 \[[^\]]*item/s\] *\n?$", capsys.readouterr().err)  # postfix cleared at the end
+
+
+def test_item_progress_advances_inside_a_batch(tmp_path, capsys):
+    seen = []
+
+    def work(batch, progress):
+        for i, it in enumerate(batch):
+            progress.note(f"item {it}")
+            seen.append(capsys.readouterr().err)
+            if i < 2:  # the last item is left for the loop to count: nothing counted twice
+                progress.advance()
+
+    counts = run_resumable(list("abcd"), work, done=lambda it: False, describe=lambda it: {"i": it},
+                           errors_path=tmp_path / "e.jsonl", stage="s", desc="calls", batch_size=4, progress=True,
+                           item_progress=True)
+    assert counts["done"] == 4
+    assert ["0/4" in seen[0], "1/4" in seen[1], "2/4" in seen[2], "2/4" in seen[3]] == [True] * 4
+    assert "item b" in seen[1] and "item d" in seen[3]
+    err = capsys.readouterr().err
+    assert "4/4" in err and "5/4" not in err and "6/4" not in err
+
+
+def traj(name: str) -> SimpleNamespace:
+    return SimpleNamespace(id=name)
+
+
+def fake_capture_setup(monkeypatch) -> tuple[SimpleNamespace, list]:
+    """capture_many over a fake model and backend; returns (model, the progress flags the backend got)."""
+    flags: list = []
+    backend = SimpleNamespace(name="fake", run=lambda model, plans, chunk_size, progress: flags.append(progress)
+                              or [None] * len(plans))
+    monkeypatch.setattr(api, "get_backend", lambda name: backend)
+    monkeypatch.setattr(api, "prepare", lambda model, traj, **kw: traj)
+    monkeypatch.setattr(api, "select_queries", lambda rendered, queries: [])
+    monkeypatch.setattr(api, "weights_hash", lambda spec: None)
+    monkeypatch.setattr(api, "make_plan", lambda *a, **kw: a[0])
+    monkeypatch.setattr(api, "assemble", lambda model, t, *a: f"result {t.id}")
+    return SimpleNamespace(default_chunk_size=8, backend="fake", spec="x", num_layers=2), flags
+
+
+TRAJS = [traj("t1"), traj("t2"), traj("t3")]
+
+
+def test_capture_progress_switch(monkeypatch, capsys):
+    model, flags = fake_capture_setup(monkeypatch)
+    assert api.capture_many(model, TRAJS, batch_size=2) == ["result t1", "result t2", "result t3"]
+    assert capsys.readouterr().err == "" and flags == [False, False]  # default: silent
+    assert api.capture_many(model, TRAJS, batch_size=2, progress=False) == [
+        "result t1", "result t2", "result t3"]
+    assert capsys.readouterr().err == ""
+    api.capture_many(model, TRAJS, batch_size=2, progress=True)
+    err = capsys.readouterr().err
+    assert re.search(r"capture: 100%\|[^|]*\| 3/3 ", err) and flags[-2:] == [True, True]
+    assert api.capture(model, traj("t1"), progress=True) == "result t1"  # one trajectory: only the backend's bar
+    assert capsys.readouterr().err == "" and flags[-1] is True
+
+
+def test_loading_model_line(monkeypatch, tmp_path, records):
+    folder = tmp_path / "MyModel"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    loads = []
+    monkeypatch.setattr(models, "get_backend",
+                        lambda name: SimpleNamespace(load=lambda spec, dtype, **kw: loads.append((spec, dtype, kw))))
+    monkeypatch.setattr(models, "_ANNOUNCED", set())
+    models.load_model(folder, dtype="bf16", device="cpu")
+    models.load_model(folder, dtype="bf16", device="cpu")  # the backend's cache answers: said once
+    models.load_model(folder, backend="vllm", tensor_parallel_size=2)
+    lines = [(r.levelno, r.getMessage()) for r in records if r.name == "attnprobe.capture.models"]
+    assert lines == [(logging.INFO, f"loading model MyModel from {folder} (transformers, bfloat16, device cpu)"),
+                     (logging.INFO, f"loading model MyModel from {folder} (vllm, float32, tensor_parallel_size 2)")]
+    assert len(loads) == 3
+
+
+def test_loading_line_hidden_by_quiet(monkeypatch, tmp_path, capsys):
+    from attnprobe.cli.main import setup_logging
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "get_backend", lambda name: SimpleNamespace(load=lambda spec, dtype, **kw: None))
+    monkeypatch.setattr(models, "_ANNOUNCED", set())
+    try:
+        setup_logging(quiet=True)
+        models.load_model(tmp_path)
+        assert capsys.readouterr().err == ""
+        monkeypatch.setattr(models, "_ANNOUNCED", set())
+        setup_logging()
+        models.load_model(tmp_path)
+        assert capsys.readouterr().err == f"attnprobe: loading model {tmp_path.name} from {tmp_path} (transformers, float32)\n"
+    finally:
+        for name in ("attnprobe", "attnprobe_hooks", "attnprobe_app"):
+            logging.getLogger(name).handlers.clear()
+            logging.getLogger(name).propagate = True
+            logging.getLogger(name).setLevel(logging.NOTSET)
