@@ -53,6 +53,10 @@ def register(sub) -> None:
     g.add_argument("--manager-steps", type=int, default=3, help="manager tool calls before it must answer (default 3)")
     g.add_argument("--worker-steps", type=int, default=3, help="worker tool calls per delegated sub-task (default 3)")
     g.add_argument("--max-rewrites", type=int, default=1, help="query rewrites the filter may trigger per web_search (default 1)")
+    g.add_argument("--validation-extra-steps", type=int, default=3,
+                   help="manager steps added after a validation that does not accept the answer (default 3)")
+    g.add_argument("--max-validation-steps", type=int, default=8,
+                   help="stage-2 checks per validation; the answer step is always checked (default 8)")
     g.add_argument("--limit", type=int, help="only the first N questions")
     add_model_options(p)
     add_generation_options(p, max_new_tokens=128, temperature=True)
@@ -82,6 +86,7 @@ def cmd_run(args) -> int:
     settings = RunSettings.preset(
         args.preset, **overrides, manager_steps=args.manager_steps, worker_steps=args.worker_steps,
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
+        validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
         name=args.name or (args.preset if not overrides else "custom"))
     if args.resume and args.force:
         raise AttnprobeError("--resume and --force exclude each other")

@@ -64,10 +64,15 @@ def test_real_filter_and_validation_prompts_are_isolated(e2e):
     for t in trajs:
         sent = t.messages[:-1]
         if t.meta["agent"] == "filter":
-            assert [m["role"] for m in sent] == ["system", "user"]
+            rewrite = t.meta.get("purpose") == "rewrite"  # a bare "No" followed by the request for a query
+            assert [m["role"] for m in sent] == ["system", "user"] + (["assistant", "user"] if rewrite else [])
             assert sent[1]["content"].startswith("Task: ")
             assert f"Search query: {t.meta['query']}\n" in sent[1]["content"]
-            assert "search worker" not in json.dumps(sent)
+            assert "search worker" not in json.dumps(sent) and t.tools is None
+        if t.meta["agent"] == "validator_final":
+            assert [m["role"] for m in sent] == ["system", "user"]
+            assert sent[1]["content"].startswith("Task: ") and "Proposed answer: " in sent[1]["content"]
+            assert "You are the manager" not in json.dumps(sent)
         if t.meta["agent"] == "validator_stage2":
             assert [m["role"] for m in sent] == ["system", "user"]
             assert "You are the manager" not in json.dumps(sent)
@@ -75,6 +80,21 @@ def test_real_filter_and_validation_prompts_are_isolated(e2e):
             shown = [ln[1:].split("]")[0] for ln in sent[1]["content"].split("Inference")[0].splitlines()
                      if ln.startswith("[")]
             assert shown == labels
+
+
+def test_filter_events_match_what_the_worker_saw(e2e, smol):
+    """The filter record in a worker call's meta describes the observation in that call's context."""
+    out, _ = e2e
+    for t in attnprobe.load_trajectories(out):
+        for event in t.meta.get("filter", []) if t.meta["agent"] == "search_worker" else []:
+            (obs,) = [m["content"] for m in t.messages if m.get("tool_call_id") == event["call_id"]]
+            assert event["tokens"]["shown"] == len(smol.tokenizer.encode(obs, add_special_tokens=False))
+            assert event["chars"]["shown"] == len(obs)
+            if event["outcome"] == "unable":
+                assert event["replaced"] and obs.startswith("Unable to find a relevant result for this query;")
+            if event["outcome"] in ("keep", "unparseable") and not event["rewrites"]:
+                assert not event["replaced"] and event["tokens"]["shown"] == event["tokens"]["original"]
+            assert event["outcome"] in ("sites", "keep", "unparseable", "unable")
 
 
 def test_capture_a_recorded_worker_call(e2e, smol):

@@ -47,13 +47,17 @@ class ScriptedChat:
         if s.startswith("You are the manager"):
             return "manager"
         if s.startswith("You are a search worker"):
+            if messages[-1]["content"] == F.ASK_QUERY:
+                return "filter-rewrite"
             return "filter-in-context" if "<system-reminder>" in messages[-1]["content"] else "worker"
-        if s.startswith("You judge web search results"):
-            return "filter"
+        if s.startswith("You screen web search results"):
+            return "filter-rewrite" if messages[-1]["content"] == F.ASK_QUERY else "filter"
         if s.startswith("You reorganise"):
             return "stage1"
         if s.startswith("You check one reasoning step"):
             return "stage2"
+        if s.startswith("You check whether a proposed answer"):
+            return "final"
         raise AssertionError(s[:60])
 
     def complete(self, messages, tools=None, *, max_tokens=256, temperature=0.0):
@@ -87,14 +91,14 @@ def good_policy(kind, messages, n):
             judged_first = "Search query: Stockholm capital\n" in messages[-1]["content"]
         else:
             judged_first = ("Stockholm capital" in json.dumps(messages[-3].get("tool_calls"))
-                            and "irrelevant" not in messages[-2]["content"])
+                            and "searched again" not in messages[-2]["content"])
         if judged_first:
-            return call("web_search", query="element named after Holmia Latin Stockholm")
-        return call("visit_page", url="https://en.wikipedia.org/wiki/Holmium")
+            return "No\nQuery: element named after Holmia Latin Stockholm"
+        return "https://en.wikipedia.org/wiki/Holmium"
     if kind == "stage1":
         return ("S1: Holmium is named after Holmia, the Latin name for Stockholm. (from: O1)\n"
                 "S2: So the element is holmium. (from: S1, T)")
-    if kind == "stage2":
+    if kind in ("stage2", "final"):
         return "VALID"
     raise AssertionError(kind)
 
@@ -227,7 +231,7 @@ def test_recording_round_trips(tmp_path, bm25):
         assert m["usage"]["input_tokens"] > 0 and m["usage"]["output_tokens"] > 0
         assert m["settings"]["filter"] == "isolated"
     agents = {t.meta["agent"] for t in trajs}
-    assert agents == {"manager", "search_worker", "filter", "validator_stage1", "validator_stage2"}
+    assert agents == {"manager", "search_worker", "filter", "validator_stage1", "validator_stage2", "validator_final"}
     # save -> load keeps everything
     attnprobe.save_trajectories(trajs, tmp_path / "copy.jsonl")
     assert [t.to_dict() for t in attnprobe.load_trajectories(tmp_path / "copy.jsonl")] == [t.to_dict() for t in trajs]
@@ -410,7 +414,7 @@ def test_chain_parsing_fallback():
     assert parsed and steps[0].cites == ["O1"] and steps[1].cites == ["S1"]  # unknown O7 dropped
     assert V.parse_verdict("INVALID: check the year")[0] == "invalid"
     assert V.parse_verdict("Valid.")[0] == "valid"
-    assert F.decide(ChatReply(content="", tool_calls=[]), "q").parsed is False
+    assert F.decide(ChatReply(content="", tool_calls=[]), []).parsed is False
 
 
 def test_resume_refuses_other_settings(tmp_path, bm25):
@@ -491,7 +495,7 @@ def test_openai_client_http_and_malformed_errors(stub_endpoint):
     for ctype, body in (("text/html", b"<html>not an API</html>"), ("application/json", b'{"choices": 5}'),
                         ("application/json", b'{"id": "no choices"}')):
         stub_endpoint["reply"] = (200, ctype, body)
-        with pytest.raises(attnprobe.AttnprobeError, match="malformed chat completion") as info:
+        with pytest.raises(attnprobe.AttnprobeError, match="malformed chat completion|not a chat completion") as info:
             chat.complete([{"role": "user", "content": "hi"}])
         assert where in str(info.value)
 

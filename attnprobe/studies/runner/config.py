@@ -22,7 +22,10 @@ class RunSettings:
     manager_steps: int = 3        # manager tool calls before it must answer
     worker_steps: int = 3         # worker tool calls per delegated sub-task
     max_rewrites: int = 1         # query rewrites the filter may trigger per web_search
-    max_validation_steps: int = 4  # reasoning steps checked in stage 2
+    # Stage-2 checks per validation (cost cap): the first N-1 steps and the answer step, which is
+    # always checked; the unchecked labels are logged and recorded in the results.
+    max_validation_steps: int = 8
+    validation_extra_steps: int = 3  # manager steps added when a validation does not accept the answer
     top_k: int = 4                # search results per query
     page_chars: int = 1200        # visit_page output is cut to this many characters
     max_tokens: int = 128         # per model call
@@ -38,8 +41,8 @@ class RunSettings:
         for key in ("manager_steps", "worker_steps", "max_tokens", "top_k", "page_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1")
-        if self.max_rewrites < 0 or self.max_validation_steps < 1:
-            raise ValueError("max_rewrites must be >= 0 and max_validation_steps >= 1")
+        if self.max_rewrites < 0 or self.max_validation_steps < 1 or self.validation_extra_steps < 0:
+            raise ValueError("max_rewrites and validation_extra_steps must be >= 0 and max_validation_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
 

@@ -2,12 +2,15 @@
 
 With validation on, the first proposed answer triggers the isolation-based stepwise validation;
 the manager then sees the outcome and answers again or keeps working (the second final_answer is
-accepted). A run always ends with an answer: when the step budget is spent the manager is asked
-once more, with only final_answer available.
+accepted). A validation that does not accept the answer gives the manager
+``validation_extra_steps`` more steps to act on the suggestions (as the reference does), so a
+failed validation never ends the run by itself. A run always ends with an answer: when the step
+budget is spent the manager is asked once more, with only final_answer available.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import attnprobe.studies.runner.validation as V
@@ -25,6 +28,8 @@ from attnprobe.studies.runner.tools import (
     tool_lines,
 )
 from attnprobe.studies.runner.worker import SearchWorker, agent_turn, unknown_tool
+
+log = logging.getLogger(__name__)
 
 MANAGER_SYSTEM = (
     "You are the manager of a research team. Answer the user's task.\n"
@@ -58,26 +63,40 @@ class Manager:
         reply = self.rec.call("validator_stage1", V.stage1_messages(task, answer, items), None,
                               extra_meta={"proposed_answer": answer})
         steps, parsed = V.parse_chain(reply.content, items, answer)
-        info: dict = {"mode": self.settings.validation, "chain_parsed": parsed, "steps": len(steps),
-                      "chain": V.chain_text(steps)}
+        info: dict = {"mode": self.settings.validation, "chain_parsed": parsed}
         if self.settings.validation == "stage1":
+            info.update(steps=len(steps), chain=V.chain_text(steps))
             feedback = ("Validation, stage 1: your work reorganised as a reasoning chain:\n" + V.chain_text(steps)
                         + f"\nCheck each step. If the answer {answer!r} is supported, call final_answer again; "
                           "otherwise continue with search_worker.")
             return False, feedback, info
+        steps, added = V.with_answer_step(steps, answer)
+        checked, unchecked = V.steps_to_check(steps, self.settings.max_validation_steps)
+        if unchecked:
+            log.info("validation: %d steps, cap %d: %s unchecked (the answer step %s is always checked)",
+                     len(steps), self.settings.max_validation_steps, ", ".join(unchecked), steps[-1].label)
+        info.update(steps=len(steps), chain=V.chain_text(steps), answer_step=steps[-1].label,
+                    answer_step_added=added, checked=[s.label for s in checked], unchecked=unchecked)
         verdicts = []
-        for step in steps[: self.settings.max_validation_steps]:
+        for step in checked:
             premises = V.premises_for(step, items, steps)
             r = self.rec.call("validator_stage2", V.stage2_messages(step, premises), None,
-                              extra_meta={"step": step.label, "premises": list(premises)})
+                              extra_meta={"step": step.label, "premises": list(premises),
+                                          "answer_step": step is steps[-1]})
             verdict, suggestion = V.parse_verdict(r.content)
             verdicts.append({"step": step.label, "verdict": verdict, "suggestion": suggestion})
+        r = self.rec.call("validator_final", V.final_messages(task, answer, steps), None,
+                          extra_meta={"proposed_answer": answer})
+        verdict, suggestion = V.parse_verdict(r.content)
         info["verdicts"] = verdicts
-        if all(v["verdict"] == "valid" for v in verdicts):
+        info["final_check"] = {"verdict": verdict, "suggestion": suggestion}
+        bad = [v for v in verdicts if v["verdict"] != "valid"]
+        if not bad and verdict == "valid":
             return True, "", info
-        problems = "\n".join(f"- {v['step']}: {v['verdict']}" + (f": {v['suggestion']}" if v["suggestion"] else "")
-                             for v in verdicts if v["verdict"] != "valid")
-        feedback = ("Validation found problems in the reasoning behind your answer:\n" + problems
+        problems = [f"- {v['step']}: {v['verdict']}" + (f": {v['suggestion']}" if v["suggestion"] else "") for v in bad]
+        if verdict != "valid":
+            problems.append(f"- does the answer answer the task? {verdict}" + (f": {suggestion}" if suggestion else ""))
+        feedback = ("Validation found problems in the reasoning behind your answer:\n" + "\n".join(problems)
                     + f"\nDecide: call final_answer to keep {answer!r} or a corrected answer, or continue with "
                       "search_worker.")
         return False, feedback, info
@@ -88,9 +107,12 @@ class Manager:
         messages: list[dict] = [{"role": "system", "content": MANAGER_SYSTEM}, {"role": "user", "content": f"Task: {task}\n\n{CALL_HINT}"}]
         memory: list[tuple[str, str]] = []
         validated = False
-        for step in range(self.settings.manager_steps):
+        budget = self.settings.manager_steps
+        step = 0
+        while step < budget:
             out.steps += 1
             reply, calls = agent_turn(self.rec, "manager", messages, MANAGER_TOOLS, {"step": step}, NO_CALL_HINT)
+            step += 1
             if not calls:
                 out.parse_failures += 1
                 continue
@@ -103,19 +125,18 @@ class Manager:
                         return out
                     validated = True
                     accepted, feedback, info = self.validate(task, answer, memory)
-                    out.validation = {**info, "proposed_answer": answer, "accepted": accepted}
+                    extra = 0 if accepted else self.settings.validation_extra_steps
+                    budget += extra
+                    out.validation = {**info, "proposed_answer": answer, "accepted": accepted, "extra_steps": extra}
                     if accepted:
                         out.answer = answer
                         return out
-                    obs = feedback
+                    obs = feedback + (f"\nYou have {budget - step} more step(s)." if extra else "")
                 elif name == "search_worker":
                     sub = arg(args, "task") or task
                     out.delegations += 1
                     rep = SearchWorker(self.rec, self.toolbox, self.settings, out.delegations).run(sub)
-                    out.worker_reports.append({"task": sub, "report": rep.report, "steps": rep.steps,
-                                               "searches": rep.searches, "rewrites": rep.rewrites,
-                                               "filter_calls": rep.filter_calls,
-                                               "parse_failures": rep.parse_failures, "forced": rep.forced})
+                    out.worker_reports.append({"task": sub, **rep.summary()})
                     obs = rep.report
                     memory.append((f"search_worker({sub!r})", rep.report))
                 else:

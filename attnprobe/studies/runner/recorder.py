@@ -105,6 +105,13 @@ class Recorder:
             record.pop("tools")
         append_jsonl(self.path, record)
 
+    def count_tokens(self, text: str) -> int | None:
+        """Tokens of ``text`` under the model's tokenizer (None for backends without one, e.g. a server)."""
+        tok = getattr(self.chat, "tokenizer", None)
+        if tok is None:
+            return None
+        return len(tok.encode(text, add_special_tokens=False))
+
     def totals(self) -> dict[str, Any]:
         per_agent = {a: dict(v) for a, v in self.usage.items()}
         return {"input_tokens": sum(v["input_tokens"] for v in per_agent.values()),

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import re
 import time
-import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import append_jsonl, atomic_write_text, located_error, read_jsonl, read_records, run_resumable
+from attnprobe.studies.runner.answers import is_correct, normalize  # noqa: F401  (normalize: public API)
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.recorder import Recorder
@@ -33,47 +32,58 @@ def summary_path(out: Path) -> Path:
     return Path(out).with_suffix(".summary.json")
 
 
+def _bad(path: Path, lineno: int, field: str, message: str) -> AttnprobeError:
+    return located_error(AttnprobeError)(f"field '{field}': {message}", path, lineno)
+
+
+def _type(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _is_scalar(v: object) -> bool:
+    return isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v).strip() != ""
+
+
 def load_questions(path: str | Path) -> list[dict]:
+    """Read and check a questions file: JSON Lines of {"id", "question", "answer", "aliases"}.
+
+    ``question`` (or ``task``): a non-empty string; ``id`` (optional, default ``q<line>``): a string
+    of letters, digits, '.', '_' or '-', unique; ``answer`` (optional): a string or number, or a
+    non-empty list of them; ``aliases`` (optional): a list of strings. Any violation raises one
+    AttnprobeError naming file, line and field, before any model is loaded or called.
+    """
     path = Path(path)
     if not path.is_file():
         raise AttnprobeError(f"questions file not found: {path}")
     out, seen = [], set()
     for lineno, rec in read_jsonl(path, error=located_error(AttnprobeError)):
         if not isinstance(rec, dict):
-            raise AttnprobeError(f"{path}, line {lineno}: expected a JSON object")
-        q = rec.get("question") or rec.get("task")
+            raise located_error(AttnprobeError)(f"expected a JSON object, got {_type(rec)}", path, lineno)
+        key = "question" if "question" in rec or "task" not in rec else "task"
+        q = rec.get(key)
         if not isinstance(q, str) or not q.strip():
-            raise AttnprobeError(f"{path}, line {lineno}, field 'question': must be a non-empty string")
-        qid = str(rec.get("id") or f"q{lineno:03d}")
+            raise _bad(path, lineno, key, "missing" if key not in rec else f"must be a non-empty string, got {_type(q)}")
+        qid = rec.get("id", f"q{lineno:03d}")
+        if not isinstance(qid, str):
+            raise _bad(path, lineno, "id", f"must be a string, got {_type(qid)}")
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", qid):
-            raise AttnprobeError(f"{path}, line {lineno}, field 'id': use letters, digits, '.', '_' or '-'")
+            raise _bad(path, lineno, "id", "use letters, digits, '.', '_' or '-'")
         if qid in seen:
-            raise AttnprobeError(f"{path}, line {lineno}, field 'id': duplicate id {qid!r}")
+            raise _bad(path, lineno, "id", f"duplicate id {qid!r}")
         seen.add(qid)
         answers = rec.get("answer")
-        if answers is not None and not isinstance(answers, (str, int, float, list)):
-            raise AttnprobeError(f"{path}, line {lineno}, field 'answer': expected a string or a list")
-        out.append({"id": qid, "question": q.strip(), "answer": answers, "aliases": rec.get("aliases") or []})
+        if answers is not None and not (_is_scalar(answers) or (
+                isinstance(answers, list) and answers and all(_is_scalar(a) for a in answers))):
+            raise _bad(path, lineno, "answer", "expected a non-empty string or number or a list of them, got "
+                                               + _type(answers))
+        aliases = rec.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
+            what = _type(aliases) if not isinstance(aliases, list) else "a list with a non-string or empty item"
+            raise _bad(path, lineno, "aliases", f"expected a list of non-empty strings, got {what}")
+        out.append({"id": qid, "question": q.strip(), "answer": answers, "aliases": aliases})
     if not out:
         raise AttnprobeError(f"{path}: no questions")
     return out
-
-
-def normalize(text: Any) -> str:
-    """Lower case, accents and punctuation removed, articles dropped, whitespace collapsed."""
-    s = unicodedata.normalize("NFKD", str(text)).encode("ascii", "ignore").decode().lower()
-    s = re.sub(r"[^\w\s]", "", s)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def is_correct(prediction: str, question: dict) -> bool | None:
-    gold = question.get("answer")
-    if gold is None:
-        return None
-    golds = (gold if isinstance(gold, list) else [gold]) + list(question.get("aliases") or [])
-    p = normalize(prediction)
-    return bool(p) and any(p == normalize(g) for g in golds)
 
 
 def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, out: Path, run_id: str,
@@ -115,8 +125,33 @@ def summarize(results: list[dict]) -> dict:
         "mean_total_tokens": round(mean("input_tokens") + mean("output_tokens"), 1),
         "mean_calls": mean("calls"), "mean_seconds": mean("seconds"),
         "total_seconds": round(sum(r["seconds"] for r in results), 1),
+        "total_input_tokens": sum(r["input_tokens"] for r in results),
+        "total_output_tokens": sum(r["output_tokens"] for r in results),
+        "total_calls": sum(r["calls"] for r in results),
+        "filter": filter_counts(results), "validation": validation_counts(results),
         "per_agent_mean": {a: {k: round(v / n, 1) for k, v in d.items()} for a, d in sorted(agents.items())} if n else {},
     }
+
+
+def filter_counts(results: list[dict]) -> dict[str, int]:
+    """Filter decisions (no / sites / keep / unparseable), rewrites, replaced and 'unable' observations."""
+    out = {"calls": 0, "no": 0, "sites": 0, "keep": 0, "unparseable": 0, "rewrites": 0, "replaced": 0, "unable": 0}
+    for r in results:
+        for w in r.get("workers", []):
+            out["calls"] += w.get("filter_calls", 0)
+            for k, v in (w.get("filter_decisions") or {}).items():
+                out[k] = out.get(k, 0) + v
+            for k in ("rewrites", "replaced", "unable"):
+                out[k] += w.get(k, 0)
+    return out
+
+
+def validation_counts(results: list[dict]) -> dict[str, int]:
+    """Validations run, accepted and failed, and how many failures extended the manager's budget."""
+    vs = [r["validation"] for r in results if r.get("validation")]
+    return {"run": len(vs), "accepted": sum(bool(v.get("accepted")) for v in vs),
+            "failed": sum(not v.get("accepted") for v in vs),
+            "extended": sum(bool(v.get("extra_steps")) for v in vs)}
 
 
 def token_table(rows: dict[str, dict]) -> str:

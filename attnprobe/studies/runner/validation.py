@@ -1,15 +1,20 @@
 """Isolation-based stepwise validation (seed 000, section 4.2 and Figure 3).
 
 Stage 1 rebuilds, from the manager's memory (task + tool calls + observations, labelled T, O1..On),
-a labelled reasoning chain S1..Sk in which every step cites its premises. Stage 2 checks each step
-in isolation: a fresh context holds only the step and the texts of the premises it cites, and the
-model returns VALID or INVALID with a suggestion. The manager sees the outcome and decides.
+a labelled reasoning chain S1..Sk in which every step cites its premises; the last step states the
+answer (one is appended, citing every step, when the chain does not end with the proposed answer).
+Stage 2 checks each step in isolation: a fresh context holds only the step and the texts of the
+premises it cites, and the model returns VALID or INVALID with a suggestion. A final, task-aware
+check then sees only the task, the steps' claims and the proposed answer and asks whether the answer
+answers the task (right entity, unit, format). The manager sees the outcome and decides.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from attnprobe.studies.runner.answers import normalize
 
 STAGE1_SYSTEM = (
     "You reorganise an agent's work into a numbered reasoning chain. Write one step per line, in the form\n"
@@ -19,6 +24,13 @@ STAGE1_SYSTEM = (
 )
 STAGE2_SYSTEM = (
     "You check one reasoning step. Use only the premises given. Reply 'VALID' if the inference follows from them, "
+    "otherwise 'INVALID: ' followed by a short suggestion."
+)
+
+FINAL_SYSTEM = (
+    "You check whether a proposed answer actually answers a task. Use only the task, the reasoning steps and the "
+    "answer given. The answer must be of the kind the task asks for: the right entity, a number in the asked unit, "
+    "a date or year when a time is asked, in the asked format, and supported by the steps. Reply 'VALID' if it is, "
     "otherwise 'INVALID: ' followed by a short suggestion."
 )
 
@@ -74,6 +86,25 @@ def parse_chain(text: str, items: dict[str, str], answer: str) -> tuple[list[Ste
     return steps, True
 
 
+def with_answer_step(steps: list[Step], answer: str) -> tuple[list[Step], bool]:
+    """``steps`` ending with a step that states ``answer``: the last step if its claim contains the
+    normalised answer, else an appended step citing every step (returns (steps, appended))."""
+    norm = normalize(answer)
+    if steps and norm and norm in normalize(steps[-1].claim):
+        return steps, False
+    label = f"S{len(steps) + 1}"
+    return [*steps, Step(label, f"The answer to the task is {answer}.", [s.label for s in steps] or ["T"])], True
+
+
+def steps_to_check(steps: list[Step], cap: int) -> tuple[list[Step], list[str]]:
+    """At most ``cap`` steps, always including the last (answer) step: the first cap-1 and the last.
+    Returns (steps to check, labels left unchecked)."""
+    if len(steps) <= cap:
+        return list(steps), []
+    keep = [*steps[: cap - 1], steps[-1]]
+    return keep, [s.label for s in steps[cap - 1:-1]]
+
+
 def premises_for(step: Step, items: dict[str, str], steps: list[Step]) -> dict[str, str]:
     """Only the premises the step cites (T when it cites nothing: a claim must rest on something)."""
     by_label = {s.label: s.claim for s in steps}
@@ -92,6 +123,16 @@ def stage2_messages(step: Step, premises: dict[str, str]) -> list[dict]:
         {"role": "system", "content": STAGE2_SYSTEM},
         {"role": "user", "content": f"Premises:\n{prem}\n\nInference [{step.label}]: {step.claim}\n\n"
                                     "Does the inference follow from the premises alone?"},
+    ]
+
+
+def final_messages(task: str, answer: str, steps: list[Step]) -> list[dict]:
+    """The task-aware final check: the task, the steps' claims (no observations) and the answer."""
+    claims = "\n".join(f"{s.label}: {s.claim}" for s in steps)
+    return [
+        {"role": "system", "content": FINAL_SYSTEM},
+        {"role": "user", "content": f"Task: {task}\n\nReasoning steps:\n{claims}\n\nProposed answer: {answer}\n\n"
+                                    "Does the proposed answer answer the task?"},
     ]
 
 

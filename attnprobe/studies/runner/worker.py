@@ -1,20 +1,28 @@
-"""The search worker: web_search -> (filter) -> visit_page / find_in_page -> final_answer (its report)."""
+"""The search worker: web_search -> (filter decides what it sees) -> visit_page / find_in_page -> final_answer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from attnprobe.studies.runner.config import RunSettings
-from attnprobe.studies.runner.filter import decide, in_context_messages, isolated_messages
+from attnprobe.studies.runner.filter import (
+    ask_query_messages,
+    decide,
+    filter_action,
+    in_context_messages,
+    isolated_messages,
+    query_from_reply,
+    same_query,
+)
 from attnprobe.studies.runner.recorder import Recorder
 from attnprobe.studies.runner.tools import (
-    FILTER_TOOLS,
     FINAL_ANSWER,
     WORKER_TOOLS,
     ToolBox,
     arg,
     call_args,
     call_format,
+    format_results,
     no_call_hint,
     out_of_steps,
     tool_lines,
@@ -29,6 +37,8 @@ CALL_HINT = call_format("web_search", {"query": "keywords"})
 NO_CALL_HINT = no_call_hint(CALL_HINT)
 WORKER_OUT_OF_STEPS = out_of_steps("what you found", "what you found")
 MAX_CALLS_PER_REPLY = 3
+# The observation after the filter still answers No once the last rewrite is spent (then the queries tried).
+UNABLE_NOTE = "Unable to find a relevant result for this query; try a different approach."
 
 
 def agent_turn(rec: Recorder, agent: str, messages: list[dict], tools: list[dict], meta: dict,
@@ -58,6 +68,16 @@ class WorkerReport:
     parse_failures: int = 0
     forced: bool = False
     visited: list[str] = field(default_factory=list)
+    filter_decisions: dict[str, int] = field(default_factory=dict)  # kind -> count (FilterDecision.kind)
+    replaced: int = 0         # observations that were not the worker's own raw results
+    unable: int = 0           # observations replaced by UNABLE_NOTE
+    filter_events: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"report": self.report, "steps": self.steps, "searches": self.searches, "rewrites": self.rewrites,
+                "filter_calls": self.filter_calls, "filter_decisions": dict(self.filter_decisions),
+                "replaced": self.replaced, "unable": self.unable, "parse_failures": self.parse_failures,
+                "forced": self.forced, "filter_events": self.filter_events}
 
 
 def unknown_tool(name: str, allowed: list[dict]) -> str:
@@ -65,50 +85,108 @@ def unknown_tool(name: str, allowed: list[dict]) -> str:
     return f"Error: unknown tool {name!r}. Available tools: {names}."
 
 
+def rewrite_note(old: str, new: str) -> str:
+    return f"The result filter found no helpful result for {old!r} and searched again with {new!r}.\n"
+
+
+def unable_observation(tried: list[str]) -> str:
+    """What the worker sees when the filter still answers No after the last rewrite."""
+    return UNABLE_NOTE + " Queries tried: " + ", ".join(repr(q) for q in tried) + "."
+
+
 class SearchWorker:
     def __init__(self, rec: Recorder, toolbox: ToolBox, settings: RunSettings, index: int):
         self.rec, self.toolbox, self.settings, self.index = rec, toolbox, settings, index
 
-    def _filtered_search(self, task: str, query: str, history: list[dict], info: WorkerReport, call_id: str) -> str:
-        """Run web_search and, unless the filter is off, let it judge the results (and rewrite the query)."""
-        text, _ = self.toolbox.web_search(query)
+    def _ask_query(self, msgs: list[dict], reply_text: str, meta: dict) -> str | None:
+        """A bare No: ask the same filter context for the rewritten query (recorded as a filter call)."""
+        r = self.rec.call("filter", ask_query_messages(msgs, reply_text), None, extra_meta={**meta, "purpose": "rewrite"})
+        return query_from_reply(r)
+
+    def _filtered_search(self, task: str, query: str, history: list[dict], info: WorkerReport,
+                         call_id: str) -> tuple[str, dict | None]:
+        """Run web_search and, unless the filter is off, let it decide what the worker sees.
+
+        Sites chosen: only those results (formatted as web_search formats them). No: search again
+        with the rewritten query, at most ``max_rewrites`` times; still No after that: UNABLE_NOTE.
+        Unparseable: the results as they are (fail open). Returns (observation, event for the meta).
+        """
+        text, results = self.toolbox.web_search(query)
         info.searches += 1
         mode = self.settings.filter
         if mode == "none" or not query:
-            return text
-        note = ""
-        current = query
+            return text, None
+        original = text
+        event: dict = {"mode": mode, "query": query, "rounds": [], "rewrites": [], "chosen_urls": [],
+                       "outcome": "", "replaced": False}
+        notes = ""
+        current, tried = query, [query]
         for round_ in range(self.settings.max_rewrites + 1):
             if mode == "isolated":
                 msgs = isolated_messages(task, current, text)
             else:
                 msgs = in_context_messages(history + [{"role": "tool", "tool_call_id": call_id,
-                                                       "content": note + text}])
-            reply = self.rec.call("filter", msgs, FILTER_TOOLS,
-                                  extra_meta={"filter_mode": mode, "worker": self.index, "query": current,
-                                              "round": round_})
+                                                       "content": notes + text}])
+            meta = {"filter_mode": mode, "worker": self.index, "query": current, "round": round_}
+            reply = self.rec.call("filter", msgs, None, extra_meta=meta)
             info.filter_calls += 1
-            d = decide(reply, current)
-            if d.relevant or round_ == self.settings.max_rewrites:
-                if not d.relevant:
-                    note += (f"The result filter judged the results for {current!r} irrelevant, but no rewrites "
-                             "are left.\n")
-                return note + text
+            d = decide(reply, results)
+            info.filter_decisions[d.kind] = info.filter_decisions.get(d.kind, 0) + 1
+            event["rounds"].append({"query": current, **d.to_dict(), "action": filter_action(d)})
+            if not d.parsed or d.relevant:
+                obs = notes + text
+                if d.chosen_urls:
+                    chosen = [r for u in d.chosen_urls for r in results if r.url == u]
+                    self.toolbox.last_results = chosen
+                    obs = notes + format_results(chosen)
+                event["chosen_urls"] = list(d.chosen_urls)
+                event["outcome"] = d.kind
+                break
+            if round_ == self.settings.max_rewrites:
+                obs = unable_observation(tried)
+                info.unable += 1
+                event["outcome"] = "unable"
+                break
+            new = d.new_query if d.new_query and not any(same_query(d.new_query, q) for q in tried) else None
+            if new is None:
+                info.filter_calls += 1
+                new = self._ask_query(msgs, reply.content or reply.raw_text, {**meta, "round": round_})
+                if new is not None and any(same_query(new, q) for q in tried):
+                    new = None
+            if new is None:  # judged irrelevant and no new query to be had: nothing to show
+                obs = unable_observation(tried)
+                info.unable += 1
+                event["outcome"] = "unable"
+                event["no_query"] = True
+                break
             info.rewrites += 1
-            note += f"The result filter judged the results for {current!r} irrelevant and searched again with " \
-                    f"{d.new_query!r}.\n"
-            current = d.new_query
-            text, _ = self.toolbox.web_search(current)
+            event["rewrites"].append(new)
+            notes += rewrite_note(current, new)
+            current = new
+            tried.append(new)
+            text, results = self.toolbox.web_search(current)
             info.searches += 1
-        return note + text
+        event["replaced"] = obs != original
+        info.replaced += int(event["replaced"])
+        event["tokens"] = {"original": self.rec.count_tokens(original), "shown": self.rec.count_tokens(obs)}
+        event["chars"] = {"original": len(original), "shown": len(obs)}
+        info.filter_events.append(event)
+        return obs, event
 
     def run(self, task: str) -> WorkerReport:
         info = WorkerReport(report="", steps=0)
         messages: list[dict] = [{"role": "system", "content": WORKER_SYSTEM}, {"role": "user", "content": f"Task: {task}\n\n{CALL_HINT}"}]
         meta = {"worker": self.index, "worker_task": task}
+        pending: list[dict] = []  # filter events the next recorded worker call has in its context
+
+        def step_meta(step) -> dict:
+            m = {**meta, "step": step, **({"filter": list(pending)} if pending else {})}
+            pending.clear()
+            return m
+
         for step in range(self.settings.worker_steps):
             info.steps += 1
-            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, {**meta, "step": step}, NO_CALL_HINT)
+            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, step_meta(step), NO_CALL_HINT)
             if not calls:
                 info.parse_failures += 1
                 continue
@@ -118,7 +196,9 @@ class SearchWorker:
                     info.report = arg(args, "answer") or reply.content or "(no report)"
                     return info
                 if name == "web_search":
-                    obs = self._filtered_search(task, arg(args, "query"), messages, info, call["id"])
+                    obs, event = self._filtered_search(task, arg(args, "query"), messages, info, call["id"])
+                    if event is not None:
+                        pending.append({"call_id": call["id"], **event})
                 elif name == "visit_page":
                     url = arg(args, "url")
                     info.visited.append(url)
@@ -131,7 +211,7 @@ class SearchWorker:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": obs})
         info.forced = True
         messages.append({"role": "user", "content": WORKER_OUT_OF_STEPS})
-        reply = self.rec.call("search_worker", messages, [FINAL_ANSWER], extra_meta={**meta, "step": "forced"})
+        reply = self.rec.call("search_worker", messages, [FINAL_ANSWER], extra_meta=step_meta("forced"))
         if reply.tool_calls and reply.tool_calls[0]["function"]["name"] == "final_answer":
             info.report = arg(call_args(reply.tool_calls[0]), "answer")
         info.report = info.report or reply.content.strip() or _last_observation(messages) or "(no report)"
