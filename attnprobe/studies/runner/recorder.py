@@ -31,8 +31,10 @@ class Recorder:
     """Makes model calls for one run and writes each as a trajectory line."""
 
     def __init__(self, chat, path: Path, *, run_id: str, task: str, settings: dict, model_name: str | None = None,
-                 replay: list[dict] | None = None, max_tokens: int = 160, temperature: float = 0.0):
+                 replay: list[dict] | None = None, max_tokens: int = 160, temperature: float = 0.0,
+                 note=None):
         self.chat = chat
+        self.note = note  # progress callback: told which call is in flight
         self.path = Path(path)
         self.run_id = run_id
         self.task = task
@@ -59,6 +61,8 @@ class Recorder:
              extra_meta: dict | None = None) -> ChatReply:
         self.call_index += 1
         self.per_agent[agent] += 1
+        if self.note is not None:
+            self.note(f"call {self.call_index} ({agent})")
         call_id = f"{self.run_id}/{agent}-{self.per_agent[agent]}"
         reply = None
         if self.replay:

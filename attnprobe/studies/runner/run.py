@@ -87,9 +87,9 @@ def load_questions(path: str | Path) -> list[dict]:
 
 
 def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, out: Path, run_id: str,
-            replay: list[dict] | None = None) -> dict:
+            replay: list[dict] | None = None, note=None) -> dict:
     rec = Recorder(chat, out, run_id=run_id, task=question["question"], settings=settings.to_dict(),
-                   replay=replay, max_tokens=settings.max_tokens, temperature=settings.temperature)
+                   replay=replay, max_tokens=settings.max_tokens, temperature=settings.temperature, note=note)
     toolbox = ToolBox(search, top_k=settings.top_k, page_chars=settings.page_chars)
     t0 = time.perf_counter()
     outcome = Manager(rec, toolbox, settings).run(question["question"])
@@ -196,10 +196,12 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
         atomic_write_text(summary_path(out), json.dumps(
             {"setting": settings.name, "settings": settings.to_dict(), **summarize(rows)}, indent=2))
 
-    def work(batch: list[dict]) -> None:
+    def work(batch: list[dict], progress) -> None:
         for q in batch:
             run_id = f"{settings.name}-{q['id']}"
-            result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id))
+            # the bar shows the call in flight ("q03: call 7 (worker)"), not a silent 0/1 per question
+            result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id),
+                             note=lambda text, qid=q["id"]: progress.note(f"{qid}: {text}"))
             append_jsonl(rpath, result)
             finished[run_id] = result
             write_summary()
@@ -207,7 +209,8 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
     # catch=(): a failing question stops the run (rerun with --resume continues from it).
     counts = run_resumable(questions, work, done=lambda q: f"{settings.name}-{q['id']}" in done,
                            describe=lambda q: {"question_id": q["id"]}, errors_path=out.with_suffix(".errors.jsonl"),
-                           stage="run", desc=f"run {settings.name}", unit="q", progress=progress, catch=())
+                           stage="run", desc=f"run {settings.name}", unit="q", progress=progress, catch=(),
+                           item_progress=True)
     skipped = counts["done_before"]
     results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
