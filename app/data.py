@@ -1,13 +1,14 @@
 """Data access for the app: everything it reads goes through here.
 
 Rules (DESIGN section 12): the app reads only inside its data directory (every path is resolved,
-symlinks included, and must stay inside it), and it reads only JSON and safetensors.
-No Streamlit import here, so this module is testable and reusable on its own.
+symlinks included, and must stay inside it), and it reads only JSON and safetensors. JSON goes
+through :func:`attnprobe.io.load_json` (files over ``attnprobe.io.MAX_JSON_BYTES`` = 64 MiB are refused
+unread, nesting deeper than ``MAX_JSON_DEPTH`` = 100 is refused), so one hostile file costs its own
+entry, never a page. No Streamlit import here, so this module is testable and reusable on its own.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,6 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
-MAX_JSON_BYTES = 512 * 1024 * 1024  # refuse absurd JSON files instead of exhausting memory
 IBIS_MARKERS = ("decisions.jsonl", "attention.json", "metrics.json")
 
 
@@ -67,18 +67,24 @@ def rel_to(root: Path, path: Path) -> str:
 
 
 def read_json(root: Path, rel: str | os.PathLike) -> Any:
+    """One JSON file inside ``root`` through attnprobe's one loader (size cap, depth limit, UTF-8); a
+    DataError naming the file (relative to the data directory) on anything wrong."""
+    from attnprobe.io import load_json
+
     path = resolve_inside(root, rel)
+    where = rel_to(root, path)
+
+    def error(message: str, path=None, line: int | None = None) -> DataError:
+        return DataError(f"{where}, line {line}: {message}" if line is not None else f"{where}: {message}")
+
     if not path.is_file():
-        raise DataError(f"{rel_to(root, path)}: file not found")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise DataError(f"{rel_to(root, path)}: larger than {MAX_JSON_BYTES >> 20} MiB, not read")
+        raise error("file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{rel_to(root, path)}: corrupt JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-                        ) from None
-    except UnicodeDecodeError:
-        raise DataError(f"{rel_to(root, path)}: not UTF-8 text") from None
+        return load_json(path, error=error)
+    except (RecursionError, ValueError) as exc:  # e.g. an integer of more than 4300 digits
+        raise error(f"unreadable JSON ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise error(f"cannot read ({exc.strerror or exc})") from None
 
 
 def read_jsonl(root: Path, rel: str | os.PathLike) -> tuple[list[dict], list[str]]:
@@ -174,7 +180,7 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
             try:
                 meta = read_json(root, Path(rel) / META_FILE)
             except DataError as exc:
-                inv.problems.append(str(exc))
+                inv.problems.append(f"unreadable: {exc}")
                 continue
             if not isinstance(meta, dict) or "format_version" not in meta or "trajectory_id" not in meta:
                 continue  # some other tool's meta.json: not ours, not a problem
@@ -186,8 +192,8 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
                     num_queries=len(meta.get("queries", [])), layers=len(meta.get("layers", [])),
                     ibis=any(p == d or p in d.parents for p in ibis_dirs),
                     mtime=(d / META_FILE).stat().st_mtime))
-            except (TypeError, ValueError) as exc:
-                inv.problems.append(f"{rel}/{META_FILE}: malformed capture metadata ({exc})")
+            except (TypeError, ValueError, OSError) as exc:
+                inv.problems.append(f"unreadable: {rel}/{META_FILE}: malformed capture metadata ({exc})")
     return inv
 
 
@@ -201,14 +207,58 @@ def load_capture(root: Path, rel: str) -> CaptureResult:
             resolve_inside(root, p)  # a symlinked file pointing outside is refused
     if not (folder / META_FILE).is_file():
         raise DataError(f"{rel}: not a capture folder (no {META_FILE})")
+    read_json(root, Path(rel) / META_FILE)  # size and depth limits before CaptureResult parses it
     if not (folder / SCORES_FILE).is_file():
         raise DataError(f"{rel}: incomplete capture ({SCORES_FILE} is missing)")
     try:
-        return CaptureResult.load(folder)
+        res = CaptureResult.load(folder)
     except AttnprobeError as exc:
         raise DataError(str(exc).replace(str(root), "<data>")) from None
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError, OSError) as exc:
         raise DataError(f"{rel}: malformed capture ({type(exc).__name__}: {exc})") from None
+    problem = capture_problem(res)
+    if problem:
+        raise DataError(f"{rel}: inconsistent capture: {problem}")
+    return res
+
+
+def capture_problem(res: CaptureResult) -> str | None:
+    """The first way the arrays and metadata of ``res`` disagree (the pages index one with the
+    other), or None. CaptureResult.load checks only the score shapes against queries x segments."""
+    from attnprobe.render.segments import AUTHORS, ROLES
+
+    ids = np.asarray(res.input_ids)
+    if ids.ndim != 1:
+        return f"input_ids has shape {ids.shape}, expected one row of token ids"
+    n, nq, ns, nl = len(ids), len(res.queries), len(res.segments), len(res.layers)
+    claimed = res.meta.get("num_tokens")
+    if claimed is not None and claimed != n:
+        return f"meta.json says num_tokens {claimed!r} but scores.safetensors holds {n} input_ids"
+    if not res.segments:
+        return "no segments"
+    for i, s in enumerate(res.segments):
+        if not (0 <= s.start <= s.end <= n) or s.turn < 0:
+            return f"segments[{i}] spans tokens [{s.start}, {s.end}) of turn {s.turn}, outside the {n} tokens"
+        if s.role not in ROLES or s.author not in AUTHORS:
+            return (f"segments[{i}] has role {s.role!r} / author {s.author!r} (known: {', '.join(ROLES)} / "
+                    f"{', '.join(AUTHORS)})")
+    turns = res.num_turns
+    claimed = res.meta.get("num_turns")
+    if claimed is not None and claimed != turns:
+        return f"meta.json says num_turns {claimed!r} but the segments cover {turns} turns"
+    for i, q in enumerate(res.queries):
+        if not (0 <= q.position < n) or not (0 <= q.turn < turns):
+            return f"queries[{i}] is token {q.position} of turn {q.turn}, outside the {n} tokens / {turns} turns"
+    lh = res.layer_head_attention
+    if lh.shape[1] != nl or lh.shape[2] < 1:
+        return f"layer_head_attention has shape {lh.shape}, expected ({nq}, {nl} layers, heads, {ns})"
+    if len(set(res.layers)) != nl:
+        return f"layers {res.layers} repeat a layer"
+    if res.token_attention.shape != (nq, n):
+        return f"token_attention has shape {res.token_attention.shape}, expected ({nq} queries, {n} tokens)"
+    if res.offsets is not None and (res.offsets.ndim != 2 or res.offsets.shape[1] != 2 or len(res.offsets) < n):
+        return f"offsets has shape {res.offsets.shape}, expected ({n} tokens, 2)"
+    return None
 
 
 # ------------------------------------------------------------------ IBIS

@@ -12,6 +12,7 @@ from attnprobe_app import common as C
 from attnprobe_app import data as D
 
 ROLES_SHOWN = ("reasoning", "tool_call", "observation")
+PRESELECT = 12  # runs chosen when the page opens (each is loaded and binned)
 
 
 def render(root, inv) -> None:
@@ -32,8 +33,11 @@ def render(root, inv) -> None:
         bins = st.slider("bins", 5, 40, 20, key="decay_bins")
         min_past = st.slider("min. past turns per step", 1, 20, 5, key="decay_min_past")
         roles = st.multiselect("roles", ROLES_SHOWN, default=["reasoning", "observation"], key="decay_roles")
-    chosen = st.multiselect("runs", list(labels), default=list(labels)[:12], format_func=labels.get,
+    chosen = st.multiselect("runs", list(labels), default=list(labels)[:PRESELECT], format_func=labels.get,
                             key="decay_runs")
+    if len(labels) > PRESELECT:
+        st.caption(f"The first {PRESELECT} of {len(labels)} runs (by folder) are preselected; add or remove runs "
+                   "in the box above.")
     if not chosen:
         st.info("Choose one or more runs above.")
         return

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError
@@ -44,16 +48,53 @@ def cmd_app(args) -> int:
     if args.print_command:
         print(" ".join(cmd))
         return 0
-    proc = subprocess.Popen(cmd, env=env)
+    return run_child(cmd, env)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+
+
+def run_child(cmd: list[str], env: dict, *, grace: float = 15.0) -> int:
+    """Run the Streamlit server and stop it with us: SIGTERM, SIGINT and SIGHUP are forwarded to it
+    (it runs in its own session, so a terminal's Ctrl-C reaches it once, through us) and it gets
+    ``grace`` seconds to exit before SIGKILL. On Linux it also gets SIGTERM if we are killed outright
+    (SIGKILL). Never leaves it running. Exit code: the child's, 130 after Ctrl-C."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, forward)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        deadline = None
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if received and deadline is None:
+                    deadline = time.monotonic() + grace
+                if deadline is not None and time.monotonic() > deadline:
+                    proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # an exception of our own: take the child with us
             proc.kill()
-        raise
+            proc.wait()
+    return 130 if signal.SIGINT in received else rc
 
 
 def register(subparsers) -> None:

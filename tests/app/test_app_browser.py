@@ -1,5 +1,10 @@
 """End to end: `attnprobe app` on loopback, driven by headless Debian Chromium (selenium +
-chromedriver from apt; no browser is downloaded). Writes the page screenshots to docs/screenshots/."""
+chromedriver from apt; no browser is downloaded).
+
+Screenshots of every page go to a temporary folder (printed at the end of the module), so a test run
+never modifies tracked files. To refresh the tracked ones in docs/screenshots/, run it with
+``ATTNPROBE_UPDATE_SCREENSHOTS=1``.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from attnprobe.results.result import CaptureResult
 
 CHROMIUM = os.environ.get("ATTNPROBE_CHROMIUM", "/usr/bin/chromium")
 DRIVER = os.environ.get("ATTNPROBE_CHROMEDRIVER", "/usr/bin/chromedriver")
-SHOTS = ROOT / "docs" / "screenshots"
+TRACKED_SHOTS = ROOT / "docs" / "screenshots"
+UPDATE_SHOTS = os.environ.get("ATTNPROBE_UPDATE_SCREENSHOTS") == "1"
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,6 +73,14 @@ def server(app_data):
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where screenshots go: docs/screenshots/ only with ATTNPROBE_UPDATE_SCREENSHOTS=1."""
+    folder = TRACKED_SHOTS if UPDATE_SHOTS else tmp_path_factory.mktemp("screenshots")
+    yield folder
+    print(f"\nscreenshots: {folder}")
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +161,14 @@ def strip_vector(p, n):
     return out
 
 
-def shot(drv, name):
-    SHOTS.mkdir(parents=True, exist_ok=True)
+def shot(drv, folder: Path, name: str):
+    folder.mkdir(parents=True, exist_ok=True)
     drv.execute_script("window.scrollTo(0, 0)")
     time.sleep(0.5)
-    drv.save_screenshot(str(SHOTS / name))
+    assert drv.save_screenshot(str(folder / name)), name
 
 
-def test_browser_heatmap_and_token_selection(server, browser, app_data):
+def test_browser_heatmap_and_token_selection(server, browser, app_data, shots):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -171,7 +185,7 @@ def test_browser_heatmap_and_token_selection(server, browser, app_data):
     first = strip_vector(wait_for(browser, lambda: strip_plot(browser), what="token strip"), len(res.input_ids))
     steps = [i for i, q in enumerate(res.queries) if q.kind == "reasoning"]
     np.testing.assert_allclose(first, res.token_attention[steps[-1]], rtol=1e-5, atol=1e-9)  # default: latest step
-    shot(browser, "trajectory.png")
+    shot(browser, shots, "trajectory.png")
 
     # choose another reasoning-start token in the selectbox: the strip must follow
     box = next(b for b in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSelectbox"]')
@@ -195,13 +209,13 @@ def test_browser_heatmap_and_token_selection(server, browser, app_data):
     (new,) = wait_for(browser, changed, what="token strip to update")
     np.testing.assert_allclose(new, res.token_attention[target], rtol=1e-5, atol=1e-9)
     idle(browser)
-    shot(browser, "trajectory_token.png")
+    shot(browser, shots, "trajectory_token.png")
 
 
 @pytest.mark.parametrize("page", ["Decay", "Framings", "Models"])
-def test_browser_pages(server, browser, page):
+def test_browser_pages(server, browser, shots, page):
     browser.get(f"{server}/?page={page}")
     wait_for(browser, lambda: plots(browser), what=f"{page} figure")
     idle(browser)
     assert not browser.find_elements("css selector", '[data-testid="stException"]')
-    shot(browser, f"{page.lower()}.png")
+    shot(browser, shots, f"{page.lower()}.png")

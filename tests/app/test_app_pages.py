@@ -246,7 +246,7 @@ def test_corrupt_and_partial_data(monkeypatch, app_data, tmp_path):
         # the corrupt meta.json is reported, named, and the app keeps working
         exp = at.expander
         assert any("could not be read" in e.label for e in exp), page
-        assert "corrupt/meta.json: corrupt JSON" in texts(at, "text"), page
+        assert "unreadable: corrupt/meta.json, line 1: invalid JSON" in texts(at, "text"), page
     at = run_app(monkeypatch, data)
     opts = at.sidebar.selectbox(key="traj_run").options
     assert not any("corrupt" in o for o in opts)
@@ -257,10 +257,9 @@ def test_corrupt_and_partial_data(monkeypatch, app_data, tmp_path):
     assert "cannot read scores" in texts(at, "error")
     at.sidebar.text_input(key="traj_path").input("corrupt").run()
     assert not at.exception
-    assert "corrupt JSON" in texts(at, "error")
+    assert "corrupt/meta.json, line 1: invalid JSON" in texts(at, "error")
     at = run_app(monkeypatch, data, page="Framings")
-    assert "metrics.json: corrupt JSON" in texts(at, "text")
-    assert "no metrics.json yet" in texts(at, "warning") or "corrupt" in texts(at, "text")
+    assert "ibis/m/metrics.json, line 1: invalid JSON" in texts(at, "text")
 
 
 def test_paths_outside_the_data_dir_are_refused(monkeypatch, app_data, tmp_path):

@@ -349,8 +349,11 @@ def test_http_search_needs_key(monkeypatch):
 
 
 def test_http_search_against_local_server(monkeypatch):
-    """The generic provider against a real local HTTP server (search + page fetch)."""
+    """The generic provider against a real local HTTP server (search + page fetch; the local page is
+    allowed explicitly: private addresses are refused by default)."""
     import threading
+
+    monkeypatch.setenv("ATTNPROBE_ALLOW_PRIVATE_URLS", "1")
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
     class H(BaseHTTPRequestHandler):
@@ -539,3 +542,24 @@ def test_open_backend_registry_errors():
         open_backend("bogus")
     with pytest.raises(attnprobe.AttnprobeError, match="base URL"):
         open_backend("openai")
+
+
+def test_visit_page_refuses_private_addresses(monkeypatch):
+    """The model writes visit_page URLs: loopback, private, link-local and unresolvable hosts are never
+    opened (issue 13), unless ATTNPROBE_ALLOW_PRIVATE_URLS=1."""
+    from attnprobe.studies.runner import search as S
+
+    for url, kind in (("http://127.0.0.1:8000/x", "loopback"), ("http://localhost/", "loopback"),
+                      ("http://10.1.2.3/", "private"), ("http://169.254.169.254/latest/meta-data", "link-local"),
+                      ("http://[::1]/", "loopback"), ("http://0.0.0.0/", "unspecified")):
+        assert kind in (S.private_address(url) or ""), url
+    assert S.private_address("http://8.8.8.8/") is None
+    monkeypatch.setenv("ATTNPROBE_SEARCH_PROVIDER", "generic")
+    monkeypatch.setenv("ATTNPROBE_SEARCH_URL", "http://127.0.0.1:9/search")
+    opened = []
+    monkeypatch.setattr(S.urllib.request.OpenerDirector, "open", lambda self, *a, **k: opened.append(a))
+    assert S.HTTPSearch().fetch("http://127.0.0.1:9/secret") is None and not opened
+    monkeypatch.setenv("ATTNPROBE_ALLOW_PRIVATE_URLS", "1")
+    with pytest.raises(TypeError):  # the fake opener returns None: the request did go out
+        S.HTTPSearch().fetch("http://127.0.0.1:9/secret")
+    assert opened

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import re
 import urllib.error
@@ -20,6 +21,8 @@ from typing import Protocol
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import located_error, read_jsonl
+
+log = logging.getLogger(__name__)
 
 
 class SearchConfigError(AttnprobeError):
@@ -171,6 +174,7 @@ class HTTPSearch:
             raise SearchConfigError(f"the {self.provider} search API needs an endpoint: set ATTNPROBE_SEARCH_URL")
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.allow_private = os.environ.get("ATTNPROBE_ALLOW_PRIVATE_URLS") == "1"
 
     def _get_json(self, req: urllib.request.Request) -> dict:
         try:
@@ -203,15 +207,56 @@ class HTTPSearch:
         return [SearchResult(html_to_text(t), u, _snippet(html_to_text(s))) for t, u, s in items[:k] if u]
 
     def fetch(self, url: str) -> str | None:
+        """The page as text, or None when it cannot be fetched. The model writes these URLs, so only
+        public addresses are opened (also after redirects) unless ATTNPROBE_ALLOW_PRIVATE_URLS=1."""
         if urllib.parse.urlparse(url).scheme not in ("http", "https"):
             return None
+        allow = self.allow_private
+        if not allow and (why := private_address(url)):
+            log.warning("visit_page refused %s: %s (set ATTNPROBE_ALLOW_PRIVATE_URLS=1 to allow)", url, why)
+            return None
+        opener = urllib.request.build_opener(_PublicRedirects(allow))
         req = urllib.request.Request(url, headers={"User-Agent": "attnprobe-runner/0.1"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with opener.open(req, timeout=self.timeout) as resp:
                 raw = resp.read(self.max_bytes).decode("utf-8", errors="replace")
-        except (urllib.error.URLError, TimeoutError, ValueError):
+        except (urllib.error.URLError, TimeoutError, ValueError, OSError) as exc:
+            log.info("visit_page could not fetch %s: %s", url, exc)
             return None
         return html_to_text(raw) if "<" in raw else raw
+
+
+def private_address(url: str) -> str | None:
+    """Why ``url`` must not be fetched (its host resolves to a loopback, private, link-local, reserved
+    or multicast address, or does not resolve), or None for a public address."""
+    import ipaddress
+    import socket
+
+    host = urllib.parse.urlparse(url).hostname
+    if not host:
+        return "no host"
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        return f"host does not resolve ({exc})"
+    for info in infos:
+        ip = ipaddress.ip_address(info[4][0].split("%")[0])
+        for attr in ("is_loopback", "is_link_local", "is_unspecified", "is_multicast", "is_reserved", "is_private"):
+            if getattr(ip, attr):
+                return f"{host} resolves to {ip} ({attr[3:].replace('_', '-')})"
+    return None
+
+
+class _PublicRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to a public address (a public page must not bounce us to localhost)."""
+
+    def __init__(self, allow_private: bool):
+        self.allow_private = allow_private
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if not self.allow_private and (why := private_address(newurl)):
+            raise urllib.error.URLError(f"redirect to {newurl} refused: {why}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def make_search(kind: str = "bm25", corpus: str | Path | None = None) -> SearchBackend:
