@@ -170,6 +170,9 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         d = Path(dirpath)
         names = set(filenames)
+        if "record.json" in names and "masses.safetensors" in names:
+            dirnames[:] = []  # a counterfactual step (its own page); its original/ and counterfactual/ captures
+            continue
         rel = rel_to(root, d)
         if _is_ibis_folder(names):
             inv.ibis.append(rel)

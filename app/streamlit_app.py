@@ -22,9 +22,10 @@ import streamlit as st  # noqa: E402
 
 from attnprobe_app import common as C  # noqa: E402
 from attnprobe_app import data as D  # noqa: E402
-from attnprobe_app.views import decay, framings, models, trajectory  # noqa: E402
+from attnprobe_app.views import counterfactual, decay, framings, models, trajectory  # noqa: E402
 
-PAGES = {"Trajectory": trajectory, "Decay": decay, "Framings": framings, "Models": models}
+PAGES = {"Trajectory": trajectory, "Decay": decay, "Framings": framings, "Models": models,
+         "Counterfactual": counterfactual}
 
 
 def main() -> None:

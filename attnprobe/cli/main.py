@@ -34,12 +34,14 @@ SUBCOMMAND_MODULES = [
     "attnprobe.cli.ibis",  # ibis, compare
     "attnprobe.cli.run",  # run
     "attnprobe.cli.app",  # app
+    "attnprobe.cli.counterfactual",  # counterfactual
+    "attnprobe.cli.study",  # study masking
 ]
 
 # How `attnprobe --help` groups the commands; a command not listed here shows under "other".
 COMMAND_GROUPS = [
-    ("attention in recorded trajectories", ["capture", "report", "demo"]),
-    ("studies (generate, then capture)", ["run", "ibis", "compare"]),
+    ("attention in recorded trajectories", ["capture", "report", "demo", "counterfactual"]),
+    ("studies (generate, then capture)", ["run", "ibis", "compare", "study"]),
     ("trajectories and models", ["import", "convert", "serve"]),
     ("explore", ["app"]),
 ]

@@ -34,6 +34,9 @@ def _template():
     return template_env("attnprobe.results").get_template("report.html")
 
 
+COUNTERFACTUAL_RECORD = "record.json"  # attnprobe.counterfactual.run.RECORD_FILE (that module needs torch)
+
+
 def find_results(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
     """Every capture folder below root (a folder whose meta.json has a trajectory_id).
 
@@ -45,6 +48,9 @@ def find_results(root: Path, skipped: list[tuple[str, str]] | None = None) -> li
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not is_work_dir(d))
+        if COUNTERFACTUAL_RECORD in filenames:  # a counterfactual step: its two captures are reported there
+            dirnames[:] = []
+            continue
         if META_FILE not in filenames:
             continue
         meta = Path(dirpath) / META_FILE

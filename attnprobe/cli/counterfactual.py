@@ -1,0 +1,104 @@
+"""``attnprobe counterfactual``: per-step context counterfactuals (masking, IRCoT, refinement)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from attnprobe.cli.options import add_model_options, add_output_options, load_for_capture, parse_int_list
+from attnprobe.errors import AttnprobeError
+
+log = logging.getLogger(__name__)
+
+POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking, keep the last K), "
+               "ircot:o | ircot:oq | ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (extractive refiner of "
+               "the latest observation, keep N sentences), refine:openai:BASE_URL:MODEL")
+
+
+def add_counterfactual_options(p) -> None:
+    """Policies, steps and capture options of a counterfactual run (also used by ``study masking``)."""
+    g = p.add_argument_group("counterfactual")
+    g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
+    g.add_argument("--min-past", type=int, default=5,
+                   help="steps with at least this many past turns (default 5, seed 002 E.5)")
+    g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
+    g.add_argument("--max-steps", type=int, default=None, help="at most this many steps per trajectory")
+    g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
+    g.add_argument("--actions", action="store_true",
+                   help="also generate the next action (greedy) in both contexts and compare (transformers)")
+    g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
+    g.add_argument("--batch-size", type=int, default=1,
+                   help="steps per backend call (vLLM batches all their contexts in one generate)")
+    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size in tokens (default 512)")
+    g.add_argument("--layers", default=None, type=parse_int_list, help="layers to score (default all)")
+    g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
+                   help="rendering (default auto)")
+    g.add_argument("--max-tokens", type=int, default=None, help="refuse longer contexts")
+
+
+def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
+    """Load, run resumably, write OUT/summary.json and OUT/summary.md; (exit code, summary)."""
+    from attnprobe.counterfactual.policies import parse_policy
+    from attnprobe.counterfactual.run import RunOptions, choose_steps, run_counterfactuals
+    from attnprobe.counterfactual.summary import markdown_table, summarize_dir
+    from attnprobe.io import atomic_write_text
+    from attnprobe.trajectory.schema import load_trajectories
+
+    policies = [parse_policy(s) for s in (args.policies or ["mask:5"])]
+    trajs = []
+    for f in files:
+        trajs.extend(load_trajectories(f))
+    if not trajs:
+        raise AttnprobeError("no trajectories in the given files")
+    if not any(choose_steps(t, min_past=args.min_past, include_actions=args.include_actions, turns=args.turns)
+               for t in trajs):
+        raise AttnprobeError(f"no step qualifies (reasoning steps with >= {args.min_past} past turns); "
+                             f"lower --min-past or pick --turns")
+    model = load_for_capture(args)
+    chat = None
+    if args.actions:
+        import torch
+
+        from attnprobe.generation.transformers_chat import TransformersChat
+
+        if not isinstance(model.model, torch.nn.Module):  # a vLLM engine has no in-process generate of ours
+            raise AttnprobeError("--actions generates in process with the capture model: use the transformers backend")
+        chat = TransformersChat(model)
+    opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
+                      chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
+                      progress=not args.no_progress)
+    counts = run_counterfactuals(model, trajs, policies, out, opts=opts, chat=chat, min_past=args.min_past,
+                                 include_actions=args.include_actions, turns=args.turns, max_steps=args.max_steps,
+                                 batch_size=args.batch_size, force=args.force)
+    summary = summarize_dir(out)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))
+    atomic_write_text(out / "summary.md", md)
+    log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
+             counts["done"], counts["done_before"], counts["failed"], out / "summary.md")
+    if not getattr(args, "quiet", False):
+        print(markdown_table(summary, "decision"))
+    return (1 if counts["failed"] else 0), summary
+
+
+def cmd_counterfactual(args) -> int:
+    out = Path(args.out)
+    code, _ = execute(args, [Path(p) for p in args.trajectories], out)
+    return code
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "counterfactual", help="what masking / IRCoT / refinement do to attention and the next action, per step",
+        description="For every chosen step of every trajectory, apply each context policy to the messages before "
+                    "the step, capture the original and the counterfactual context at the decision position and "
+                    "at the step's reasoning start, and record the attention mass the removed spans held, where it "
+                    "goes, tokens saved and (--actions) whether the next action changes. One folder per "
+                    "(trajectory, policy, step) under OUT; finished steps are skipped on rerun (resume). "
+                    "Writes OUT/summary.json and OUT/summary.md.")
+    p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_model_options(p, backends=True)
+    add_counterfactual_options(p)
+    add_output_options(p, out_required=True, out_help="output folder")
+    p.set_defaults(func=cmd_counterfactual)

@@ -1,0 +1,46 @@
+"""A counterfactual run on vLLM (fp32, CPU; every context of several steps in one generate) agrees with
+the transformers backend within 1e-4 on every stored number."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.sampling_params", reason="the vLLM backend tests need vLLM (run .ci/vllm.sh)")
+
+TOL = 1e-4
+
+
+def test_counterfactual_vllm_matches_transformers(smol_folder, shipped, tmp_path):
+    import attnprobe
+    from attnprobe.counterfactual.policies import ircot, mask_observations
+    from attnprobe.counterfactual.run import RunOptions, iter_records, load_step, run_counterfactuals
+    from attnprobe_hooks.vllm import backend as vllm_backend
+
+    traj = next(t for t in shipped if t.id == "sample-long-research")
+    policies = [mask_observations(3), ircot("oq")]
+    tm = attnprobe.load_model(str(smol_folder), backend="transformers", dtype="float32")
+    run_counterfactuals(tm, [traj], policies, tmp_path / "tf", turns=[5, 6], batch_size=2,
+                        opts=RunOptions(chunk_size=256))
+    vm = attnprobe.load_model(str(smol_folder), backend="vllm", dtype="float32", chunk_size=256)
+    try:
+        counts = run_counterfactuals(vm, [traj], policies, tmp_path / "vl", turns=[5, 6], batch_size=2,
+                                     opts=RunOptions(chunk_size=256))
+    finally:
+        vllm_backend.unload(vm)
+    assert counts["done"] == 2 and counts["failed"] == 0
+    tf = {(r["policy"], r["step_message_index"]): r for r in iter_records(tmp_path / "tf")}
+    vl = {(r["policy"], r["step_message_index"]): r for r in iter_records(tmp_path / "vl")}
+    assert tf.keys() == vl.keys() and len(tf) == 4
+    for key, a in tf.items():
+        b = vl[key]
+        assert a["changes"] == b["changes"] and a["tokens"] == b["tokens"]
+        for q in a["queries"]:
+            assert abs(a["queries"][q]["removed_mass"] - b["queries"][q]["removed_mass"]) <= TOL
+            for g, v in a["queries"][q]["redistribution"].items():
+                assert abs(v - b["queries"][q]["redistribution"][g]) <= TOL, (key, q, g)
+    for d in (tmp_path / "tf").glob("*/*/step_*"):
+        _, xa = load_step(d)
+        _, xb = load_step(tmp_path / "vl" / d.relative_to(tmp_path / "tf"))
+        for name in ("mass_original", "mass_counterfactual"):
+            assert float(np.abs(xa[name] - xb[name]).max()) <= TOL, name
