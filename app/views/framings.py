@@ -145,10 +145,16 @@ def _aggregated(ib: D.IbisFolder) -> None:
     ag = a.get("attentional_gap") or {}
     c1, c2 = st.columns(2)
     v, ci = _fmt_gap(ag, pct=False)
-    c1.metric("attentional gap: own call − external query", v)
-    c1.caption(ci)
+    c1.metric("attentional gap: query tokens, own − external (length-matched)", v)
+    c1.caption(ci if ag.get("gap") is not None else (ag.get("reason") or ci))
     c2.metric("items with a positive gap", "n/a" if ag.get("share_items_positive") is None
               else f"{100 * ag['share_items_positive']:.0f}%")
+    wg = a.get("whole_call_gap") or {}
+    if wg.get("gap") is not None:
+        wv, wci = _fmt_gap(wg, pct=False)
+        st.caption(f"Secondary, not length-matched: whole own call ({wg['tokens']['agentic_whole_call']} tokens) − "
+                   f"external query ({wg['tokens']['observer_query']} tokens) = {wv} {wci}. A longer span collects "
+                   "more mass whatever its owner.")
     gaps = pd.DataFrame([{"category": c, "agentic − observer": sub[c].get("gap_agentic_minus_observer"),
                           "95% CI": str(sub[c].get("ci95"))} for c in SHOWN if c in sub])
     st.dataframe(gaps, hide_index=True)

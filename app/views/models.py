@@ -55,13 +55,21 @@ def render(root, inv) -> None:
             r.setdefault(k, None)
     st.plotly_chart(ibis_compare_figure(rows), key="models_fig", config={"displaylogo": False})
     st.caption("Left: behavioural inertia gap = observer − agentic accuracy on should_research items (paired, 95% "
-               "bootstrap CI). Right: attentional gap = decision-token attention on the own web_search call "
-               "(agentic) − on the same query shown as external text (observer).")
+               "bootstrap CI). Right: attentional gap (length-matched) = decision-token attention on the query's "
+               "own tokens, owned by the model (agentic) − the same tokens shown as external text (observer); "
+               "matched-protocol folders only (the paper's observer shows no query).")
     df = pd.DataFrame([{
-        "model": r.get("model"), "items": r.get("n_items"),
+        "model": r.get("model"), "variant (folder)": r.get("label"), "dtype": r.get("dtype"),
+        "items": r.get("n_items"),
         "inertia gap (pp) [95% CI]": format_ci(r.get("inertia_gap"), r.get("inertia_gap_ci95"), pct=True, unit=""),
         "McNemar p": r.get("mcnemar_p"),
-        "attentional gap [95% CI]": format_ci(r.get("attentional_gap"), r.get("attentional_gap_ci95")),
+        "protocol": r.get("protocol"),
+        "attentional gap, query tokens [95% CI]": (
+            format_ci(r.get("attentional_gap"), r.get("attentional_gap_ci95"))
+            if r.get("attentional_gap_measure") == "query_tokens" else "n/a"),
+        "forced-choice gap (pp), own call renamed": format_ci(r.get("forced_choice_control_gap"),
+                                                              r.get("forced_choice_control_gap_ci95"), pct=True,
+                                                              unit=""),
         "results attention gap [95% CI]": format_ci(r.get("results_attention_gap"),
                                                     r.get("results_attention_gap_ci95")),
         "flips in inertia direction": r.get("share_inertia_direction"),

@@ -20,7 +20,9 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
 )
+from attnprobe.distributed import add_cluster_options
 from attnprobe.io import atomic_write_text
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
@@ -60,7 +62,7 @@ def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, pr
 
 
 def _add_generation(p):
-    g = add_generation_options(p, max_new_tokens=64, backend_alias=True)
+    g = add_generation_options(p, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, backend_alias=True)
     g.add_argument(
         "--batch-size", type=int, default=12,
         help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
@@ -76,7 +78,7 @@ def _add_report(p):
     g = p.add_argument_group("report")
     g.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples for CIs (default 10000)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap and permutations")
-    g.add_argument("--permutations", type=int, default=200, help="label permutations for the flip-AUC p-values")
+    g.add_argument("--permutations", type=int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
     g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                    help="embed plotly.js in report.html (works offline; default) or load it from the CDN")
 
@@ -98,6 +100,7 @@ def register(subparsers) -> None:
     add_model_options(p_all)
     _add_generation(p_all)
     _add_capture(p_all, force_capture=True)
+    add_cluster_options(p_all)
     _add_report(p_all)
     _add_output(p_all, force_help="redo finished items in every stage instead of resuming")
     p_all.set_defaults(func=cmd_all)
@@ -119,6 +122,7 @@ def register(subparsers) -> None:
     _add_items(p_cap)
     add_model_options(p_cap)
     _add_capture(p_cap, force_capture=False)
+    add_cluster_options(p_cap)
     _add_output(p_cap, force_help="recapture finished items (old name: --force-capture)")
     add_hidden_alias(p_cap, "--force-capture", "force", action="store_true")
     p_cap.set_defaults(func=cmd_capture)
@@ -187,11 +191,27 @@ def _model_name(args) -> str:
 
 
 def _folder(args, name: str | None = None) -> Path:
-    """<results>/<model> for the paper protocol, <results>/<model>__matched for the matched one."""
+    """<results>/<model>[__<dtype>][__matched]: one folder per variant (a dtype other than float32 gets
+    its own folder) and protocol, so results of different variants are never mixed."""
     if args.folder:
         return args.folder
     protocol = getattr(args, "protocol", "paper")
-    return args.results / (slug(name or _model_name(args)) + ("" if protocol == "paper" else f"__{protocol}"))
+    dtype = getattr(args, "dtype", "float32")
+    return args.results / (slug(name or _model_name(args)) + ("" if dtype in (None, "float32") else f"__{dtype}")
+                           + ("" if protocol == "paper" else f"__{protocol}"))
+
+
+def _variant(args, backend: str) -> dict:
+    """What makes a result a result of *this* model: the dtype, and the weights fingerprint (in process)
+    or the endpoint and served model (generation through an OpenAI-compatible server)."""
+    from attnprobe.capture.api import weights_hash
+
+    v = {"dtype": getattr(args, "dtype", "float32")}
+    if backend == "openai":
+        v.update({"endpoint": args.base_url, "served_model": args.served_model})
+    else:
+        v["weights"] = weights_hash(args.model)
+    return v
 
 
 def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
@@ -220,9 +240,15 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     if done_with != args.protocol:
         raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {args.protocol}: use "
                          "another --folder (or the default folder of that protocol)")
+    variant = {**run.get("variant", {}), **_variant(args, backend)}
+    diffs = [f"{k} was {run['variant'][k]!r}, now {variant[k]!r}" for k in run.get("variant", {})
+             if k in _variant(args, backend) and run["variant"][k] != variant[k]]
+    if diffs:
+        raise ValueError(f"{folder} holds results of another variant ({'; '.join(diffs)}): use another --folder "
+                         "(or --results; a dtype other than float32 gets its own default folder)")
     write_jsonl(folder / "framings.jsonl",
                 (build_framing(it, fr, args.protocol).to_dict() for it in all_items for fr in FRAMINGS))
-    run.update({"model": name, "protocol": args.protocol, "attnprobe_version": __version__, "items_source": str(args.items),
+    run.update({"model": name, "protocol": args.protocol, "variant": variant, "attnprobe_version": __version__, "items_source": str(args.items),
                 "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})
     atomic_write_text(run_path, json.dumps(run, indent=1))
@@ -267,19 +293,53 @@ def cmd_run(args) -> int:
     return 1 if counts["failed"] else 0
 
 
+def _invariants_on(model, items, protocol):  # runs on a Ray replica (the driver loads no model)
+    return _check_invariants(model.tokenizer, items, protocol)
+
+
+def _ray_pool(args):
+    """The Ray replica pool of --ray (reused across the item groups of ``ibis all``), or None."""
+    from attnprobe.distributed import ReplicaPool, cluster_from_args
+
+    cluster = cluster_from_args(args)
+    if cluster is None:
+        return None
+    if getattr(args, "_pool", None) is None:
+        args._pool = ReplicaPool(args.model, cluster=cluster, dtype=args.dtype, load_options={"device": args.device},
+                                 progress=not args.no_progress)
+    return args._pool
+
+
 def cmd_capture(args, aggregate_now: bool = True) -> int:
-    from attnprobe.capture.models import load_model
     from attnprobe.studies.ibis.attention import aggregate, run_attention
 
     items = _items(args)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    folder = _folder(args, getattr(args, "_name", None) or loaded.name)
-    if not (folder / "items.jsonl").is_file():
-        _prepare_folder(folder, items, args, loaded.name, "transformers")
-    inv = _check_invariants(loaded.tokenizer, items, args.protocol)
-    counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size,
-                           force=args.force or getattr(args, "force_capture", False), progress=not args.no_progress,
-                           protocol=args.protocol)
+    force = args.force or getattr(args, "force_capture", False)
+    own_pool = getattr(args, "_pool", None) is None
+    pool = _ray_pool(args)
+    try:
+        if pool is not None:
+            name = getattr(args, "_name", None) or _model_name(args)
+            folder = _folder(args, name)
+            if not (folder / "items.jsonl").is_file():
+                _prepare_folder(folder, items, args, name, "transformers")
+            inv = pool.run_on_replica(_invariants_on, items, args.protocol)
+            counts = pool.ibis_attention(items, folder, framings=FRAMINGS, chunk_size=args.chunk_size, force=force,
+                                         protocol=args.protocol)
+        else:
+            from attnprobe.capture.models import load_model
+
+            loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+            folder = _folder(args, getattr(args, "_name", None) or loaded.name)
+            if not (folder / "items.jsonl").is_file():
+                _prepare_folder(folder, items, args, loaded.name, "transformers")
+            inv = _check_invariants(loaded.tokenizer, items, args.protocol)
+            counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size, force=force,
+                                   progress=not args.no_progress, protocol=args.protocol)
+    finally:
+        if pool is not None and own_pool and not getattr(args, "_pool_shared", False):
+            pool.close()
+            args._pool = None
     index = aggregate(items, folder, protocol=args.protocol) if aggregate_now else None
     _update_run(folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size, "invariants": inv,
                                       **counts, "aggregated_items": len(index["items"]) if index else None})
@@ -312,12 +372,18 @@ def cmd_all(args) -> int:
     per = max(1, args.batch_size // max(1, len(args.framings)))
     rc = 0
     all_ids = [it.id for it in items]
-    for start in range(0, len(items), per):
-        args.ids = all_ids[start:start + per]
-        args.limit = None
-        rc = max(rc, cmd_run(args))
-        rc = max(rc, cmd_capture(args, aggregate_now=False))
-        print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
+    args._pool_shared = True  # with --ray, every item group uses one pool: each replica loads the model once
+    try:
+        for start in range(0, len(items), per):
+            args.ids = all_ids[start:start + per]
+            args.limit = None
+            rc = max(rc, cmd_run(args))
+            rc = max(rc, cmd_capture(args, aggregate_now=False))
+            print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
+    finally:
+        if getattr(args, "_pool", None) is not None:
+            args._pool.close()
+            args._pool = None
     args.ids, args.limit = all_ids, None
     index = aggregate(_items(args), _folder(args, args._name), protocol=args.protocol)
     _update_run(_folder(args, args._name), "aggregate", {"items": len(index["items"]) if index else 0})

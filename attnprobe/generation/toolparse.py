@@ -2,7 +2,9 @@
 
 Small models rarely follow one format: we accept Qwen/Hermes ``<tool_call>{...}</tool_call>``,
 Llama-3 style bare JSON (``{"name": ..., "parameters": ...}``), the smolagents ``Calling tools:
-[...]`` list, fenced ```json blocks, ``Action: {...}`` and Python-call style ``web_search("q")``.
+[...]`` list (JSON, or the Python repr that seed 001 appendix E writes: ``[{'id': ..., 'function':
+{'name': 'web_search', 'arguments': {'query': ...}}}]``), fenced ```json blocks, ``Action: {...}`` and
+Python-call style ``web_search("q")``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,49 @@ def _json_objects(text: str) -> list[tuple[int, int, object]]:
     return out
 
 
+def _bracket_end(text: str, start: int) -> int | None:
+    """Index just past the bracketed literal opening at ``text[start]`` (quote-aware, ' and ")."""
+    pairs = {"{": "}", "[": "]", "(": ")"}
+    stack, quote, esc = [], None, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in ")]}":
+            if not stack or ch != stack.pop():
+                return None
+            if not stack:
+                return i + 1
+    return None
+
+
+def _python_literals(text: str) -> list[tuple[int, int, object]]:
+    """Every top-level Python literal ({...} or [...]) that ``ast.literal_eval`` accepts, with its span
+    (the Python-repr call lists of the smolagents format; never evaluated beyond literals)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] in "{[":
+            end = _bracket_end(text, i)
+            if end is not None:
+                try:
+                    out.append((i, end, ast.literal_eval(text[i:end])))
+                    i = end
+                    continue
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    pass
+        i += 1
+    return out
+
+
 def _as_call(obj, known: set[str] | None) -> ParsedCall | None:
     if not isinstance(obj, dict):
         return None
@@ -82,12 +127,13 @@ def parse_tool_calls(text: str, known_tools: list[str] | None = None) -> tuple[s
                 calls += found
         if calls:
             return text[:first].strip(), calls
-    for start, _end, obj in _json_objects(text):
-        found = _calls_from(obj, known)
-        if found:
-            head = text[:start]
-            head = re.sub(r"(Calling tools:|Action:)\s*$", "", head.rstrip())
-            return head.strip(), found
+    for literals in (_json_objects, _python_literals):
+        for start, _end, obj in literals(text):
+            found = _calls_from(obj, known)
+            if found:
+                head = text[:start]
+                head = re.sub(r"(Calling tools:|Action:)\s*$", "", head.rstrip())
+                return head.strip(), found
     if known:
         for m in _PYCALL.finditer(text):
             name = m.group(1)

@@ -92,20 +92,31 @@ class TransformersChat:
         return names or None
 
     def _stopping(self, n_prompt: int, names: list[str]):
+        """Stop each row once its new text holds a complete call of one of ``names`` (greedy decoding
+        makes the stopped text a prefix of the full generation, so the parsed action is the same).
+        Rows are judged separately; a finished row is padded while the others go on."""
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         tok, every = self.tokenizer, self.stop_check_every
 
         class _CallComplete(StoppingCriteria):
+            def __init__(self):
+                self.done: torch.Tensor | None = None
+
             def __call__(self, input_ids, scores, **kwargs):
+                if self.done is None:
+                    self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
                 n_new = input_ids.shape[1] - n_prompt
-                done = False
                 if n_new > 0 and n_new % every == 0:
-                    text = tok.decode(input_ids[0, n_prompt:], skip_special_tokens=True)
-                    # every call syntax toolparse accepts closes with "}" or ")": skip the parse until then
-                    done = ("}" in text or ")" in text) and bool(parse_tool_calls(text, names)[1])
-                return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+                    for r in range(input_ids.shape[0]):
+                        if self.done[r]:
+                            continue
+                        text = tok.decode(input_ids[r, n_prompt:], skip_special_tokens=True)
+                        # every call syntax toolparse accepts closes with "}" or ")": skip the parse until then
+                        if ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
+                            self.done[r] = True
+                return self.done.to(input_ids.device).clone()
 
         return StoppingCriteriaList([_CallComplete()])
 
@@ -135,8 +146,9 @@ class TransformersChat:
 
     def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
                       temperature: float = 0.0) -> list[ChatReply]:
-        """:meth:`complete` for several (messages, tools) requests in one left-padded batch (no stop
-        at call: every row runs to its end-of-sequence token or ``max_tokens``)."""
+        """:meth:`complete` for several (messages, tools) requests in one left-padded batch. With
+        stop-at-call on, each row stops once it holds a complete call of a stop name common to every
+        request (otherwise at its end-of-sequence token or ``max_tokens``)."""
         import torch
 
         prompts = [self.prompt(messages, tools) for messages, tools in requests]
@@ -146,16 +158,34 @@ class TransformersChat:
         mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts])
         if self._device() is not None:
             ids, mask = ids.to(self._device()), mask.to(self._device())
+        kw = self._gen_kwargs(max_tokens, temperature)
+        name_sets = [self._active_stop_names(tools) for _, tools in requests]
+        names = sorted(set.intersection(*(set(n or ()) for n in name_sets))) if all(name_sets) else []
+        stop = self._stopping(width, names) if names else None
+        if stop is not None:
+            kw["stopping_criteria"] = stop
         with torch.inference_mode():
-            out = self.loaded.model.generate(ids, attention_mask=mask, **self._gen_kwargs(max_tokens, temperature))
+            out = self.loaded.model.generate(ids, attention_mask=mask, **kw)
+        at_call = stop[0].done if stop is not None and stop[0].done is not None else None
         eos = self.tokenizer.eos_token_id
         replies = []
-        for (_, tools), prompt, row in zip(requests, prompts, out):
+        for r, ((_, tools), prompt, row) in enumerate(zip(requests, prompts, out)):
             new = row[width:].tolist()
-            if eos is not None and eos in new:  # a finished row is padded up to the longest one
+            if at_call is not None and at_call[r]:  # stopped at its call, then padded: cut at the call
+                new = self._cut_at_call(new, names)
+            elif eos is not None and eos in new:  # a finished row is padded up to the longest one
                 new = new[: new.index(eos) + 1]
             replies.append(self._reply(prompt, new, tools, max_tokens))
         return replies
+
+    def _cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
+        """The shortest prefix of ``new`` whose text holds a complete call (the row's own stop point)."""
+        for n in range(1, len(new) + 1):
+            if n % self.stop_check_every == 0:
+                text = self.tokenizer.decode(new[:n], skip_special_tokens=True)
+                if ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
+                    return new[:n]
+        return new
 
     def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int) -> ChatReply:
         tok = self.tokenizer

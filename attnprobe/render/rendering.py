@@ -42,6 +42,9 @@ class Part:
     call: dict | None = None  # the tool call, for native locating
     subspans: list[tuple[int, int, str, str, str]] = field(default_factory=list)  # (s, e, role, author, name)
     span: tuple[int, int] | None = None
+    # tool-call argument values to label as their own sub-parts: (argument, value, role, author, name);
+    # resolved to ``subspans`` once the call is located in the rendered text
+    arg_marks: list[tuple[str, str, str, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +96,35 @@ def _annotated(part: Part, msg: dict) -> Part:
     return part
 
 
+def _call_marks(call: dict, args: dict, where: str) -> list[tuple[str, str, str, str, str]]:
+    """``annotations`` of a tool call (``[{"argument": "query", "role": ..., "author": ...}]``): the
+    value of that argument becomes its own segment, named ``<where>.arguments.<argument>``."""
+    marks = []
+    for ann in call.get("annotations") or []:
+        name = ann.get("argument")
+        value = args.get(name)
+        if not isinstance(value, str) or not value:
+            raise RenderError(f"{where}: annotation of argument {name!r}, which is not a non-empty string argument")
+        marks.append((name, value, ann.get("role", "tool_call"), ann.get("author", "self"),
+                      f"{where}.arguments.{name}"))
+    return marks
+
+
+def _resolve_marks(text: str, part: Part) -> None:
+    """Find each marked argument value inside the located call (raw, or JSON-escaped as templates write it)."""
+    s, e = part.span
+    body = text[s:e]
+    for _arg, value, role, author, name in part.arg_marks:
+        for lit in (value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]):
+            at = body.find(lit)
+            if at >= 0:
+                part.subspans.append((at, at + len(lit), role, author, name))
+                break
+        else:
+            raise RenderError(f"message {part.message_index} ({name}): argument value not found inside the "
+                              f"rendered tool call")
+
+
 def _text_parts(i: int, msg: dict, turn: int, role: str, author: str) -> list[Part]:
     text = message_text(msg.get("content"))
     author = msg.get("author", author)
@@ -141,7 +173,8 @@ def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Pa
                 for j, call in enumerate(calls):
                     fn = {"name": call["function"]["name"], "arguments": _args_dict(call)}
                     new["tool_calls"].append({"id": call.get("id"), "type": "function", "function": fn})
-                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, call=fn))
+                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, call=fn,
+                                      arg_marks=_call_marks(call, fn["arguments"], f"tool_calls[{j}]")))
             elif calls:
                 literals = []
                 for j, call in enumerate(calls):
@@ -149,7 +182,8 @@ def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Pa
                                       "function": {"name": call["function"]["name"], "arguments": _args_dict(call)}},
                                      ensure_ascii=False)
                     literals.append(lit)
-                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, literal=lit))
+                    parts.append(Part(i, f"tool_calls[{j}]", "tool_call", author, turn, literal=lit,
+                                      arg_marks=_call_marks(call, _args_dict(call), f"tool_calls[{j}]")))
                 prefix = new["content"] + "\n" if new["content"] else ""
                 new["content"] = prefix + "Calling tools:\n[" + ", ".join(literals) + "]"
             out_msgs.append(new)
@@ -258,6 +292,8 @@ def _locate(text: str, parts: list[Part]) -> None:
                 raise RenderError(f"message {part.message_index} ({part.name}): tool call "
                                   f"{part.call['name']!r} not found in the rendered template output")
             part.span = hit2
+        if part.arg_marks:
+            _resolve_marks(text, part)
         cursor = part.span[1]
 
 
@@ -309,13 +345,16 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
     offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     # Every character gets the index of the (sub)part covering it, or -1 for template text.
     labels: list[tuple[str, str, int, int, str]] = []  # (role, author, turn, message_index, name)
+    children: dict[int, list[int]] = {}  # part label -> its sub-part labels
     char_label = np.full(len(text), -1, dtype=np.int64)
     for part in parts:
         s, e = part.span
         labels.append((part.role, part.author, part.turn, part.message_index, part.name))
-        char_label[s:e] = len(labels) - 1
+        parent = len(labels) - 1
+        char_label[s:e] = parent
         for a, b, role, author, name in part.subspans:
             labels.append((role, author, part.turn, part.message_index, name))
+            children.setdefault(parent, []).append(len(labels) - 1)
             char_label[s + a:s + b] = len(labels) - 1
     n = len(ids)
     tok_label = np.full(n, -1, dtype=np.int64)
@@ -328,13 +367,6 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
                 tok_label[t] = hit[0]
     # Parts with no token would vanish silently: refuse.
     present = set(tok_label[tok_label >= 0].tolist())
-    children: dict[int, list[int]] = {}
-    parent = -1
-    for idx, lab in enumerate(labels):
-        if lab[4].startswith("annotation"):
-            children.setdefault(parent, []).append(idx)
-        else:
-            parent = idx
     for idx, lab in enumerate(labels):
         if idx in present or any(c in present for c in children.get(idx, [])):
             continue

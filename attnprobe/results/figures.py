@@ -3,6 +3,7 @@ computed by attnprobe.analysis / attnprobe.ibis (one place for each picture; no 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,9 +34,25 @@ def _snip(s: str, n: int = HOVER_CHARS) -> str:
     return "<br>".join(x.replace("<", "&lt;") for x in out)
 
 
+NO_VALUE_GREY = "#cccccc"  # heatmap background where a cell has no value; darker than the scales' white zero
+HEATMAP_GREY_NOTE = (
+    "Grey cells have no value (not zero attention, which is white): the diagonal is masked (a step's own "
+    "turn), and a turn with no reasoning-step query (turn 0 with the system prompt and task, a tool-call-only "
+    "message, a step cut off by truncation) has no row in the lower triangle and no column in the upper one. "
+    "When no reasoning step comes after such a turn either (usually the last turn), its whole row and column "
+    "are grey.")
+
+
+def turn_axis(n: int, max_ticks: int = 25) -> dict:
+    """Plotly axis settings with integer ticks for ``n`` turns (0..n-1): one tick per turn up to
+    ``max_ticks`` turns, else every k-th turn; never the fractional ticks plotly picks for 2-3 turns."""
+    return dict(tickmode="linear", tick0=0, dtick=max(1, math.ceil(n / max_ticks)), tickformat="d")
+
+
 def heatmap_figure(hm, texts: dict[str, list[str]] | None = None, title: str = "") -> go.Figure:
     """Two heatmaps on one grid: lower triangle = attention from step t (row) to turn j's reasoning,
-    upper triangle = attention from step t (column) to turn j's observation (row); diagonal masked."""
+    upper triangle = attention from step t (column) to turn j's observation (row); diagonal masked.
+    Cells without a value show the grey background (:data:`HEATMAP_GREY_NOTE` says which)."""
     T = hm.reasoning.shape[0]
     turns = np.arange(T)
     n_cells = int(np.isfinite(hm.reasoning).sum())
@@ -67,10 +84,10 @@ def heatmap_figure(hm, texts: dict[str, list[str]] | None = None, title: str = "
     fig.update_layout(
         title=title or None, height=620, margin=dict(l=60, r=140, t=50 if title else 20, b=50),
         xaxis=dict(title="past turn j (lower) · current step t (upper)", constrain="domain", showgrid=False,
-                   range=[-0.5, T - 0.5]),
+                   range=[-0.5, T - 0.5], zeroline=False, **turn_axis(T)),
         yaxis=dict(title="current step t (lower) · past turn j (upper)", autorange="reversed", scaleanchor="x",
-                   showgrid=False, range=[T - 0.5, -0.5]),
-        plot_bgcolor="#f4f4f4")
+                   showgrid=False, zeroline=False, range=[T - 0.5, -0.5], **turn_axis(T)),
+        plot_bgcolor=NO_VALUE_GREY)
     return fig
 
 
@@ -130,7 +147,8 @@ def step_breakdown_figure(steps: list[dict]) -> go.Figure:
                              marker_color=STEP_COLORS[part],
                              hovertemplate="step %{x}<br>" + part.replace("_", " ") + ": %{y:.3f}<extra></extra>"))
     fig.update_layout(barmode="stack", height=300, margin=dict(l=60, r=20, t=10, b=40),
-                      xaxis=dict(title="reasoning step (turn)"), yaxis=dict(title="share of attention", range=[0, 1]),
+                      xaxis=dict(title="reasoning step (turn)", **turn_axis(max(x, default=0) + 1)),
+                      yaxis=dict(title="share of attention", range=[0, 1]),
                       legend=dict(orientation="h", y=1.18))
     return fig
 
@@ -247,10 +265,12 @@ def ibis_compare_figure(rows: list[dict]) -> go.Figure:
     """Behavioural and attentional inertia gap per model with CIs (rows of ``ibis.compare.compare_rows``)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
         "Behavioural inertia gap (observer - agentic, should_research)",
-        "Attentional gap (own call - external query, decision token)"))
-    names = [r["model"] for r in rows]
+        "Attentional gap (query tokens, length-matched: own - external)"))
+    names = [r.get("label") or r["model"] for r in rows]  # one bar per variant (folder), never stacked
     for col, key, name in ((1, "inertia_gap", "inertia gap"), (2, "attentional_gap", "attentional gap")):
-        vals = [r[key] for r in rows]
+        # only the length-matched measure is plotted; a folder without it shows no bar
+        vals = [r[key] if key != "attentional_gap" or r.get("attentional_gap_measure") == "query_tokens" else None
+                for r in rows]
         cis = [r[f"{key}_ci95"] or (None, None) for r in rows]
         fig.add_bar(x=names, y=vals, error_y=_error_y(vals, [c[0] for c in cis], [c[1] for c in cis]), name=name,
                     row=1, col=col)

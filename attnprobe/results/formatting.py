@@ -29,6 +29,10 @@ def format_ci(value: float | None, ci: Sequence[float | None] | None = None, *, 
     return out + (unit if unit is not None else " pp" if pct else "")
 
 
+def _fmt(x, spec: str = "") -> str:
+    return "–" if x is None else format(x, spec)
+
+
 def template_env(package: str) -> jinja2.Environment:
     """Templates in ``<package>/templates`` (package data, so an installed wheel finds them); HTML is
     autoescaped, Markdown is not; an unknown name is an error rather than empty text."""
@@ -36,6 +40,6 @@ def template_env(package: str) -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals["format_ci"] = format_ci
-    env.filters["fmt"] = format  # {{ x | fmt("+.3f") }} = format(x, "+.3f")
+    env.filters["fmt"] = _fmt  # {{ x | fmt("+.3f") }} = format(x, "+.3f"); None (undefined) -> "–"
     env.filters["json"] = json.dumps  # plain JSON (jinja's tojson sorts keys and escapes for HTML)
     return env

@@ -83,7 +83,7 @@ def test_ibis_six_item_run_is_unchanged(smol, tmp_path):
     from attnprobe.cli.main import main
 
     rc = main(["-q", "ibis", "all", "--limit", "6", "--results", str(tmp_path), "--no-progress", "--protocol", "matched",
-               "--bootstrap", "2000", "--permutations", "50"])
+               "--bootstrap", "2000", "--permutations", "50", "--max-new-tokens", "64"])
     assert rc == 0
     folder = next(p.parent for p in tmp_path.glob("*/metrics.json"))
     want = json.loads((BASE / "ibis" / "metrics.json").read_text())

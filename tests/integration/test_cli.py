@@ -164,7 +164,7 @@ def test_generation_options_and_old_flag_names():
 
     a = parse("ibis", "run", "--generator", "openai", "--base-url", "http://h/v1", "--served-model", "m")
     assert (a.backend, a.base_url, a.served_model, a.api_key_env, a.max_new_tokens) == \
-        ("openai", "http://h/v1", "m", "OPENAI_API_KEY", 64)
+        ("openai", "http://h/v1", "m", "OPENAI_API_KEY", 4096)  # the paper's limit (seed 000 C.3)
     assert parse("ibis", "run", "--backend", "openai", "--base-url", "u", "--served-model", "m").backend == "openai"
     assert parse("ibis", "all").backend == "transformers"
     assert parse("ibis", "all", "--base-url", "u", "--served-model", "m").backend == "openai"  # implied

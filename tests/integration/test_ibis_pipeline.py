@@ -11,7 +11,7 @@ from attnprobe.cli.main import main
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.studies.ibis.attention import load_attention
 from attnprobe.studies.ibis.behaviour import DECISIONS, BehaviourBackend, read_decisions
-from attnprobe.studies.ibis.framings import FRAMINGS, PAPER_CATEGORIES, build_framing
+from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing
 from attnprobe.studies.ibis.items import load_items
 
 SHIPPED = ROOT / "trajectories" / "ibis_items.jsonl"
@@ -31,17 +31,27 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
     for r in recs:
         assert r["decision"] in DECISIONS and r["output_tokens"] <= 4 and r["backend"] == "transformers"
         fc = r["forced_choice"]
+        if r["framing"] == "direct":  # the paper's direct mode is the filter prompt: no {"name": " readout there
+            assert fc is None and r["forced_choice_control"] is None
+            continue
         assert fc["choice"] in ("web_search", "visit_page")
         assert np.isclose(fc["log_odds_visit"], fc["logprob_visit_page"] - fc["logprob_web_search"], atol=1e-4)
+        # the copy control (own call renamed) exists for the agentic framing only, and changes the prompt
+        ctl = r["forced_choice_control"]
+        assert (ctl is not None) == (r["framing"] == "agentic")
+        if ctl:
+            assert ctl["own_tool"] == "google_search" and ctl["log_odds_visit"] != fc["log_odds_visit"]
     # attention arrays: one item, every category, all layers and heads; masses sum to 1 per head
     index, arrays = load_attention(folder)
-    assert index["items"] == ["sci-01"] and index["categories"] == list(PAPER_CATEGORIES)
+    assert index["items"] == ["sci-01"] and index["categories"] == list(CATEGORIES)
     assert index["protocol"] == "paper" and json.loads((folder / "run.json").read_text())["protocol"] == "paper"
     for fr in FRAMINGS:
         m = arrays[f"mass.{fr}"]
-        assert m.shape == (1, len(PAPER_CATEGORIES), smol.num_layers, index["num_heads"])
+        assert m.shape == (1, len(CATEGORIES), smol.num_layers, index["num_heads"])
         assert np.allclose(m.sum(axis=1), 1.0, atol=1e-3)
-        assert arrays[f"query_tokens.{fr}"].shape == (1,)
+        t = arrays[f"tokens.{fr}"]
+        assert t.shape == (1, len(CATEGORIES)) and (t[0, CATEGORIES.index("results")] > 50)
+        assert (t[0, CATEGORIES.index("call")] > 0) == (fr == "agentic")
     metrics = json.loads((folder / "metrics.json").read_text())
     b, a = metrics["behaviour"], metrics["attention"]
     assert b["decisions_total"] == 3 and "inertia_gap" in b and "forced_choice" in b

@@ -13,7 +13,6 @@ from attnprobe.studies.ibis.framings import (
     CATEGORIES,
     FRAMINGS,
     INVARIANT_CATEGORIES,
-    PAPER_CATEGORIES,
     REMINDER,
     REMINDER_AGENTIC_PAPER,
     REMINDER_OBSERVER_PAPER,
@@ -111,14 +110,16 @@ def test_token_level_identity_and_ownership(tok):
     # ownership: only the agentic framing has text authored by the model itself, and it is the call
     for fr, r in rendered.items():
         own = [s for s in r.segments if s.author == "self"]
+        cats = segment_categories(r.segments, build_framing(it, fr, "matched"))
+        q = [s for s, c in zip(r.segments, cats) if c == "query"]
+        # the query is one segment of exactly the query's tokens in every framing (length-matched)
+        assert len(q) == 1 and q[0].role == "tool_call" and tok.decode(r.input_ids[q[0].start:q[0].end]) == it.query
         if fr == "agentic":
-            assert own and all(s.role == "tool_call" for s in own)
-            assert it.query in tok.decode(r.input_ids[own[0].start:own[0].end])
+            # own = the call split at its query argument: call text, the query, the rest of the call
+            assert [s.role for s in own] == ["tool_call"] * 3 and q[0] == own[1] and q[0].author == "self"
+            assert [c for s, c in zip(r.segments, cats) if s.author == "self"] == ["call", "query", "call"]
         else:
-            assert not own
-            q = [s for s, c in zip(r.segments, segment_categories(r.segments, build_framing(it, fr, "matched"))) if c == "query"]
-            assert len(q) == 1 and q[0].role == "tool_call" and q[0].author == "external"
-            assert tok.decode(r.input_ids[q[0].start:q[0].end]) == it.query
+            assert not own and q[0].author == "external" and "call" not in cats
         # the decision position is the last token, inside the generation prompt
         assert r.decision.position == len(r.input_ids) - 1 and r.segments[-1].role == "template"
 
@@ -171,7 +172,7 @@ def test_paper_layouts_token_by_token(families, family):
         traj = build_framing(it, fr, "paper")
         r = render(traj, tk, add_generation_prompt=True)
         cats = segment_categories(r.segments, traj)
-        assert set(cats) <= set(PAPER_CATEGORIES) and sum(s.length for s in r.segments) == len(r.input_ids)
+        assert set(cats) <= set(CATEGORIES) and sum(s.length for s in r.segments) == len(r.input_ids)
         out[fr] = (traj, r, category_tokens(r, traj))
     # observer: one user message; no query anywhere in the prompt; fenced results; the observer reminder
     traj, r, toks = out["observer"]
@@ -209,4 +210,4 @@ def test_protocol_is_validated_and_recorded():
     with pytest.raises(ValueError, match="protocol must be one of"):
         build_framing(ITEMS[0], "observer", "other")
     assert build_framing(ITEMS[0], "observer").meta["ibis"]["protocol"] == "paper"
-    assert CATEGORIES == PAPER_CATEGORIES[:-1] and PAPER_CATEGORIES[-1] == "call"
+    assert CATEGORIES[-1] == "call"  # one category list for both protocols

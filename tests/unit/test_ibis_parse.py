@@ -35,6 +35,17 @@ CASES = [
     ("None of these pages is about the element. I need a different query.", "web_search", "intent"),
     ("I will visit the first result page to read the details.", "visit_page", "intent"),
     ("The final answer is 29.76 degrees.", "answer", "intent"),
+    # the paper's own call format (seed 001 appendix E): a Python-repr list, not JSON
+    ("Calling tools:\n[{'id': 'call_2', 'type': 'function', 'function': {'name': 'visit_page', "
+     "'arguments': {'url': 'https://a.org/it\\'s'}}}]", "visit_page", "parsed"),
+    ("[{'function': {'name': 'web_search', 'arguments': {'query': 'gallium melting point'}}}]", "web_search",
+     "parsed"),
+    # negation: a tool named only under a negation is no decision; the affirmed one wins
+    ("I should not use visit_page.", "unparseable", "negated"),
+    ("There is no need to call web_search here", "unparseable", "negated"),
+    ("I won't use visit_page; web_search with a better query is needed.", "web_search", "name-mention"),
+    ("Instead of web_search, I will use visit_page.", "visit_page", "name-mention"),
+    ("I will not search again with a new query.", "unparseable", "negated"),
     # unparseable
     ("1. Gallium festival 2. Instagram", "unparseable", "none"),
     ("", "unparseable", "none"),
@@ -70,3 +81,30 @@ def test_api_messages_strip_attnprobe_keys():
                                                                   "function": {"name": "a", "arguments": "{}"}}]}]
     out = api_messages(msgs)
     assert "annotations" not in out[0] and "author" not in out[0] and out[1]["content"] is None
+
+
+def test_direct_mode_is_read_as_the_filter_module():
+    """Paper protocol, direct framing = the NIS-Agent filter prompt: "No" (+ query) -> web_search,
+    1-2 of the results' sites (URL or number) -> visit_page, a site not among the results or prose ->
+    unparseable (seed 000 B.1)."""
+    from attnprobe.resources import data_path
+    from attnprobe.studies.ibis.behaviour import classify_filter_reply
+    from attnprobe.studies.ibis.framings import build_framing
+    from attnprobe.studies.ibis.items import load_items
+
+    it = load_items(data_path("ibis_items.jsonl"))[0]
+    urls = [r["url"] for r in it.results]
+
+    def dec(text):
+        return classify_filter_reply(it, {"tool_calls": [], "raw_text": text})
+
+    assert dec("No\nQuery: gallium melting point")["decision"] == "web_search"
+    assert dec("No")["arguments"] == {"chosen_urls": [], "new_query": None}
+    d = dec(f"{urls[2]}\n{urls[0]}")
+    assert d["decision"] == "visit_page" and d["arguments"]["chosen_urls"] == [urls[2], urls[0]]
+    assert dec("2")["arguments"]["chosen_urls"] == [urls[1]]
+    assert dec("https://not-a-result.example/x")["decision"] == "unparseable"
+    assert dec("The melting point of gallium is 29.76 C.")["decision"] == "unparseable"
+    # the framing is the runner's filter call: same prompt, and no tools offered
+    traj = build_framing(it, "direct", "paper")
+    assert traj.tools == [] and "answer No" in traj.messages[1]["content"]

@@ -9,16 +9,23 @@ import numpy as np
 import pytest
 
 from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.metrics import flip_analysis, paired_gap
+from attnprobe.studies.ibis.metrics import paired_gap
 from attnprobe.studies.ibis.stats import (
     FEATURE_NAMES,
     bootstrap_ci,
     bootstrap_mean_ci,
+    feature_correlations,
     fit_logistic,
-    group_kfold,
+    group_permuter,
     grouped_cv_auc,
+    hanley_mcneil_se,
+    holm,
     mcnemar_exact,
+    oof_scores,
+    power_note,
     roc_auc,
+    rounded,
+    stratified_group_folds,
     surface_features,
     wilson_ci,
 )
@@ -135,21 +142,83 @@ def test_paired_gap_and_mcnemar_on_decisions():
     assert g["ci95"][0] <= 0.5 <= g["ci95"][1]
 
 
-def test_group_kfold_never_splits_a_group():
-    groups = ["a", "a", "b", "c", "c", "c", "d", "e"]
-    folds = group_kfold(groups, 3)
+def _assert_groups_whole(folds, groups):
     seen = np.concatenate(folds)
-    assert sorted(seen.tolist()) == list(range(len(groups)))
-    for f in folds:
-        others = set(np.concatenate([g for g in folds if g is not f]).tolist())
-        assert not {groups[i] for i in f} & {groups[i] for i in others}
-    # largest group first, each to the smallest fold (first on ties), equal groups by name:
-    # c(3) -> 0, a(2) -> 1, b(1) -> 2, d(1) -> 2, e(1) -> 1
-    assert [f.tolist() for f in folds] == [[3, 4, 5], [0, 1, 7], [2, 6]]
-    assert [f.tolist() for f in group_kfold(["q1", "q2", "q3", "q4", "q5"], 3)] == [[0, 3], [1, 4], [2]]
-    assert len(group_kfold(["x", "y", "x"], 5)) == 2  # at most one fold per group
-    with pytest.raises(ValueError, match="at least 2 groups"):
-        group_kfold(["x", "x"], 5)
+    assert sorted(seen.tolist()) == list(range(len(groups)))  # every row in exactly one test fold
+    where = {}
+    for k, f in enumerate(folds):
+        for i in f:
+            assert where.setdefault(groups[i], k) == k, f"group {groups[i]} split across folds"
+
+
+def test_stratified_group_folds_keep_groups_whole_and_stratify():
+    # 20 groups of 2 rows sharing a label: 8 positive groups, 12 negative, 4 folds -> 2 positive groups
+    # (4 rows) and 3 negative groups (6 rows) per fold
+    y = np.repeat([1] * 8 + [0] * 12, 2)
+    groups = [f"q{i}" for i in np.repeat(np.arange(20), 2)]
+    for seed in range(3):
+        folds, note = stratified_group_folds(y, groups, 4, seed)
+        assert note is None and len(folds) == 4
+        _assert_groups_whole(folds, groups)
+        assert [int(y[f].sum()) for f in folds] == [4, 4, 4, 4] and [len(f) for f in folds] == [10] * 4
+    # groups of unequal size with mixed labels: still never split
+    rng = np.random.default_rng(0)
+    groups = [f"g{k}" for k in rng.integers(0, 12, 60)]
+    y = rng.integers(0, 2, 60)
+    _assert_groups_whole(stratified_group_folds(y, groups, 5, 1)[0], groups)
+    # 12 positives among 30 singletons in 5 folds: 2 or 3 positives in each
+    y = np.array([1] * 12 + [0] * 18)
+    folds, _ = stratified_group_folds(y, list(range(30)), 5, 0)
+    assert sorted(int(y[f].sum()) for f in folds) == [2, 2, 2, 3, 3] and {len(f) for f in folds} == {6}
+    # the seed reshuffles the groups; the same seed gives the same folds
+    f0 = [f.tolist() for f in stratified_group_folds(y, list(range(30)), 5, 0)[0]]
+    assert f0 == [f.tolist() for f in stratified_group_folds(y, list(range(30)), 5, 0)[0]]
+    assert f0 != [f.tolist() for f in stratified_group_folds(y, list(range(30)), 5, 1)[0]]
+
+
+def test_stratified_group_folds_reduce_n_splits_when_a_class_is_in_few_groups():
+    y = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+    groups = ["a", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]  # positives in 3 groups only
+    folds, note = stratified_group_folds(y, groups, 5, 0)
+    assert len(folds) == 3 and note == "n_splits reduced from 5 to 3: the rarer class occurs in only 3 query groups"
+    assert all(0 < y[f].sum() < len(f) for f in folds)  # each fold holds both classes
+    with pytest.raises(ValueError, match="at least 2 query groups .got 1 with a positive"):
+        stratified_group_folds([1, 1, 0, 0], ["a", "a", "b", "c"], 5, 0)
+
+
+def test_group_permuter_moves_whole_groups():
+    rng = np.random.default_rng(3)
+    # item-level features (one vector per group, groups of sizes 1..3): feature vectors move between groups
+    groups = ["a", "b", "b", "c", "c", "c", "d"]
+    rep = {g: rng.normal(size=2) for g in "abcd"}
+    X = np.stack([rep[g] for g in groups])
+    y = np.array([1, 0, 1, 1, 1, 0, 0])
+    scheme, draw = group_permuter(X, y, groups)
+    assert scheme.startswith("features are constant within each query group")
+    seen = set()
+    for _ in range(40):
+        Xp, yp = draw(rng)
+        assert yp is y
+        got = {}
+        for g, row in zip(groups, Xp):
+            assert np.array_equal(got.setdefault(g, row), row)  # one vector per group
+        assert sorted(map(tuple, got.values())) == sorted(map(tuple, rep.values()))  # a permutation of them
+        seen.add(tuple(tuple(got[g]) for g in "abcd"))
+    assert len(seen) > 5  # it does move them
+    # row-level features: label vectors are exchanged only among groups of equal size, whole
+    X = rng.normal(size=(7, 2))
+    groups = ["a", "a", "b", "b", "c", "d", "e"]
+    y = np.array([1, 0, 0, 0, 1, 0, 0])
+    scheme, draw = group_permuter(X, y, groups)
+    assert scheme.startswith("features vary within a query group")
+    pairs, singles = set(), set()
+    for _ in range(40):
+        Xp, yp = draw(rng)
+        assert Xp is X
+        pairs.add((tuple(yp[0:2]), tuple(yp[2:4])))
+        singles.add(tuple(yp[4:]))
+    assert pairs == {((1, 0), (0, 0)), ((0, 0), (1, 0))}  # a's vector [1, 0] moves whole, never split to [1, 1]
+    assert singles == {(1, 0, 0), (0, 1, 0), (0, 0, 1)}
 
 
 def test_logistic_is_the_l2_optimum_with_a_free_intercept():
@@ -170,12 +239,132 @@ def test_grouped_cv_auc_separable_vs_random_and_degenerate():
     X = rng.normal(size=(40, 2))
     y = (X[:, 0] > 0).astype(int)
     groups = [f"q{i // 2}" for i in range(40)]
-    good = grouped_cv_auc(X, y, groups, n_perm=20)
-    assert good["auc"] > 0.9 and good["p_value"] <= 0.1
-    noise = grouped_cv_auc(rng.normal(size=(40, 2)), y, groups, n_perm=20)
-    assert 0.2 < noise["auc"] < 0.8
+    good = grouped_cv_auc(X, y, groups, n_perm=19)
+    assert good["auc"] == good["auc_mean_over_folds"] > 0.95 and good["auc_pooled"] > 0.95
+    assert good["p_value"] == pytest.approx(1 / 20)  # no permutation reaches it
+    assert good["n_splits"] == good["n_folds"] == 5 and good["n_folds_skipped"] == 0
+    assert good["auc_mean_over_folds"] == pytest.approx(np.mean(good["auc_per_fold"]))
+    assert good["n_permutations_valid"] == 19 and "folds_note" not in good
+    assert good["permutation"].startswith("features vary within a query group")  # pairs of rows differ in X
+    noise = grouped_cv_auc(rng.normal(size=(40, 2)), y, groups, n_perm=19)
+    assert 0.2 < noise["auc"] < 0.8 and noise["p_value"] > 0.05
     few = grouped_cv_auc(X[:3], np.array([1, 0, 0]), groups[:3])
     assert few["auc"] is None and "at least 2" in few["reason"]
+    # 2 positives in one query group: no stratified fold split can place a positive in two folds
+    one = grouped_cv_auc(X[:6], np.array([1, 1, 0, 0, 0, 0]), ["a", "a", "b", "c", "d", "e"])
+    assert one["auc"] is None and one["reason"].startswith("needs each class in at least 2 query groups")
+
+
+def test_fold_mean_auc_is_unbiased_where_the_pooled_auc_is_not():
+    """Under the null (features independent of labels) each fold's scores come from a model that never saw
+    that fold, so each fold's AUC has expectation 1/2; pooling ranks scores of different fold models
+    together, whose intercepts follow their training class balance, which anticorrelates with the test
+    fold's labels: below 1/2. Folds of unequal class mix (plain contiguous folds) show it at n = 30."""
+    rng = np.random.default_rng(11)
+    folds = np.array_split(np.arange(30), 5)
+    pooled, mean = [], []
+    for _ in range(100):
+        X = rng.normal(size=(30, 1))
+        y = rng.permutation(np.r_[np.ones(12, int), np.zeros(18, int)])
+        s = oof_scores(X, y, folds)
+        pooled.append(roc_auc(y, s))
+        per = [roc_auc(y[f], s[f]) for f in folds]
+        mean.append(np.nanmean(per))
+    # SE of either mean over 100 draws is about 0.015
+    assert np.mean(pooled) < 0.44
+    assert abs(np.mean(mean) - 0.5) < 0.05
+
+
+def test_power_note_against_the_hanley_mcneil_formula():
+    # null SE: (n+m+1) / (12 n m) = 31 / 2592 for 12 vs 18
+    assert hanley_mcneil_se(0.5, 12, 18) == pytest.approx(math.sqrt(31 / 2592), rel=1e-12)
+    # A = 0.8: Q1 = 0.8 / 1.2, Q2 = 1.28 / 1.8, Var = [0.16 + 11 (Q1 - 0.64) + 17 (Q2 - 0.64)] / 216
+    q1, q2 = 0.8 / 1.2, 1.28 / 1.8
+    assert hanley_mcneil_se(0.8, 12, 18) == pytest.approx(math.sqrt((0.16 + 11 * (q1 - .64) + 17 * (q2 - .64)) / 216))
+    note = power_note(12, 18, positives="flips", negatives="items without a flip")
+    a = note["min_detectable_auc"]
+    # the definition: A - 1/2 = z(0.95) SE(1/2) + z(0.8) SE(A)
+    za, zb = 1.6448536269514722, 0.8416212335729143
+    assert a - 0.5 == pytest.approx(za * math.sqrt(31 / 2592) + zb * hanley_mcneil_se(a, 12, 18), abs=1e-8)
+    assert round(a, 3) == 0.759
+    assert note["sentence"].startswith("with 12 flips and 18 items without a flip, only an AUC above 0.76 would be "
+                                       "detected with 80% power")
+    # more items, smaller detectable effects; 1 vs 2 cannot reach one-sided 5% at all
+    assert power_note(100, 100)["min_detectable_auc"] < power_note(10, 10)["min_detectable_auc"] < a + 0.1
+    assert power_note(1, 2)["min_detectable_auc"] is None and "not even an AUC of 1" in power_note(1, 2)["sentence"]
+    assert power_note(0, 5)["min_detectable_auc"] is None
+    assert "only an AUC above 0.998 would" in power_note(2, 3)["sentence"]  # never rounded up to 1.00
+    assert power_note(1, 29)["min_detectable_auc"] > 0.9995 and "only an AUC of 1 (perfect) would" in \
+        power_note(1, 29)["sentence"]
+
+
+def test_holm_and_bh_by_hand():
+    p = np.array([0.01, 0.04, 0.03, 0.005])
+    # Holm: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max
+    np.testing.assert_allclose(holm(p), [0.03, 0.06, 0.06, 0.02])
+    # BH: sorted p * 4 / rank = 0.02, 0.02, 0.04, 0.04 -> running min from the top, back in input order
+    from scipy.stats import false_discovery_control
+    np.testing.assert_allclose(false_discovery_control(p, method="bh"), [0.02, 0.04, 0.04, 0.02])
+
+
+def _exact_spearman_p(x, y):
+    """Reference: Spearman rho = Pearson of ranks (average ranks for ties); p = share of all n! pairings
+    with |rho| at least the observed one."""
+    from itertools import permutations
+
+    from scipy.stats import rankdata
+    rx, ry = rankdata(x), rankdata(y)
+
+    def r(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return (a * b).sum() / math.sqrt((a * a).sum() * (b * b).sum())
+
+    obs = r(rx, ry)
+    perms = [r(rx, ry[list(q)]) for q in permutations(range(len(y)))]
+    return obs, sum(abs(v) >= abs(obs) - 1e-12 for v in perms) / len(perms)
+
+
+def test_feature_correlations_exact_p_and_bh():
+    gap = np.array([1, 0, 0, -1, 1, 0], dtype=float)  # ties, as for a correct(observer) - correct(agentic) gap
+    X = np.array([[6, 1, 5, 2],
+                  [4, 2, 5, 5],
+                  [3, 3, 5, 1],
+                  [1, 4, 5, 6],
+                  [5, 5, 5, 3],
+                  [2, 6, 5, 4]], dtype=float)
+    fc = feature_correlations(X, gap, ["a", "b", "c", "d"])
+    ref = [_exact_spearman_p(X[:, j], gap) for j in (0, 1, 3)]  # c is constant: not tested
+    got = {r["feature"]: r for r in fc["features"]}
+    for (rho, p), name in zip(ref, "abd"):
+        assert got[name]["spearman_rho"] == pytest.approx(rho, abs=1e-4)
+        assert got[name]["p_value"] == pytest.approx(p, abs=1e-6)  # 6! = 720 <= 9999: exact enumeration
+    assert got["c"]["spearman_rho"] is None and got["c"]["p_bh"] is None and fc["n_tested"] == 3
+    # BH by hand over the three tested p-values
+    ps = np.array([p for _, p in ref])
+    order = np.argsort(ps)
+    bh = np.empty(3)
+    running = 1.0
+    for rank in (3, 2, 1):
+        i = order[rank - 1]
+        running = min(running, ps[i] * 3 / rank)
+        bh[i] = running
+    for name, v in zip("abd", bh):
+        assert got[name]["p_bh"] == pytest.approx(v, abs=1e-6)
+    assert fc["n_significant_after_correction"] == int((bh <= 0.05).sum())
+    # a feature that is the gap itself, with enough items, survives the correction; a constant gap is refused
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=30)
+    fc = feature_correlations(np.c_[g, rng.normal(size=(30, 3))], g, n_resamples=999)
+    # no permutation of 999 reaches |rho| = 1: two-sided p = 2 / 1000, BH over 4 tests at rank 1: x 4
+    assert fc["features"][0]["spearman_rho"] == 1.0 and fc["features"][0]["p_value"] == pytest.approx(0.002)
+    assert fc["features"][0]["p_bh"] == pytest.approx(0.008) and fc["features"][0]["p_holm"] == pytest.approx(0.008)
+    assert fc["n_significant_after_correction"] >= 1
+    assert feature_correlations(X, np.zeros(6))["reason"] == "needs at least 3 items and a gap that varies"
+
+
+def test_rounded_is_json_ready():
+    assert rounded(np.float64(0.123456)) == 0.1235 and rounded(float("nan")) is None and rounded(None) is None
+    assert type(rounded(np.int64(3))) is int and rounded(np.array([0.5])) == 0.5
 
 
 def test_surface_features_and_flip_analysis():
@@ -191,13 +380,3 @@ def test_surface_features_and_flip_analysis():
     assert named["share_with_year"] == 0.5 and named["query_words"] == 2
     # query {gallium, festival} vs title 1 {gallium, festival, 2024}: 2/3
     assert named["query_title_overlap_max"] == pytest.approx(2 / 3)
-    items = []
-    dec = {}
-    pattern = [(1, 0), (1, 0), (1, 0), (0, 1), (1, 1), (0, 0)]  # 3 inertia flips, 1 reverse, 2 stable
-    for k, (o, a) in enumerate(pattern):
-        items.append(IbisItem(id=f"i{k}", task=it.task, query=f"q {k}", results=it.results, label="should_research"))
-        dec[(f"i{k}", "observer")] = {"correct": bool(o)}
-        dec[(f"i{k}", "agentic")] = {"correct": bool(a)}
-    fl = flip_analysis(dec, items, n_boot=100, seed=0, n_perm=5)
-    assert fl["n_flips"] == 4 and fl["inertia_direction"] == 3 and fl["share_inertia_direction"] == 0.75
-    assert fl["auc_flip_direction"]["auc"] is None  # only 1 reverse flip: reported, not computed

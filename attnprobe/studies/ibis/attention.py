@@ -6,9 +6,9 @@ For every item and framing we run ``attnprobe.capture(model, trajectory, queries
 - the full :class:`~attnprobe.result.CaptureResult` in ``captures/<item>/<framing>/``;
 - its reduction to the IBIS categories (:data:`~attnprobe.ibis.framings.CATEGORIES`): attention
   mass [C, L, H] from the decision token to each category, summed over the category's segments;
-- ``query_tokens``: the mass (mean over layers and heads) on the query string itself. In the
-  agentic framing the query is only part of the own tool-call segment, so this length-matched
-  number (the same tokens in every framing) complements the whole-call mass.
+- the number of tokens of each category, so that attention per token sits beside mass. The query is
+  its own segment in every framing (inside the own call it is the ``query`` argument's value), and
+  its tokens are identical across the matched framings: the query gap compares the same tokens.
 
 :func:`aggregate` stacks everything into ``attention.safetensors`` + ``attention.json``.
 """
@@ -24,13 +24,13 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, run_resumable
 from attnprobe.results.result import META_FILE, CaptureResult
-from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, categories_for, segment_categories
+from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 
 
-def category_mass(result: CaptureResult, trajectory, protocol: str = "paper") -> np.ndarray:
-    """[C, L, H] attention mass from the (single) decision query to each category of the protocol."""
-    names = categories_for(protocol)
+def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
+    """[C, L, H] attention mass from the (single) decision query to each category."""
+    names = CATEGORIES
     cats = segment_categories(result.segments, trajectory)
     lh = np.asarray(result.layer_head_attention[0], dtype=np.float64)  # [L, H, S]
     out = np.zeros((len(names),) + lh.shape[:2], dtype=np.float64)
@@ -39,27 +39,12 @@ def category_mass(result: CaptureResult, trajectory, protocol: str = "paper") ->
     return out
 
 
-def query_token_mass(result: CaptureResult, item: IbisItem, trajectory) -> float:
-    """Mean-over-heads mass on the tokens of the query string (inside the call or the quoted text)."""
-    cats = segment_categories(result.segments, trajectory)
-    text, offsets = result.text, result.offsets
-    if offsets is None:
-        return float("nan")
-    total = 0.0
-    row = np.asarray(result.token_attention[0], dtype=np.float64)
-    for seg, cat in zip(result.segments, cats):
-        if cat != "query":
-            continue
-        s_char, e_char = int(offsets[seg.start][0]), int(offsets[seg.end - 1][1])
-        pos = text.find(item.query, s_char, e_char + 1)
-        if pos < 0:
-            continue
-        q0, q1 = pos, pos + len(item.query)
-        for t in range(seg.start, seg.end):
-            a, b = offsets[t]
-            if a < q1 and b > q0:
-                total += row[t]
-    return total
+def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
+    """[C] number of prompt tokens in each category."""
+    out = np.zeros(len(CATEGORIES), dtype=np.int64)
+    for seg, cat in zip(result.segments, segment_categories(result.segments, trajectory)):
+        out[CATEGORIES.index(cat)] += seg.end - seg.start
+    return out
 
 
 def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
@@ -97,7 +82,7 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
 
     folder = Path(folder)
     rows: dict[str, list] = {fr: [] for fr in framings}
-    qtok: dict[str, list] = {fr: [] for fr in framings}
+    ntok: dict[str, list] = {fr: [] for fr in framings}
     kept, missing, meta0 = [], [], None
     for it in items:
         dirs = [capture_dir(folder, it.id, fr) for fr in framings]
@@ -107,8 +92,12 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
         for fr, d in zip(framings, dirs):
             res = CaptureResult.load(d)
             traj = build_framing(it, fr, protocol)
-            rows[fr].append(category_mass(res, traj, protocol))
-            qtok[fr].append(query_token_mass(res, it, traj))
+            if res.meta.get("ibis", {}).get("categories") != segment_categories(res.segments, traj):
+                raise AttnprobeError(f"{d}: its segments do not match today's {fr} framing (captured by an older "
+                                     f"attnprobe, before the query became its own segment); rerun "
+                                     f"'attnprobe ibis capture --force'")
+            rows[fr].append(category_mass(res, traj))
+            ntok[fr].append(category_tokens(res, traj))
             meta0 = meta0 or res.meta
         kept.append(it)
     if not kept:
@@ -116,17 +105,17 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
     arrays = {}
     for fr in framings:
         arrays[f"mass.{fr}"] = np.ascontiguousarray(np.stack(rows[fr]), dtype=np.float32)
-        arrays[f"query_tokens.{fr}"] = np.asarray(qtok[fr], dtype=np.float32)
+        arrays[f"tokens.{fr}"] = np.asarray(ntok[fr], dtype=np.int32)
     L, H = arrays[f"mass.{framings[0]}"].shape[2:]
     index = {
-        "format_version": 1, "framings": list(framings), "categories": list(categories_for(protocol)),
+        "format_version": 2, "framings": list(framings), "categories": list(CATEGORIES),
         "protocol": protocol,
         "items": [it.id for it in kept], "labels": [it.label for it in kept], "domains": [it.domain for it in kept],
         "missing_items": missing, "layers": meta0.get("layers", list(range(L))), "num_heads": int(H),
         "arrays": {"mass.<framing>": "[items, categories, layers, heads] float32: attention mass from the decision "
                                      "token to each category (sums over the category's segments)",
-                   "query_tokens.<framing>": "[items] float32: mass (mean over layers and heads) on the query "
-                                             "string's own tokens"},
+                   "tokens.<framing>": "[items, categories] int32: prompt tokens in each category (attention "
+                                       "per token = mass / tokens)"},
         "model": meta0.get("model"), "backend": meta0.get("backend"), "dtype": meta0.get("dtype"),
         "chat_template_hash": meta0.get("chat_template_hash"), "chunk_size": meta0.get("chunk_size"),
         "attnprobe_version": meta0.get("attnprobe_version"),

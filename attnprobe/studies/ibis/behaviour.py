@@ -6,11 +6,11 @@ Generation (greedy, temperature 0) goes through one chat backend from
 - in process (:class:`~attnprobe.generation.transformers_chat.TransformersChat`): the prompt is
   rendered exactly as capture renders it. ``complete_many`` generates several framings in one
   left-padded batch (what ``run_behaviour`` uses with ``batch_size > 1``; several times faster on
-  CPU); ``complete`` generates one and stops early once the reply holds a complete tool call
-  (greedy decoding makes the result a prefix of the full generation, so the parsed action is the
-  same). It also records a *forced choice*: the log-probability of ``{"name": "web_search"`` vs
-  ``{"name": "visit_page"`` after the prompt, which decides every item even when the free reply is
-  unparseable.
+  CPU); both it and ``complete`` stop a reply once it holds a complete tool call (greedy decoding
+  makes the result a prefix of the full generation, so the parsed action is the same; this is what
+  makes the paper's 4096-token limit affordable). It also records a secondary *forced choice*: the
+  log-probability of ``{"name": "web_search"`` vs ``{"name": "visit_page"`` after the prompt, and, for
+  the agentic framing, the same with the model's own earlier call renamed (the copy control).
 - any OpenAI-compatible endpoint (``vllm serve``, ``attnprobe serve``) through
   :class:`~attnprobe.generation.openai_chat.OpenAIChat`; structured tool calls from the server count.
 
@@ -19,8 +19,10 @@ Generation (greedy, temperature 0) goes through one chat backend from
 tool-call syntax :mod:`attnprobe.generation.toolparse` knows (Hermes/Qwen ``<tool_call>``, Llama-3 JSON,
 smolagents ``Calling tools:``, Mistral ``[TOOL_CALLS]``, fenced JSON, Python-call style), then
 plain text (a tool named in prose, or an explicit intent phrase) after removing sentences copied
-verbatim from the prompt (small models often echo the reminder). Anything else is
-``unparseable``: counted, reported and scored as incorrect, never dropped.
+verbatim from the prompt (small models often echo the reminder); a tool named under a negation ("I
+should not use visit_page") is no decision. Anything else is ``unparseable``: counted, reported and
+scored as incorrect (the paper's rule), never dropped; the unparseable rate and the accuracy over
+parseable replies are reported beside it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.io import append_jsonl, read_records, run_resumable
-from attnprobe.studies.ibis.framings import FRAMINGS, TOOL_NAMES, build_framing
+from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS, TOOL_NAMES, build_framing
 from attnprobe.studies.ibis.items import IbisItem
 
 DECISIONS = ("web_search", "visit_page", "answer", "unparseable")
@@ -56,6 +58,10 @@ _VISIT_INTENT = re.compile(
     r"\b(visit|open|browse|click( on)?|read)\b[^.\n]{0,40}\b(page|result|link|url|website|site|article|"
     r"https?://\S+)", re.I)
 FORCED_CHOICE_PREFIX = '{"name": "'
+# The paper's limit for non-reasoning models (seed 000, C.3: "we limit the output token size to 4096");
+# thinking models need it too. In process, generation stops as soon as a complete call is written, so
+# the limit costs nothing for a model that answers with a call (docs/ibis.md, "max new tokens").
+DEFAULT_MAX_NEW_TOKENS = 4096
 _ANSWER_INTENT = re.compile(r"\b(final answer|the answer is)\b", re.I)
 
 
@@ -97,15 +103,35 @@ def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prom
             return {"decision": dec, "method": "parsed" if c.name in TOOL_NAMES else "parsed-alias",
                     "name": c.name, "arguments": c.arguments}
     text = _strip_echo(raw_text, prompt_text) if prompt_text else raw_text
-    mentioned = {d for d in ("web_search", "visit_page") if re.search(rf"\b{d}\b", text)}
+    mentions = {d: _mentions(text, re.compile(rf"\b{d}\b")) for d in ("web_search", "visit_page")}
+    mentioned = {d for d, m in mentions.items() if m["affirmed"]}
+    negated = any(m["negated"] for m in mentions.values())
     if len(mentioned) == 1:
         return {"decision": mentioned.pop(), "method": "name-mention", "name": None, "arguments": {}}
-    if not mentioned:
-        hits = {d for d, rx in (("web_search", _SEARCH_INTENT), ("visit_page", _VISIT_INTENT),
-                                ("answer", _ANSWER_INTENT)) if rx.search(text)}
-        if len(hits) == 1:
+    if not mentioned and not any(m["negated"] and m["affirmed"] for m in mentions.values()):
+        intents = {d: _mentions(text, rx) for d, rx in (("web_search", _SEARCH_INTENT), ("visit_page", _VISIT_INTENT),
+                                                        ("answer", _ANSWER_INTENT))}
+        hits = {d for d, m in intents.items() if m["affirmed"]}
+        negated = negated or any(m["negated"] for m in intents.values())
+        if len(hits) == 1 and not any(m["negated"] for m in mentions.values()):
             return {"decision": hits.pop(), "method": "intent", "name": None, "arguments": {}}
-    return {"decision": "unparseable", "method": "none", "name": None, "arguments": {}}
+    # a tool named only under a negation ("I should not use visit_page") is no decision
+    return {"decision": "unparseable", "method": "negated" if negated and not mentioned else "none", "name": None,
+            "arguments": {}}
+
+
+_NEGATION = re.compile(r"\b(not|never|no need to|avoid|avoiding|instead of|rather than|without|cannot)\b|n't\b", re.I)
+
+
+def _mentions(text: str, rx: re.Pattern) -> dict[str, int]:
+    """How often ``rx`` matches ``text`` affirmed vs under a negation: a negation cue earlier in the
+    same clause (up to 6 words before the match, not across , . ; : ! ? "but" or "so")."""
+    out = {"affirmed": 0, "negated": 0}
+    for m in rx.finditer(text):
+        clause = re.split(r"[.,;:!?\n]|\bbut\b|\bso\b", text[:m.start()], flags=re.I)[-1]
+        window = " ".join(clause.split()[-6:])
+        out["negated" if _NEGATION.search(window) else "affirmed"] += 1
+    return out
 
 
 def api_messages(messages: list[dict]) -> list[dict]:
@@ -117,6 +143,30 @@ def api_messages(messages: list[dict]) -> list[dict]:
             m["content"] = None if m.get("tool_calls") else ""
         out.append(m)
     return out
+
+
+_FINISH = {"eos": "stop", "length": "length"}  # anything else: stopped once the call was complete
+
+
+def _ibis_meta(trajectory) -> dict:
+    return (trajectory.meta or {}).get("ibis", {})
+
+
+def forced_choice_applies(trajectory) -> bool:
+    """The forced choice reads the option after ``{"name": "``: the call format of the IBIS system
+    prompt. The paper protocol's direct framing is the filter prompt, answered "No" or with sites, where
+    that prefix means nothing: no forced choice there (docs/ibis.md)."""
+    meta = _ibis_meta(trajectory)
+    return not (meta.get("protocol") == "paper" and meta.get("framing") == "direct")
+
+
+def copy_control_framing(item: IbisItem, framing: str, protocol: str):
+    """The agentic framing with its own earlier call renamed to :data:`COPY_CONTROL_TOOL` (None for
+    other framings): the forced choice's copy control. The option names then no longer appear in the
+    call the model made itself, only in the system prompt and tool list that every framing shares."""
+    if framing != "agentic":
+        return None
+    return build_framing(item, "agentic", protocol, own_tool=COPY_CONTROL_TOOL)
 
 
 class BehaviourBackend:
@@ -151,25 +201,32 @@ class BehaviourBackend:
         return {"logprob_web_search": round(ws, 5), "logprob_visit_page": round(vp, 5),
                 "log_odds_visit": round(vp - ws, 5), "choice": "visit_page" if vp > ws else "web_search"}
 
-    def _in_process_out(self, reply, finish: str) -> dict[str, Any]:
+    def _in_process_out(self, reply, finish: str, trajectory, control) -> dict[str, Any]:
         # the in-process model has no structured calls: its raw text is classified
         out = {"raw_text": reply.raw_text, "tool_calls": [], "input_tokens": reply.input_tokens,
                "output_tokens": reply.output_tokens, "finish_reason": finish, "prompt_text": reply.prompt.text,
                "rendering": reply.prompt.rendering}
-        if self.forced_choice:
+        if self.forced_choice and forced_choice_applies(trajectory):
             out["forced_choice"] = self._fc_entry(self.option_logprobs(reply.prompt.ids))
+            if control is not None:
+                ids = self.chat.prompt(control.messages, control.tools).ids
+                out["forced_choice_control"] = {**self._fc_entry(self.option_logprobs(ids)),
+                                                "own_tool": COPY_CONTROL_TOOL}
         return out
 
-    def complete_many(self, trajectories, *, max_tokens: int = 64) -> list[dict[str, Any]]:
-        """Greedy generation for several framings in one left-padded batch (in process only)."""
+    def complete_many(self, trajectories, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, controls=None
+                      ) -> list[dict[str, Any]]:
+        """Greedy generation for several framings in one left-padded batch (in process only);
+        ``controls[i]`` is the copy-control trajectory of ``trajectories[i]`` (or None)."""
+        controls = controls or [None] * len(trajectories)
         replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_tokens=max_tokens)
-        return [self._in_process_out(r, "stop" if r.stopped_by == "eos" else "length") for r in replies]
+        return [self._in_process_out(r, _FINISH.get(r.stopped_by, "call_complete"), t, c)
+                for r, t, c in zip(replies, trajectories, controls)]
 
-    def complete(self, trajectory, *, max_tokens: int = 64) -> dict[str, Any]:
+    def complete(self, trajectory, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, control=None) -> dict[str, Any]:
         if self.in_process:
             reply = self.chat.complete(trajectory.messages, trajectory.tools, max_tokens=max_tokens, temperature=0.0)
-            finish = {"eos": "stop", "length": "length"}.get(reply.stopped_by, "call_complete")
-            return self._in_process_out(reply, finish)
+            return self._in_process_out(reply, _FINISH.get(reply.stopped_by, "call_complete"), trajectory, control)
         reply = self.chat.complete(api_messages(trajectory.messages), trajectory.tools, max_tokens=max_tokens,
                                    temperature=0.0)
         # The structured calls a server returns are authoritative; raw text is kept for the record.
@@ -179,17 +236,35 @@ class BehaviourBackend:
                 "finish_reason": reply.finish_reason, "prompt_text": prompt_text, "rendering": "server"}
 
 
-def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = 64, protocol: str = "paper") -> dict[str, Any]:
+def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+           protocol: str = "paper") -> dict[str, Any]:
     """Run one framing of one item and return its decision record (a decisions.jsonl line)."""
     traj = build_framing(item, framing, protocol)
     t0 = time.perf_counter()
-    out = backend.complete(traj, max_tokens=max_tokens)
+    out = backend.complete(traj, max_tokens=max_tokens, control=copy_control_framing(item, framing, protocol))
     return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens, protocol)
+
+
+def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
+    """The paper protocol's direct framing is the NIS-Agent filter prompt: its reply ("No" [+ query] or
+    1-2 of the results' sites, or a call) is read by the runner's own parser and mapped No -> web_search,
+    sites -> visit_page (seed 000 B.1: direct mode = the context-isolated filter module)."""
+    from types import SimpleNamespace
+
+    from attnprobe.studies.runner.filter import decide, filter_action
+
+    reply = SimpleNamespace(tool_calls=out["tool_calls"], content=out["raw_text"], raw_text=out["raw_text"])
+    fd = decide(reply, item.results)
+    return {"decision": filter_action(fd), "method": f"filter-{fd.kind}", "name": None,
+            "arguments": {"chosen_urls": fd.chosen_urls, "new_query": fd.new_query}}
 
 
 def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int,
             protocol: str) -> dict[str, Any]:
-    cls = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
+    if protocol == "paper" and framing == "direct":
+        cls = classify_filter_reply(item, out)
+    else:
+        cls = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
         "expected": item.expected_action, "decision": cls["decision"], "method": cls["method"],
@@ -197,7 +272,8 @@ def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, ma
         "raw_text": out["raw_text"], "structured_tool_calls": out["tool_calls"], "finish_reason": out["finish_reason"],
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
         "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, "max_tokens": max_tokens,
-        "forced_choice": out.get("forced_choice"), "protocol": protocol,
+        "forced_choice": out.get("forced_choice"), "forced_choice_control": out.get("forced_choice_control"),
+        "protocol": protocol,
     }
 
 
@@ -210,7 +286,8 @@ def read_decisions(path: Path) -> list[dict]:
     return list(latest.values())
 
 
-def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, max_tokens: int = 64,
+def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
+                  max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
                   protocol: str = "paper") -> dict[str, int]:
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``; returns counts.
@@ -226,7 +303,8 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     def work(batch: list[tuple[IbisItem, str]]) -> None:
         if batched:
             t0 = time.perf_counter()
-            outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in batch], max_tokens=max_tokens)
+            outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in batch], max_tokens=max_tokens,
+                                         controls=[copy_control_framing(it, fr, protocol) for it, fr in batch])
             per = (time.perf_counter() - t0) / len(batch)
             for (it, fr), out in zip(batch, outs):
                 append_jsonl(path, _record(backend, it, fr, out, per, max_tokens, protocol))

@@ -23,7 +23,7 @@ def model_folders(paths: Sequence[Path]) -> list[Path]:
         if (p / "metrics.json").is_file() or (p / "items.jsonl").is_file():
             out.append(p)
         elif p.is_dir():
-            out += sorted(q for q in p.iterdir() if (q / "metrics.json").is_file())
+            out += sorted(q for q in p.iterdir() if not q.name.startswith(".") and (q / "metrics.json").is_file())
         else:
             raise AttnprobeError(f"{p}: not a folder")
     if not out:
@@ -38,11 +38,26 @@ def compare_row(m: dict[str, Any], folder: Path) -> dict[str, Any]:
     g = b.get("inertia_gap", {})
     fc = (b.get("forced_choice") or {}).get("inertia_gap", {})
     ag = a.get("attentional_gap", {})
+    wg = a.get("whole_call_gap", {})
+    cc = (b.get("forced_choice") or {}).get("copy_control") or {}
     rg = a.get("by_category", {}).get("headline", {}).get("results", {})
-    row = {"model": m.get("model", folder.name), "folder": str(folder), "n_items": m.get("n_items"),
+    # label = the folder name: unique per (model, dtype, protocol) in a results root, so variants of one
+    # model get their own bar and row instead of stacking into one
+    row = {"model": m.get("model", folder.name), "label": folder.name, "folder": str(folder),
+           "n_items": m.get("n_items"),
+           "protocol": m.get("protocol", "matched"),
+           # variant identity: dtype and weights/endpoint, so two variants of one model never merge
+           "dtype": (m.get("run", {}).get("variant") or {}).get("dtype"),
+           "variant": m.get("run", {}).get("variant"),
            "inertia_gap": g.get("gap"), "inertia_gap_ci95": g.get("ci95"), "mcnemar_p": g.get("mcnemar_p"),
            "unparseable": b.get("unparseable_total"), "decisions": b.get("decisions_total"),
+           # primary: the query's own tokens (length-matched; matched protocol only)
            "attentional_gap": ag.get("gap"), "attentional_gap_ci95": ag.get("ci95"),
+           "attentional_gap_measure": ag.get("measure", "whole_call"),
+           "whole_call_gap": wg.get("gap"), "whole_call_gap_ci95": wg.get("ci95"),
+           "forced_choice_control_gap": (cc.get("inertia_gap") or {}).get("gap"),
+           "forced_choice_control_gap_ci95": (cc.get("inertia_gap") or {}).get("ci95"),
+           "copy_control_moves_gap": cc.get("moves_gap_beyond_ci"),
            "results_attention_gap": rg.get("gap_agentic_minus_observer"), "results_attention_gap_ci95": rg.get("ci95"),
            "share_inertia_direction": b.get("flips", {}).get("share_inertia_direction"),
            "forced_choice_inertia_gap": fc.get("gap"), "forced_choice_inertia_gap_ci95": fc.get("ci95"),
@@ -51,6 +66,24 @@ def compare_row(m: dict[str, Any], folder: Path) -> dict[str, Any]:
         for sub in ("should_research", "should_visit_page"):
             row[f"acc_{fr}_{sub}"] = acc.get(fr, {}).get(sub, {}).get("accuracy")
     return row
+
+
+def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -> dict[str, Any]:
+    """The flip analysis pooled over the model folders, one protocol at a time (seed 000 A.5 pools the
+    models of its Figure 4): free generation and forced choice."""
+    from attnprobe.studies.ibis.flips import folder_flip_inputs, pooled_flip_analysis
+
+    by_protocol: dict[str, list[Path]] = {}
+    for f in model_folders(folders):
+        if not (f / "decisions.jsonl").is_file():
+            continue
+        run = json.loads((f / "run.json").read_text(encoding="utf-8")) if (f / "run.json").is_file() else {}
+        by_protocol.setdefault(run.get("protocol", "matched"), []).append(f)
+    return {proto: {
+        "models": [f.name for f in fs],
+        "free_generation": pooled_flip_analysis([folder_flip_inputs(f) for f in fs], seed=seed, n_perm=n_perm),
+        "forced_choice": pooled_flip_analysis([folder_flip_inputs(f, forced_choice=True) for f in fs], seed=seed,
+                                              n_perm=n_perm)} for proto, fs in by_protocol.items()}
 
 
 def compare_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:

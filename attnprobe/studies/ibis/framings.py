@@ -60,14 +60,10 @@ from attnprobe.trajectory.schema import Trajectory
 
 FRAMINGS = ("agentic", "observer", "direct")
 PROTOCOLS = ("paper", "matched")
-CATEGORIES = ("query", "results", "reminder", "task", "system", "framing", "template")
-PAPER_CATEGORIES = CATEGORIES + ("call",)
-
-
-def categories_for(protocol: str) -> tuple[str, ...]:
-    """The categories a protocol's framings are reduced to (``call`` exists only in the paper's agentic)."""
-    return PAPER_CATEGORIES if protocol == "paper" else CATEGORIES
-INVARIANT_CATEGORIES = ("system", "results", "reminder", "task")
+CATEGORIES = ("query", "results", "reminder", "task", "system", "framing", "template", "call")
+# matched: the query tokens too are identical across framings (that is what makes the own-vs-external
+# query gap length-matched: the same tokens, only their owner differs)
+INVARIANT_CATEGORIES = ("system", "results", "reminder", "task", "query")
 CALL_ID = "call_1"
 
 SYSTEM_PROMPT = (
@@ -133,14 +129,14 @@ class _Builder:
         return {"role": role, "content": self.text, "annotations": self.annotations}
 
 
-def paper_call_text(query: str, call_id: str = CALL_ID) -> tuple[str, int, int]:
+def paper_call_text(query: str, call_id: str = CALL_ID, tool: str = "web_search") -> tuple[str, int, int]:
     """The agentic assistant text of appendix E and the character span of the query inside it."""
-    head = (f"Calling tools:\n[{{'id': '{call_id}', 'type': 'function', 'function': {{'name': 'web_search', "
+    head = (f"Calling tools:\n[{{'id': '{call_id}', 'type': 'function', 'function': {{'name': '{tool}', "
             f"'arguments': {{'query': '")
     return head + query + "'}}}]", len(head), len(head) + len(query)
 
 
-def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict]) -> list[dict]:
+def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict], own_tool: str) -> list[dict]:
     sep = PAPER_PART_SEPARATOR
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
     if framing == "observer":
@@ -151,7 +147,7 @@ def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict]) -
         return messages
     # agentic
     messages.append(_Builder().add("Task:").add(" " + item.task, "task").message(1, spans))
-    text, qs, qe = paper_call_text(item.query)
+    text, qs, qe = paper_call_text(item.query, tool=own_tool)
     call = _Builder().add(text[:qs], "call", role="tool_call", author="self")
     call.add(text[qs:qe], "query", role="tool_call", author="self").add(text[qe:], "call", role="tool_call",
                                                                           author="self")
@@ -174,9 +170,9 @@ def _located(text: str, pieces: list[tuple[str, str, str, str]]) -> list[dict]:
 
 
 def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Direct mode = the runner's context-isolated filter prompt, text for text (one prompt for both)."""
+    """Direct mode = the runner's context-isolated filter prompt, text for text and, like the runner's
+    filter call, without tools (one prompt for both): answered "No" (+ a query) or with 1-2 sites."""
     from attnprobe.studies.runner.filter import REMINDER_ISOLATED, isolated_messages
-    from attnprobe.studies.runner.tools import FILTER_TOOLS
 
     messages = isolated_messages(item.task, item.query, res)
     user = dict(messages[1])
@@ -185,11 +181,19 @@ def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dic
     user["annotations"] = _located(user["content"], pieces)
     for j, (_, cat, _, _) in enumerate(pieces):
         spans.append({"category": cat, "message_index": 1, "part": f"annotation[{j}]"})
-    return [dict(messages[0]), user], [dict(x) for x in FILTER_TOOLS]
+    return [dict(messages[0]), user], []
 
 
-def build_framing(item: IbisItem, framing: str, protocol: str = "paper") -> Trajectory:
-    """The item rendered as a trajectory under one framing and protocol (see module docstring)."""
+COPY_CONTROL_TOOL = "google_search"  # the own call's tool name in the forced-choice copy control
+
+
+def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_tool: str = "web_search"
+                  ) -> Trajectory:
+    """The item rendered as a trajectory under one framing and protocol (see module docstring).
+
+    ``own_tool`` renames the tool of the agentic framing's own earlier call (the copy control of the
+    forced choice: with :data:`COPY_CONTROL_TOOL` the context no longer holds the option's name in
+    the call the model made itself; docs/methods.md)."""
     if framing not in FRAMINGS:
         raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}; got {framing!r}")
     if protocol not in PROTOCOLS:
@@ -201,12 +205,16 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper") -> Traj
     if protocol == "paper" and framing == "direct":
         messages, tools = _paper_direct(item, res, spans)
     elif protocol == "paper":
-        messages = _paper_messages(item, framing, res, spans)
+        messages = _paper_messages(item, framing, res, spans, own_tool)
     elif framing == "agentic":
         messages.append(_Builder().add("Task:").add(" " + item.task, "task").message(1, spans))
+        # the query argument is its own segment (category query); the rest of the call is category call
         messages.append({"role": "assistant", "content": "", "tool_calls": [{
             "id": CALL_ID, "type": "function",
-            "function": {"name": "web_search", "arguments": json.dumps({"query": item.query}, ensure_ascii=False)}}]})
+            "function": {"name": own_tool, "arguments": json.dumps({"query": item.query}, ensure_ascii=False)},
+            "annotations": [{"argument": "query", "role": "tool_call", "author": "self"}]}]})
+        spans.append({"category": "query", "message_index": 2, "part": "tool_calls[0].arguments.query"})
+        spans.append({"category": "call", "message_index": 2, "part": "tool_calls[0]"})
         # A tool message is an observation (author external) as a whole: no annotation needed.
         messages.append({"role": "tool", "tool_call_id": CALL_ID, "content": res})
         spans.append({"category": "results", "message_index": 3, "part": "content"})
@@ -225,7 +233,8 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper") -> Traj
         id=f"{item.id}/{framing}", messages=messages, task=item.task, framing=framing,
         tools=tools, labels={"ibis": item.label, "expected_action": item.expected_action},
         meta={"ibis": {"item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
-                       "query": item.query, "spans": spans, "protocol": protocol}},
+                       "query": item.query, "spans": spans, "protocol": protocol,
+                       **({"own_tool": own_tool} if own_tool != "web_search" else {})}},
     )
 
 
@@ -241,7 +250,7 @@ def segment_categories(segments: Sequence, trajectory: Trajectory) -> list[str]:
             elif seg.role == "template":
                 cat = "template"
             elif seg.role == "tool_call" and seg.author == "self":
-                cat = "query"
+                cat = "call"
             else:
                 cat = "framing"
         out.append(cat)
@@ -251,7 +260,7 @@ def segment_categories(segments: Sequence, trajectory: Trajectory) -> list[str]:
 def category_tokens(rendered, trajectory: Trajectory) -> dict[str, list[int]]:
     """Token ids of every category, concatenated in order (for the invariant checks)."""
     cats = segment_categories(rendered.segments, trajectory)
-    out: dict[str, list[int]] = {c: [] for c in PAPER_CATEGORIES}
+    out: dict[str, list[int]] = {c: [] for c in CATEGORIES}
     ids = np.asarray(rendered.input_ids)
     for seg, cat in zip(rendered.segments, cats):
         out[cat] += ids[seg.start:seg.end].tolist()

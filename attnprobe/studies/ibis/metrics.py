@@ -17,17 +17,10 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import read_records
 from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions
-from attnprobe.studies.ibis.framings import FRAMINGS
+from attnprobe.studies.ibis.flips import decision_table, flip_analysis
+from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
-from attnprobe.studies.ibis.stats import (
-    FEATURE_NAMES,
-    bootstrap_ci,
-    bootstrap_mean_ci,
-    grouped_cv_auc,
-    mcnemar_exact,
-    surface_features,
-    wilson_ci,
-)
+from attnprobe.studies.ibis.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
 
 SUBSETS = ("should_research", "should_visit_page", "headline", "should_return_answer")
 ATT_SUBSETS = ("headline", "should_research", "should_visit_page")
@@ -89,7 +82,7 @@ def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n
             parse = [d for d in rs if d["decision"] != "unparseable"]
             acc[fr][sub] = {
                 "n": n, "correct": k, "accuracy": _r(k / n), "ci95_wilson": [_r(v) for v in wilson_ci(k, n)],
-                "unparseable": n - len(parse),
+                "unparseable": n - len(parse), "unparseable_rate": _r((n - len(parse)) / n),
                 "accuracy_among_parseable": _r(sum(bool(d["correct"]) for d in parse) / len(parse)) if parse else None,
                 "decisions": {c: sum(d["decision"] == c for d in rs) for c in DECISIONS},
             }
@@ -117,8 +110,7 @@ def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n
 
 def forced_choice_metrics(items, dec, framings, *, n_boot: int, seed: int, n_perm: int = 200) -> dict[str, Any] | None:
     """The same analyses on the forced choice (log-probability of each tool name), when recorded."""
-    fdec = {k: {"correct": d["forced_choice"]["choice"] == d["expected"], "lo": d["forced_choice"]["log_odds_visit"]}
-            for k, d in dec.items() if d.get("forced_choice")}
+    fdec = decision_table([d for d in dec.values() if d.get("forced_choice")], forced_choice=True)
     if not fdec:
         return None
     label_of = {it.id: it.label for it in items}
@@ -133,8 +125,10 @@ def forced_choice_metrics(items, dec, framings, *, n_boot: int, seed: int, n_per
                                 "ci95_wilson": [_r(v) for v in wilson_ci(k, n)],
                                 "mean_log_odds_visit": _r(float(np.mean([v["lo"] for v in rs])))}
     out: dict[str, Any] = {
-        "definition": "choice = the tool whose name has the higher log-probability after the prompt + '{\"name\": \"' "
-                      "(no generation, so no unparseable cases); log_odds_visit = logP(visit_page) - logP(web_search)",
+        "definition": "SECONDARY readout. choice = the tool whose name has the higher log-probability after the "
+                      "prompt + '{\"name\": \"' (no generation, so no unparseable cases); log_odds_visit = "
+                      "logP(visit_page) - logP(web_search). See copy_control: the prefix can be completed by copying "
+                      "the tool name of the model's own earlier call",
         "accuracy": acc}
     if "agentic" in framings and "observer" in framings:
         g = paired_gap(fdec, items, "agentic", "observer", "should_research", n_boot, seed)
@@ -154,36 +148,70 @@ def forced_choice_metrics(items, dec, framings, *, n_boot: int, seed: int, n_per
         out["log_odds_shift_agentic_minus_observer"] = {
             "definition": "per-item log_odds_visit(agentic) - log_odds_visit(observer); positive = owning the search "
                           "pushes the model toward visiting a page (the inertia direction)", **shifts}
+        control = copy_control_metrics(items, dec, fdec, g, n_boot=n_boot, seed=seed)
+        if control:
+            out["copy_control"] = control
     return out
 
 
-def flip_analysis(dec, items, *, n_boot: int, seed: int, n_perm: int) -> dict[str, Any]:
-    """Paired flips agentic vs observer on should_research (paper appendix A.5)."""
-    rs = [it for it in items if it.label == "should_research" and (it.id, "agentic") in dec
-          and (it.id, "observer") in dec]
-    if not rs:
-        return {"n_items": 0}
-    a = np.asarray([dec[(it.id, "agentic")]["correct"] for it in rs], dtype=int)
-    o = np.asarray([dec[(it.id, "observer")]["correct"] for it in rs], dtype=int)
-    flip = (a != o).astype(int)
-    inertia = ((o == 1) & (a == 0)).astype(int)
-    X = np.stack([surface_features(it) for it in rs])
-    groups = [" ".join(it.query.lower().split()) for it in rs]
-    n_flip = int(flip.sum())
-    share = inertia.sum() / n_flip if n_flip else float("nan")
-    res: dict[str, Any] = {"n_items": len(rs), "n_flips": n_flip, "inertia_direction": int(inertia.sum()),
-                           "share_inertia_direction": _r(share)}
-    if n_flip:
-        lo, hi = wilson_ci(int(inertia.sum()), n_flip)
-        res["share_ci95_wilson"] = [_r(lo), _r(hi)]
-    res["auc_flip_occurrence"] = grouped_cv_auc(X, flip, groups, n_perm=n_perm, seed=seed)
-    fl = np.flatnonzero(flip)
-    res["auc_flip_direction"] = grouped_cv_auc(X[fl], inertia[fl], [groups[i] for i in fl], n_perm=n_perm, seed=seed)
-    for k in ("auc_flip_occurrence", "auc_flip_direction"):
-        res[k]["auc"] = _r(res[k]["auc"])
-    res["features"] = list(FEATURE_NAMES)
-    res["cv"] = "GroupKFold by normalised query, L2 logistic regression on standardised features, pooled out-of-fold AUC"
-    return res
+def copy_control_metrics(items, dec, fdec, gap: dict, *, n_boot: int, seed: int) -> dict[str, Any] | None:
+    """The forced-choice gap again with the agentic framing's own call renamed (``forced_choice_control``).
+
+    The readout's prefix ``{"name": "`` can be completed by copying the tool name of the call the model
+    made itself; the control removes that name from the own call. If the gap moves by more than the
+    half-width of its CI, part of it is copying and the report says so."""
+    cdec = {(i, "agentic"): {"correct": d["forced_choice_control"]["choice"] == d["expected"],
+                             "lo": d["forced_choice_control"]["log_odds_visit"]}
+            for (i, f), d in dec.items() if f == "agentic" and d.get("forced_choice_control")}
+    if not cdec:
+        return None
+    both = {**{k: v for k, v in fdec.items() if k[1] == "observer"}, **cdec}
+    g2 = paired_gap(both, items, "agentic", "observer", "should_research", n_boot, seed)
+    g2["definition"] = "observer - agentic forced-choice accuracy on should_research, the own call renamed"
+    ids = [i for (i, _f) in cdec if (i, "agentic") in fdec]
+    shift = np.asarray([fdec[(i, "agentic")]["lo"] - cdec[(i, "agentic")]["lo"] for i in ids])
+    lo, hi = bootstrap_mean_ci(shift, n_boot=n_boot, seed=seed)
+    sr = [i for i in ids if any(it.id == i and it.label == "should_research" for it in items)]
+    lo_sr = [fdec[(i, "agentic")]["lo"] for i in sr]
+    lo_sr_c = [cdec[(i, "agentic")]["lo"] for i in sr]
+    out: dict[str, Any] = {
+        "definition": "forced choice with the agentic framing's own earlier call renamed to "
+                      f"{COPY_CONTROL_TOOL!r} (the option names then appear only in the system prompt and tool list "
+                      "that every framing shares)",
+        "inertia_gap": g2,
+        "log_odds_visit_agentic_should_research": {"original": _r(np.mean(lo_sr)) if sr else None,
+                                                   "renamed": _r(np.mean(lo_sr_c)) if sr else None, "n": len(sr)},
+        "log_odds_shift_original_minus_renamed": {"n": len(ids), "mean": _r(shift.mean()), "ci95": [_r(lo), _r(hi)],
+                                                  "definition": "per agentic item: log_odds_visit with the own call "
+                                                                "as is minus with it renamed"},
+    }
+    if gap.get("gap") is not None and g2.get("gap") is not None and None not in gap.get("ci95", [None]):
+        half = (gap["ci95"][1] - gap["ci95"][0]) / 2
+        moved = abs(g2["gap"] - gap["gap"])
+        out["gap_moved_by"] = _r(moved)
+        out["moves_gap_beyond_ci"] = bool(moved > half)
+        if moved > half:
+            out["warning"] = (f"renaming the own call moves the forced-choice gap from {gap['gap']:+.3f} to "
+                              f"{g2['gap']:+.3f} (more than the half-width {half:.3f} of its CI): part of the forced-"
+                              "choice gap is copying of the tool name from the model's own call")
+    return out
+
+
+PRIMARY_GAP = ("decision-token attention mass on the query's own tokens in the agentic framing (the query argument "
+               "of the model's own web_search call) minus on the same tokens shown as external text in the observer "
+               "framing (matched protocol: identical token ids, so the gap is length-matched); mean over layers, "
+               "heads and headline items")
+WHOLE_CALL_GAP = ("SECONDARY, not length-matched: mass on the whole own call (query + call syntax, ~{call} tokens) in "
+                  "the agentic framing minus mass on the {query}-token query in the observer framing. A longer span "
+                  "collects more mass whatever its owner; see the per-token columns")
+
+
+def _gap_entry(a: np.ndarray, o: np.ndarray, *, n_boot: int, seed: int, nd: int = 4) -> dict[str, Any]:
+    """Paired agentic - observer gap of per-item values (already averaged over layers and heads)."""
+    d = a - o
+    lo, hi = bootstrap_mean_ci(d, n_boot=n_boot, seed=seed)
+    return {"agentic": _r(a.mean(), nd), "observer": _r(o.mean(), nd), "gap": _r(d.mean(), nd),
+            "ci95": [_r(lo, nd), _r(hi, nd)], "share_items_positive": _r((d > 0).mean())}
 
 
 def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_k: int = 10) -> dict[str, Any]:
@@ -193,8 +221,13 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
     layers = index["layers"]
     out: dict[str, Any] = {"n_items": len(labels), "categories": cats, "framings": framings, "layers": layers,
                            "num_heads": index["num_heads"], "renderings": index.get("renderings")}
+    if "tokens.agentic" not in arrays:
+        raise AttnprobeError("attention.safetensors predates the length-controlled gap (no token counts); rerun "
+                             "'attnprobe ibis capture --force'")
     if "agentic" not in framings or "observer" not in framings:
         return out
+    mass = {fr: arrays[f"mass.{fr}"].astype(np.float64) for fr in framings}  # [N, C, L, H]
+    ntok = {fr: arrays[f"tokens.{fr}"].astype(np.float64) for fr in framings}  # [N, C]
     by_cat: dict[str, Any] = {}
     for sub in ATT_SUBSETS:
         sel = np.asarray([_in_subset(lb, sub) for lb in labels])
@@ -202,8 +235,11 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
             continue
         by_cat[sub] = {"n": int(sel.sum())}
         for ci, cat in enumerate(cats):
-            entry = {fr: _r(arrays[f"mass.{fr}"][sel, ci].mean()) for fr in framings}
-            d = arrays["mass.agentic"][sel, ci].mean(axis=(1, 2)) - arrays["mass.observer"][sel, ci].mean(axis=(1, 2))
+            entry: dict[str, Any] = {fr: _r(mass[fr][sel, ci].mean()) for fr in framings}
+            entry["tokens"] = {fr: _r(ntok[fr][sel, ci].mean(), 2) for fr in framings}
+            entry["per_token"] = {fr: _r(_per_token(mass[fr][sel, ci].mean(axis=(1, 2)), ntok[fr][sel, ci]), 6)
+                                  for fr in framings}
+            d = mass["agentic"][sel, ci].mean(axis=(1, 2)) - mass["observer"][sel, ci].mean(axis=(1, 2))
             lo, hi = bootstrap_mean_ci(d, n_boot=n_boot, seed=seed)
             entry.update({"gap_agentic_minus_observer": _r(d.mean()), "ci95": [_r(lo), _r(hi)]})
             by_cat[sub][cat] = entry
@@ -212,30 +248,39 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
     if index.get("protocol", "matched") == "paper":
         # The paper's observer never shows the query: an own-vs-external query gap has nothing to compare.
         reason = "paper protocol: the observer framing shows no query; run --protocol matched for this gap"
-        out["attentional_gap"] = {"gap": None, "ci95": [None, None], "reason": reason}
-        out["query_tokens_gap"] = {"gap": None, "ci95": [None, None], "reason": reason}
+        out["attentional_gap"] = {"measure": "query_tokens", "gap": None, "ci95": [None, None], "reason": reason}
+        out["whole_call_gap"] = {"measure": "whole_call", "gap": None, "ci95": [None, None], "reason": reason}
         out.update(_layer_and_head_gaps(arrays, cats, layers, sel, ("results", "reminder", "task"), ("results",),
                                         n_boot=n_boot, seed=seed, top_k=top_k))
         return out
-    qi = cats.index("query")
-    d_item = (arrays["mass.agentic"][sel, qi] - arrays["mass.observer"][sel, qi])  # [N, L, H]
-    dm = d_item.mean(axis=(1, 2))
-    lo, hi = bootstrap_mean_ci(dm, n_boot=n_boot, seed=seed)
-    out["attentional_gap"] = {
-        "definition": "decision-token attention mass on the own web_search call (agentic) minus on the same query "
-                      "shown as external text (observer); mean over layers, heads and headline items",
-        "n": int(sel.sum()), "agentic_own_call": _r(arrays["mass.agentic"][sel, qi].mean()),
-        "observer_query": _r(arrays["mass.observer"][sel, qi].mean()), "gap": _r(dm.mean()), "ci95": [_r(lo), _r(hi)],
-        "share_items_positive": _r((dm > 0).mean())}
-    qa, qo = arrays["query_tokens.agentic"][sel], arrays["query_tokens.observer"][sel]
-    lo, hi = bootstrap_mean_ci(qa - qo, n_boot=n_boot, seed=seed)
-    out["query_tokens_gap"] = {
-        "definition": "mass on the query string's own tokens (same tokens in both framings; mean over layers and "
-                      "heads): agentic minus observer", "agentic": _r(qa.mean()), "observer": _r(qo.mean()),
-        "gap": _r((qa - qo).mean()), "ci95": [_r(lo), _r(hi)]}
+    qi, ki = cats.index("query"), cats.index("call")
+    qa, qo = mass["agentic"][sel, qi].mean(axis=(1, 2)), mass["observer"][sel, qi].mean(axis=(1, 2))
+    na, no = ntok["agentic"][sel, qi], ntok["observer"][sel, qi]
+    primary = {"measure": "query_tokens", "definition": PRIMARY_GAP, "n": int(sel.sum()),
+               **_gap_entry(qa, qo, n_boot=n_boot, seed=seed),
+               "query_tokens": {"agentic": _r(na.mean(), 2), "observer": _r(no.mean(), 2)},
+               "length_matched": bool(np.array_equal(na, no))}
+    primary["per_token"] = _gap_entry(qa / np.maximum(na, 1), qo / np.maximum(no, 1), n_boot=n_boot, seed=seed,
+                                      nd=6)
+    out["attentional_gap"] = primary
+    wa = qa + mass["agentic"][sel, ki].mean(axis=(1, 2))
+    nwa = na + ntok["agentic"][sel, ki]
+    whole = {"measure": "whole_call", "definition": WHOLE_CALL_GAP.format(call=round(float(nwa.mean())),
+                                                                         query=round(float(no.mean()))),
+             "n": int(sel.sum()), **_gap_entry(wa, qo, n_boot=n_boot, seed=seed),
+             "tokens": {"agentic_whole_call": _r(nwa.mean(), 2), "observer_query": _r(no.mean(), 2)}}
+    whole["per_token"] = _gap_entry(wa / np.maximum(nwa, 1), qo / np.maximum(no, 1), n_boot=n_boot, seed=seed,
+                                    nd=6)
+    out["whole_call_gap"] = whole
     out.update(_layer_and_head_gaps(arrays, cats, layers, sel, ("query", "results", "reminder", "task"),
                                     ("query", "results"), n_boot=n_boot, seed=seed, top_k=top_k))
     return out
+
+
+def _per_token(mass_items: np.ndarray, tokens: np.ndarray) -> float:
+    """Mean over items of mass / tokens (NaN when the category is empty in every item)."""
+    ok = tokens > 0
+    return float(np.mean(mass_items[ok] / tokens[ok])) if ok.any() else float("nan")
 
 
 def _layer_and_head_gaps(arrays, cats, layers, sel, layer_cats, head_cats, *, n_boot: int, seed: int,

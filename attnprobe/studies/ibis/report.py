@@ -18,7 +18,7 @@ from attnprobe.io import atomic_write_text
 from attnprobe.results import figures as F
 from attnprobe.results.formatting import template_env
 from attnprobe.studies.ibis.behaviour import DECISIONS
-from attnprobe.studies.ibis.compare import compare_rows
+from attnprobe.studies.ibis.compare import compare_rows, pooled_flips
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS
 from attnprobe.studies.ibis.items import load_items
 from attnprobe.studies.ibis.metrics import compute_metrics
@@ -50,7 +50,8 @@ def report_figures(m: dict) -> list:
                            "Decision-token attention mass per category (mean over layers, heads, items)"),
             F.layer_gap_figure(a["layers"], a["per_layer_gap"]),
             F.head_gap_figure(a["heads"][head_cat]["gap_matrix"], a["layers"],
-                              "Own call (agentic) - external query (observer), per layer and head" if head_cat == "query"
+                              "Query tokens, length-matched: own (agentic) - external (observer), per layer and head"
+                              if head_cat == "query"
                               else "Results: agentic - observer, per layer and head")]
     return figs
 
@@ -83,17 +84,21 @@ def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: in
 
 
 # ------------------------------------------------------------------ across models
-def compare_table(rows: list[dict]) -> str:
-    return _template("compare.md").render(rows=rows, framings=FRAMINGS).rstrip("\n")
+def compare_table(rows: list[dict], pooled: dict | None = None) -> str:
+    return _template("compare.md").render(rows=rows, framings=FRAMINGS, pooled=pooled or {}).rstrip("\n")
 
 
-def compare(folders: Sequence[Path], out: Path, *, plotlyjs: str | bool = True) -> tuple[list[dict], str]:
-    """compare.json, compare.md and compare.html over the model folders (or results roots) given."""
+def compare(folders: Sequence[Path], out: Path, *, plotlyjs: str | bool = True, seed: int = 0,
+            n_perm: int = 200) -> tuple[list[dict], str]:
+    """compare.json (one row per model), compare_flips.json (the flip analysis pooled across models, per
+    protocol), compare.md and compare.html over the model folders (or results roots) given."""
     rows = compare_rows(folders)
-    table = compare_table(rows)
+    pooled = pooled_flips(folders, seed=seed, n_perm=n_perm)
+    table = compare_table(rows, pooled)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "compare.json", json.dumps(rows, indent=1))
+    atomic_write_text(out / "compare_flips.json", json.dumps(pooled, indent=1))
     atomic_write_text(out / "compare.md", table + "\n")
     atomic_write_text(out / "compare.html", _template("compare.html").render(
         figure=_figure_html([F.ibis_compare_figure(rows)], plotlyjs)[0], table=table))

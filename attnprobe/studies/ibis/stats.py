@@ -6,28 +6,35 @@
   (``scipy.stats.bootstrap``, paired: one index draw per replicate is applied to every array), fixed seed.
 - :func:`wilson_ci`: Wilson score interval for a proportion.
 - :func:`roc_auc`: ``sklearn.metrics.roc_auc_score`` (ties count one half); NaN without both classes.
-- :func:`group_kfold` / :func:`grouped_cv_auc`: out-of-fold scores of an L2 logistic regression
-  (standardised features) with ``GroupKFold`` folds that never split a group (a query), pooled into
-  one AUC; a label-permutation p-value.
+- :func:`stratified_group_folds` / :func:`grouped_cv_auc`: out-of-fold scores of an L2 logistic
+  regression (standardised features) with ``StratifiedGroupKFold`` folds that never split a group (a
+  query); the mean of the per-fold AUCs (primary), the pooled AUC (secondary) and a permutation p-value
+  that moves whole groups (:func:`group_permuter`).
+- :func:`power_note`: the smallest AUC detectable at this n (Hanley-McNeil variance).
+- :func:`feature_correlations`: Spearman correlation per feature with BH (``false_discovery_control``)
+  and Holm adjustment.
+- :func:`rounded`: a statistic made JSON-ready for metrics.json.
 - :func:`surface_features`: 18 shallow features of an item's results (paper appendix A.5).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable, Sequence
 from urllib.parse import urlparse
 
 import numpy as np
 import sklearn
-from scipy import stats
+from scipy import optimize, stats
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import GroupKFold
+from sklearn.model_selection import StratifiedGroupKFold
 
 # scipy >= 1.15 takes ``rng``; older releases take the same Generator as ``random_state``
 _RNG_KW = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+_PERM_RNG_KW = "rng" if "rng" in inspect.signature(stats.permutation_test).parameters else "random_state"
 _BATCH_ELEMENTS = 1 << 24  # resampled values held at once by bootstrap_mean_ci (128 MiB of float64)
 
 
@@ -91,17 +98,44 @@ def roc_auc(y: Sequence[int], score: Sequence[float]) -> float:
     return float(roc_auc_score(y, np.asarray(score, dtype=np.float64)))
 
 
-def group_kfold(groups: Sequence, n_splits: int) -> list[np.ndarray]:
-    """Test-index arrays of ``n_splits`` folds (fewer when there are fewer groups); a group never
-    straddles folds (largest groups first, each to the currently smallest fold; deterministic)."""
-    uniq, inverse = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
-    n_splits = min(n_splits, len(uniq))
-    if n_splits < 2:
-        raise ValueError("grouped cross-validation needs at least 2 groups")
-    # GroupKFold takes equally large groups in descending label order: label by reversed name rank so
-    # ties go alphabetically (the fold assignment of earlier releases).
-    codes = len(uniq) - 1 - inverse.reshape(-1)
-    return [test for _, test in GroupKFold(n_splits).split(codes, groups=codes)]
+def rounded(x, nd: int = 4):
+    """A statistic made JSON-ready: numpy scalars to Python numbers, rounded; NaN to None."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray) and x.size == 1:
+        x = float(x.reshape(-1)[0])
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return None if math.isnan(float(x)) else round(float(x), nd)
+    return x
+
+
+def _group_codes(groups: Sequence) -> np.ndarray:
+    """Integer code per row (groups compared as strings)."""
+    return np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)[1].reshape(-1)
+
+
+def stratified_group_folds(y: Sequence[int], groups: Sequence, n_splits: int = 5,
+                           seed: int = 0) -> tuple[list[np.ndarray], str | None]:
+    """Test-index arrays of ``StratifiedGroupKFold(shuffle=True, random_state=seed)``: a group never
+    straddles folds and each fold's class mix stays close to the whole set's.
+
+    A fold can hold a class only if the class reaches it through some group, so ``n_splits`` is reduced
+    to the number of groups holding the rarer class when that is smaller; the second value then says so
+    (None otherwise). Fewer than 2 such groups: ValueError."""
+    y = np.asarray(y, dtype=int)
+    codes = _group_codes(groups)
+    per_class = [len(np.unique(codes[y == c])) for c in (0, 1)]
+    k = min(n_splits, *per_class)
+    if k < 2:
+        raise ValueError(f"needs each class in at least 2 query groups (got {per_class[1]} with a positive, "
+                         f"{per_class[0]} with a negative)")
+    note = None if k == n_splits else (f"n_splits reduced from {n_splits} to {k}: the rarer class occurs in only "
+                                       f"{k} query groups")
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    folds = [test for _, test in cv.split(np.zeros((len(y), 1)), y, codes) if len(test)]
+    return folds, note
 
 
 def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 100) -> tuple[np.ndarray, float]:
@@ -111,12 +145,15 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 100
     return model.coef_[0], float(model.intercept_[0])
 
 
-def oof_scores(X: np.ndarray, y: np.ndarray, groups: Sequence, n_splits: int = 5, l2: float = 1.0) -> np.ndarray:
+def oof_scores(X: np.ndarray, y: np.ndarray, folds: Sequence[np.ndarray], l2: float = 1.0) -> np.ndarray:
+    """Out-of-fold decision values: each test fold scored by a model fit on the other folds, with the
+    features standardised by the training rows' mean and SD."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     out = np.empty(len(y))
-    for test in group_kfold(groups, n_splits):
-        train = np.setdiff1d(np.arange(len(y)), test)
+    for test in folds:
+        train = np.ones(len(y), dtype=bool)
+        train[test] = False
         if len(np.unique(y[train])) < 2:
             out[test] = y[train].mean()  # nothing to learn: a constant score
             continue
@@ -127,26 +164,196 @@ def oof_scores(X: np.ndarray, y: np.ndarray, groups: Sequence, n_splits: int = 5
     return out
 
 
+def _cv_aucs(X, y, folds, l2: float) -> tuple[float, list[float], float]:
+    """(mean of the per-fold AUCs over folds holding both classes, per-fold AUCs, AUC of pooled scores)."""
+    s = oof_scores(X, y, folds, l2)
+    per_fold = [roc_auc(y[t], s[t]) for t in folds]
+    ok = [a for a in per_fold if not math.isnan(a)]
+    return (float(np.mean(ok)) if ok else float("nan")), per_fold, roc_auc(y, s)
+
+
+_PERM_GROUP_FEATURES = ("features are constant within each query group, so each permutation hands every group the "
+                        "feature vector of another group (a random permutation of the groups); labels, group sizes "
+                        "and folds stay as observed")
+_PERM_EQUAL_SIZE = ("features vary within a query group, so each permutation exchanges whole label vectors among "
+                    "groups of equal size (row i of one group takes row i's label of the other, in input order); "
+                    "a group whose size is unique keeps its labels (conservative); folds are redrawn per permutation")
+
+
+def group_permuter(X: np.ndarray, y: np.ndarray, groups: Sequence) -> tuple[str, Callable]:
+    """The permutation scheme for the null "features carry no information about the labels", moving
+    whole query groups so that rows of one group (e.g. one item under several models) stay together.
+
+    Returns (description, draw) where ``draw(rng)`` gives a permuted (X, y). When every group has one
+    feature vector (item-level features; always so with one row per group) the feature vectors are
+    permuted across groups, which allows groups of unequal size; otherwise label vectors are exchanged
+    only among groups of the same size."""
+    X, y, codes = np.asarray(X, dtype=np.float64), np.asarray(y), _group_codes(groups)
+    n_groups = int(codes.max()) + 1
+    rep = X[np.unique(codes, return_index=True)[1]]  # the first row of each group (codes are 0 .. n_groups-1)
+    if np.array_equal(X, rep[codes]):
+        return _PERM_GROUP_FEATURES, lambda rng: (rep[rng.permutation(n_groups)][codes], y)
+    members = [np.flatnonzero(codes == g) for g in range(n_groups)]
+    sizes = np.asarray([len(m) for m in members])
+    strata = [np.flatnonzero(sizes == s) for s in np.unique(sizes)]
+
+    def draw(rng):
+        yp = y.copy()
+        for st in strata:
+            for g, src in zip(st, rng.permutation(st)):
+                yp[members[g]] = y[members[src]]
+        return X, yp
+
+    return _PERM_EQUAL_SIZE, draw
+
+
 def grouped_cv_auc(X, y, groups, *, n_splits: int = 5, n_perm: int = 200, seed: int = 0,
-                   min_per_class: int = 2) -> dict:
-    """Out-of-fold AUC of surface features predicting ``y``, with a permutation p-value."""
+                   min_per_class: int = 2, l2: float = 1.0) -> dict:
+    """Cross-validated AUC of an L2 logistic regression on ``X`` predicting binary ``y``, with folds that
+    never split a query group, and a permutation p-value that moves whole groups.
+
+    ``auc`` (= ``auc_mean_over_folds``, the primary number) is the mean of the per-fold ROC AUCs over the
+    test folds holding both classes (seed 002 D.5 "macroaverages held-out-fold ... ROC-AUC values"); its
+    null expectation is exactly 1/2, since each fold's scores come from a model that never saw its rows.
+    ``auc_pooled`` ranks all out-of-fold scores together (secondary): scores of different fold models are
+    offset by their training class balance, which anticorrelates with the test labels, so it is biased
+    below 1/2 at small n. ``p_value``: one-sided, (1 + #{null >= observed}) / (1 + valid permutations) of
+    the fold-mean AUC under :func:`group_permuter`."""
+    X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=int)
     n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    base = {"n": int(len(y)), "n_positive": n_pos, "n_negative": n_neg, "n_groups": int(len(set(map(str, groups))))}
+    codes = _group_codes(groups) if len(y) else np.zeros(0, dtype=int)
+    base = {"n": int(len(y)), "n_positive": n_pos, "n_negative": n_neg, "n_groups": int(len(np.unique(codes)))}
     if n_pos < min_per_class or n_neg < min_per_class:
         return {**base, "auc": None, "p_value": None,
                 "reason": f"needs at least {min_per_class} examples of each class (got {n_pos} positive, "
                           f"{n_neg} negative)"}
     if base["n_groups"] < 2:
         return {**base, "auc": None, "p_value": None, "reason": "needs at least 2 query groups"}
-    rng = np.random.default_rng(seed)
+    try:
+        folds, note = stratified_group_folds(y, codes, n_splits, seed)
+    except ValueError as e:
+        return {**base, "auc": None, "p_value": None, "reason": str(e)}
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):  # ~1000 small fits
-        auc = roc_auc(y, oof_scores(X, y, groups, n_splits))
-        null = [roc_auc(yp, oof_scores(X, yp, groups, n_splits)) for yp in (rng.permutation(y) for _ in range(n_perm))]
-    # AUCs are multiples of 1 / (2 n_pos n_neg); roc_auc_score's sum can leave an equal AUC an ulp apart
-    p = (1 + sum(a >= auc - 1e-12 for a in null)) / (1 + n_perm)
-    return {**base, "auc": auc, "p_value": float(p), "n_permutations": n_perm,
-            "n_splits": min(n_splits, base["n_groups"])}
+        mean, per_fold, pooled = _cv_aucs(X, y, folds, l2)
+        if math.isnan(mean):
+            return {**base, "auc": None, "p_value": None, "reason": "no test fold holds both classes"}
+        scheme, draw = group_permuter(X, y, codes)
+        rng = np.random.default_rng(seed)
+        null = []
+        for _ in range(n_perm):
+            Xp, yp = draw(rng)
+            fp = folds if yp is y else stratified_group_folds(yp, codes, n_splits, seed)[0]
+            null.append(_cv_aucs(Xp, yp, fp, l2)[0])
+    null = np.asarray([a for a in null if not math.isnan(a)])
+    # fold-mean AUCs are sums of multiples of 1 / (2 n_pos n_neg): equal values can differ by an ulp
+    p = (1 + int((null >= mean - 1e-12).sum())) / (1 + len(null))
+    out = {**base, "auc": mean, "auc_mean_over_folds": mean,
+           "auc_per_fold": [None if math.isnan(a) else a for a in per_fold],
+           "n_folds": len(folds), "n_folds_skipped": sum(math.isnan(a) for a in per_fold),
+           "auc_pooled": pooled,
+           "auc_pooled_note": "secondary: one AUC over the pooled out-of-fold scores of all folds (biased below 0.5 "
+                              "under the null at small n)",
+           "p_value": float(p), "n_permutations": n_perm, "n_permutations_valid": int(len(null)),
+           "permutation": scheme, "n_splits": len(folds), "n_splits_requested": n_splits}
+    if note:
+        out["folds_note"] = note
+    return out
+
+
+def hanley_mcneil_se(auc: float, n_pos: int, n_neg: int) -> float:
+    """Standard error of an AUC (Hanley & McNeil 1982, Radiology 143:29, eq. 2):
+    Var = [A(1-A) + (n_pos-1)(Q1-A^2) + (n_neg-1)(Q2-A^2)] / (n_pos n_neg), Q1 = A/(2-A), Q2 = 2A^2/(1+A).
+    At A = 1/2 it is the exact Mann-Whitney null variance (n_pos + n_neg + 1) / (12 n_pos n_neg)."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc * auc) + (n_neg - 1) * (q2 - auc * auc)) / (n_pos * n_neg)
+    return math.sqrt(max(var, 0.0))
+
+
+def power_note(n_pos: int, n_neg: int, alpha: float = 0.05, power: float = 0.8, *,
+               positives: str = "positives", negatives: str = "negatives") -> dict:
+    """The smallest AUC that a one-sided test at level ``alpha`` (the permutation test's direction)
+    detects with probability ``power`` at this sample size: the A solving
+    A - 1/2 = z(1-alpha) SE(1/2) + z(power) SE(A), SE from :func:`hanley_mcneil_se`. That SE is a fixed
+    score's; a cross-validated AUC varies more, so the true minimum is higher (a lower bound)."""
+    method = ("Hanley-McNeil variance of the AUC, one-sided normal test; lower bound for a cross-validated AUC")
+    out = {"n_positive": int(n_pos), "n_negative": int(n_neg), "alpha": alpha, "power": power, "method": method,
+           "min_detectable_auc": None}
+    if n_pos < 1 or n_neg < 1:
+        return {**out, "sentence": f"no power note: needs both {positives} and {negatives} (got {n_pos}, {n_neg})"}
+    za, zb = stats.norm.ppf(1 - alpha), stats.norm.ppf(power)
+    se0 = hanley_mcneil_se(0.5, n_pos, n_neg)
+
+    def excess(a):
+        return a - 0.5 - za * se0 - zb * hanley_mcneil_se(a, n_pos, n_neg)
+
+    if excess(1.0) <= 0:
+        return {**out, "sentence": f"with {n_pos} {positives} and {n_neg} {negatives}, not even an AUC of 1 would be "
+                                   f"detected with {power:.0%} power (one-sided alpha {alpha})"}
+    a = float(optimize.brentq(excess, 0.5, 1.0, xtol=1e-10))
+    shown = f"above {a:.2f}" if round(a, 2) < 1 else f"above {a:.3f}" if round(a, 3) < 1 else "of 1 (perfect)"
+    return {**out, "min_detectable_auc": a,
+            "sentence": f"with {n_pos} {positives} and {n_neg} {negatives}, only an AUC {shown} would be "
+                        f"detected with {power:.0%} power (one-sided alpha {alpha}; Hanley-McNeil variance, a lower "
+                        f"bound for a cross-validated AUC)"}
+
+
+def holm(p: Sequence[float]) -> np.ndarray:
+    """Holm step-down adjusted p-values: sorted p_(i) times (m - i + 1), running maximum, capped at 1."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    adj = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(p)
+    out[order] = adj
+    return out
+
+
+def spearman_permutation(x, y, *, n_resamples: int = 9999, seed: int = 0) -> tuple[float, float]:
+    """Spearman's rho and its two-sided permutation p-value (``scipy.stats.permutation_test`` permuting
+    the pairing; exact when n! <= n_resamples). Exact under ties, which the t approximation of
+    ``spearmanr`` is not (a gap in {-1, 0, 1} is mostly ties), and never 0 at small n."""
+    rx = stats.rankdata(x)
+
+    def rho(ry, axis=-1):
+        a = rx - rx.mean()
+        b = ry - ry.mean(axis=axis, keepdims=True)
+        return (a * b).sum(axis=axis) / np.sqrt((a * a).sum() * (b * b).sum(axis=axis))
+
+    res = stats.permutation_test((stats.rankdata(y),), rho, permutation_type="pairings", vectorized=True,
+                                 n_resamples=n_resamples, alternative="two-sided",
+                                 **{_PERM_RNG_KW: np.random.default_rng(seed)})
+    return float(res.statistic), float(res.pvalue)
+
+
+def feature_correlations(X, gap, names: Sequence[str] = (), *, alpha: float = 0.05, n_resamples: int = 9999,
+                         seed: int = 0) -> dict:
+    """Spearman correlation of each feature column with the per-item gap, its permutation p-value
+    (:func:`spearman_permutation`), and p-values adjusted over the features tested: Benjamini-Hochberg
+    (``scipy.stats.false_discovery_control``, the primary correction) and Holm. A feature constant
+    over the items has no correlation (None) and is not counted among the tests."""
+    X = np.asarray(X, dtype=np.float64)
+    gap = np.asarray(gap, dtype=np.float64)
+    names = list(names) or [f"x{j}" for j in range(X.shape[1])]
+    base = {"n_items": int(len(gap)), "alpha": alpha, "correction": "Benjamini-Hochberg (primary), Holm",
+            "p_values": f"two-sided permutation test of Spearman's rho ({n_resamples} permutations or exact)"}
+    if len(gap) < 3 or np.ptp(gap) == 0:
+        return {**base, "features": [], "n_tested": 0, "n_significant_after_correction": 0,
+                "n_significant_holm": 0, "reason": "needs at least 3 items and a gap that varies"}
+    rho, p = np.full(len(names), np.nan), np.full(len(names), np.nan)
+    for j in range(len(names)):
+        if np.ptp(X[:, j]) > 0:
+            rho[j], p[j] = spearman_permutation(X[:, j], gap, n_resamples=n_resamples, seed=seed + j)
+    tested = ~np.isnan(p)
+    bh, hm = np.full(len(names), np.nan), np.full(len(names), np.nan)
+    if tested.any():
+        bh[tested] = stats.false_discovery_control(p[tested], method="bh")
+        hm[tested] = holm(p[tested])
+    rows = [{"feature": nm, "spearman_rho": rounded(rho[j]), "p_value": rounded(p[j], 6), "p_bh": rounded(bh[j], 6),
+             "p_holm": rounded(hm[j], 6)} for j, nm in enumerate(names)]
+    return {**base, "features": rows, "n_tested": int(tested.sum()),
+            "n_significant_after_correction": int((bh[tested] <= alpha).sum()),
+            "n_significant_holm": int((hm[tested] <= alpha).sum()),
+            "n_significant_uncorrected": int((p[tested] <= alpha).sum())}
 
 
 FEATURE_NAMES = (
