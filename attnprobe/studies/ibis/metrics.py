@@ -8,7 +8,6 @@ metrics.json (docs/ibis.md section 4).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,10 @@ from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
 from attnprobe.studies.ibis.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
+from attnprobe.studies.ibis.stats import rounded as _r
 
 SUBSETS = ("should_research", "should_visit_page", "headline", "should_return_answer")
 ATT_SUBSETS = ("headline", "should_research", "should_visit_page")
-
-
-def _r(x, nd=4):
-    if x is None:
-        return None
-    if isinstance(x, np.ndarray) and x.size == 1:
-        x = float(x.reshape(-1)[0])
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return None if math.isnan(float(x)) else round(float(x), nd)
-    return x
 
 
 def _in_subset(label: str, subset: str) -> bool:
