@@ -203,7 +203,8 @@ def test_models_page(monkeypatch, app_data):
         at.sidebar.selectbox(key="models_src").set_value(source).run()
         assert not at.exception
         chart = find_chart(at, lambda c: len(c["data"]) == 2 and c["data"][0].get("type") == "bar")
-        assert list(chart["data"][0]["x"]) == [r["model"] for r in rows]
+        # one bar per variant: labelled by folder (model, dtype, protocol), never stacked by model name
+        assert list(chart["data"][0]["x"]) == [r["label"] for r in rows]
         for trace, key in ((chart["data"][0], "inertia_gap"), (chart["data"][1], "attentional_gap")):
             want = np.nan if rows[0][key] is None else rows[0][key]
             np.testing.assert_allclose(decode(trace["y"])[0], want, rtol=1e-9, equal_nan=True)
