@@ -65,7 +65,7 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
     assert q["observer"] == 0.0 and q["agentic"] > 0  # the own query tokens exist only in the agentic framing
     assert "plotly" in (folder / "report.html").read_text()
     out = capsys.readouterr().out
-    assert "IBIS report" in out and "Attentional gap**: not defined here" in out
+    assert "IBIS report" in out and "**Attentional gap** (query tokens, length-matched): not defined here" in out
     # resume: nothing is redone
     capsys.readouterr()
     assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4",
