@@ -105,10 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is *now* (not the stream at setup time), so a caller that
+    swaps stderr (notebooks, test capture) never gets "I/O operation on closed file"."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     """Messages of every attnprobe module go to stderr as ``attnprobe: ...`` (progress bars stay tqdm)."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("attnprobe: %(message)s"))
     for name in ("attnprobe", "attnprobe_hooks", "attnprobe_app"):
         lg = logging.getLogger(name)
