@@ -128,7 +128,7 @@ class CaptureSettings:
     weights_hash: str | None = None  # see weights_hash()
 
 
-def _check_layers(model: LoadedModel, layers: Iterable[int] | None) -> list[int] | None:
+def check_layers(model: LoadedModel, layers: Iterable[int] | None) -> list[int] | None:
     if layers is None:
         return None
     num_layers = model.num_layers
@@ -211,7 +211,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     for traj in trajectories:
         rendered = prepare(model, traj, rendering=rendering, max_tokens=max_tokens, truncate=truncate)
         prepared.append((traj, rendered, select_queries(rendered, queries)))
-    chosen = _check_layers(model, layers)
+    chosen = check_layers(model, layers)
     size = batch_size or max(1, len(prepared))
     weights = weights_hash(model.spec)
     results: list[CaptureResult] = []

@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 
 from attnprobe._version import __version__
-from attnprobe.capture.api import CaptureSettings, _check_layers, assemble, make_plan, prepare
+from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, prepare
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.policies import Counterfactual, Policy, policy_name
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import AtomicDir, run_resumable, safe_name
-from attnprobe.render.rendering import Rendered, _turns
+from attnprobe.render.rendering import Rendered, message_turns
 from attnprobe.render.segments import ROLES, QueryPoint
 from attnprobe.results.analysis import token_owners
 from attnprobe.results.result import CaptureResult
@@ -87,7 +87,7 @@ def choose_steps(traj: Trajectory, *, min_past: int = 5, include_actions: bool =
                  turns: Sequence[int] | None = None, max_steps: int | None = None) -> list[Step]:
     """Steps with at least ``min_past`` past turns (reasoning steps only unless ``include_actions``),
     or exactly the given ``turns``; at most ``max_steps`` (the first ones)."""
-    tt = _turns(traj.messages)
+    tt = message_turns(traj.messages)
     out = []
     for i, m in enumerate(traj.messages):
         if m["role"] != "assistant" or i == 0:
@@ -349,7 +349,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
                           max_tokens=opts.max_tokens)
         cf_slot[(traj.id, s.message_index, n)] = (len(contexts), cfx)
         contexts.append(c)
-    chosen = _check_layers(model, opts.layers)
+    chosen = check_layers(model, opts.layers)
     chunk = opts.chunk_size or model.default_chunk_size
     plans = [make_plan(c.rendered, c.points, chosen, desc=c.trajectory.id) for c in contexts]
     t0 = time.perf_counter()
@@ -364,7 +364,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
         original = _slice(results[ci], rows, points)
         k, cfx = cf_slot[(traj.id, s.message_index, n)]
         cres, cctx = results[k], contexts[k]
-        queries, arrays = step_analysis(original, cres, cfx, s, _turns(traj.messages))
+        queries, arrays = step_analysis(original, cres, cfx, s, message_turns(traj.messages))
         record: dict[str, Any] = {
             "trajectory_id": traj.id, "policy": n, "step_message_index": s.message_index, "turn": s.turn,
             "changes": {str(i): v for i, v in sorted(cfx.changes.items())}, "source": cfx.source,
@@ -452,7 +452,7 @@ def reanalyse_step(directory: str | Path, trajectory: Trajectory) -> dict:
     i = int(record["step_message_index"])
     cfx = Counterfactual([], list(record["source"]), {int(k): v for k, v in record["changes"].items()}, record["policy"])
     step = Step(trajectory, i, int(record["turn"]))
-    queries, arrays = step_analysis(original, counterfactual, cfx, step, _turns(trajectory.messages))
+    queries, arrays = step_analysis(original, counterfactual, cfx, step, message_turns(trajectory.messages))
     record["queries"] = queries
     save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / MASSES_FILE))
     atomic_write_text(directory / RECORD_FILE, json.dumps(record, indent=1, ensure_ascii=False))

@@ -70,7 +70,7 @@ class Rendered:
         return 1 + max(s.turn for s in self.segments)
 
 
-def _turns(messages: list[dict]) -> list[int]:
+def message_turns(messages: list[dict]) -> list[int]:
     """Turn of every message: each assistant message after the first starts a new turn."""
     turn, seen_assistant, out = 0, False, []
     for msg in messages:
@@ -135,7 +135,7 @@ def _text_parts(i: int, msg: dict, turn: int, role: str, author: str) -> list[Pa
 
 def _message_parts(messages: list[dict], mode: str) -> tuple[list[dict], list[Part]]:
     """The message list to hand the template under ``mode`` and the parts to locate in its output."""
-    turns = _turns(messages)
+    turns = message_turns(messages)
     out_msgs: list[dict] = []
     parts: list[Part] = []
     for i, msg in enumerate(messages):

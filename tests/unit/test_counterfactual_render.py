@@ -13,7 +13,7 @@ import pytest
 from attnprobe.counterfactual.policies import ircot, mask_observations, refine_latest
 from attnprobe.counterfactual.refiners import bm25_refiner
 from attnprobe.counterfactual.run import CF_ROLES, build_context, choose_steps, token_labels
-from attnprobe.render.rendering import _turns
+from attnprobe.render.rendering import message_turns
 from attnprobe.results.result import CaptureResult
 
 TEMPLATES = Path(__file__).parents[1] / "support" / "templates"
@@ -53,7 +53,7 @@ def test_counterfactual_renders_and_segments_exactly(models, samples, family, sa
     assert steps, "sample has no step to test"
     step = steps[-1]
     i = step.message_index
-    turns = _turns(traj.messages)
+    turns = message_turns(traj.messages)
     orig = build_context(model, traj, traj.messages[:i], traj.messages[i], "o", rendering="auto", max_tokens=None)
     # Llama 3's tokenizer merges the header's "\n\n" with the next text, so there the prefix's last token is
     # not a token of the full rendering: the decision falls back to the token before the step (flagged).
