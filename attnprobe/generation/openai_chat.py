@@ -15,7 +15,7 @@ from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.generation.chat import ChatReply, tool_names
-from attnprobe.generation.toolparse import parse_tool_calls
+from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 NO_KEY = "EMPTY"  # sent when the key variable is unset: the client needs one, local servers ignore it
 
@@ -98,7 +98,7 @@ class OpenAIChat:
         content = text
         if not tool_calls:
             content, parsed = parse_tool_calls(text, tool_names(tools))
-            tool_calls = [c.to_openai(f"call{i + 1}") for i, c in enumerate(parsed)]
+            tool_calls = [c.to_openai(i) for c, i in zip(parsed, call_ids(messages, len(parsed)))]
             if not tool_calls:
                 content = text.strip()
         return ChatReply(content=content, tool_calls=tool_calls, raw_text=text, input_tokens=input_tokens,

@@ -29,6 +29,14 @@ class ParsedCall:
                 "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
 
 
+def call_ids(messages: list[dict], k: int, prefix: str = "call") -> list[str]:
+    """Ids for ``k`` new calls parsed from a reply to ``messages``: ``<prefix><n>`` numbered on from the
+    calls already in the context. A function of the context alone, so a resumed run gives the same ids
+    as an uninterrupted one, and ids stay unique within one conversation."""
+    seen = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
+    return [f"{prefix}{seen + i + 1}" for i in range(k)]
+
+
 def _json_objects(text: str) -> list[tuple[int, int, object]]:
     """Every top-level JSON value ({...} or [...]) that parses, with its span."""
     dec = json.JSONDecoder()

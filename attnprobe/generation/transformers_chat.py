@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnprobe.generation.chat import ChatReply, Prompt, tool_names
-from attnprobe.generation.toolparse import parse_tool_calls
+from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
 
@@ -58,7 +58,6 @@ class TransformersChat:
         self.stop_names = tuple(stop_names) if stop_names else None
         self.stop_check_every = max(1, int(stop_check_every))
         self.call_prefix = call_prefix
-        self._n = 0
 
     def configured(self, **changes) -> TransformersChat:
         """A chat on the same loaded model with some options changed (its own call numbering)."""
@@ -142,7 +141,7 @@ class TransformersChat:
             kw["stopping_criteria"] = self._stopping(ids.shape[1], names)
         with torch.inference_mode():
             out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        return self._reply(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens)
+        return self._reply(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens, messages)
 
     def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
                       temperature: float = 0.0) -> list[ChatReply]:
@@ -169,13 +168,13 @@ class TransformersChat:
         at_call = stop[0].done if stop is not None and stop[0].done is not None else None
         eos = self.tokenizer.eos_token_id
         replies = []
-        for r, ((_, tools), prompt, row) in enumerate(zip(requests, prompts, out)):
+        for r, ((messages, tools), prompt, row) in enumerate(zip(requests, prompts, out)):
             new = row[width:].tolist()
             if at_call is not None and at_call[r]:  # stopped at its call, then padded: cut at the call
                 new = self._cut_at_call(new, names)
             elif eos is not None and eos in new:  # a finished row is padded up to the longest one
                 new = new[: new.index(eos) + 1]
-            replies.append(self._reply(prompt, new, tools, max_tokens))
+            replies.append(self._reply(prompt, new, tools, max_tokens, messages))
         return replies
 
     def _cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
@@ -187,14 +186,13 @@ class TransformersChat:
                     return new[:n]
         return new
 
-    def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int) -> ChatReply:
+    def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
+               messages: list[dict]) -> ChatReply:
         tok = self.tokenizer
         text = tok.decode(new, skip_special_tokens=True)
         content, calls = parse_tool_calls(text, tool_names(tools))
-        tool_calls = []
-        for c in calls:
-            self._n += 1
-            tool_calls.append(c.to_openai(f"{self.call_prefix}{self._n}"))
+        ids = call_ids(messages, len(calls), self.call_prefix)
+        tool_calls = [c.to_openai(i) for c, i in zip(calls, ids)]
         eos = tok.eos_token_id
         if new and eos is not None and new[-1] == eos:
             stopped_by = "eos"

@@ -10,7 +10,7 @@ from support.paths import ROOT  # noqa: E402
 
 import attnprobe
 from attnprobe.generation.chat import ChatReply
-from attnprobe.generation.toolparse import parse_tool_calls
+from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 from attnprobe.studies.runner import (
     BM25Search,
     HTTPSearch,
@@ -70,7 +70,7 @@ class ScriptedChat:
         text = self.policy(k, messages, n)
         names = [t["function"]["name"] for t in tools] if tools else None
         content, calls = parse_tool_calls(text, names)
-        tcs = [c.to_openai(f"c{len(self.sent)}_{i}") for i, c in enumerate(calls)]
+        tcs = [c.to_openai(i) for c, i in zip(calls, call_ids(messages, len(calls)))]
         return ChatReply(content=content if tcs else text, tool_calls=tcs, raw_text=text,
                          input_tokens=sum(len(str(m.get("content"))) for m in messages) // 4,
                          output_tokens=max(1, len(text) // 4))
@@ -285,6 +285,19 @@ def test_resume_after_interrupt_has_no_duplicates(tmp_path, bm25):
     results = [json.loads(x) for x in (tmp_path / "r.results.ndjson").read_text().splitlines()]
     assert [r["question_id"] for r in results] == ["q01", "q02"]
     assert results[1]["replayed_calls"] == 3
+    # the resumed file is the uninterrupted one: same messages, same tool-call ids (issue 13, item 10)
+    by_id = {t.id: t.messages for t in ref_trajs}
+    for t in attnprobe.load_trajectories(out):
+        assert t.messages == by_id[t.id], t.id
+
+
+def test_call_ids_follow_the_context():
+    ctx = [{"role": "user", "content": "q"},
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "call1"}, {"id": "call2"}]},
+           {"role": "tool", "tool_call_id": "call1", "content": "a"}]
+    assert call_ids(ctx, 2) == ["call3", "call4"]
+    assert call_ids(ctx[:1], 1, "c") == ["c1"]
+    assert call_ids(ctx, 0) == []
 
 
 def test_resume_drops_stale_calls_when_replay_diverges(tmp_path, bm25):
