@@ -23,7 +23,9 @@ connection per request) but it never hangs or crashes on a bad request:
   prompt longer than ``--max-prompt-tokens`` (code ``context_length_exceeded``); 401 missing or wrong
   bearer token (with ``--api-key-env``); 411 no Content-Length (chunked bodies are not read); 413 body
   over ``--max-body-bytes``, refused before any of it is read; 408 a client that stops sending
-  (``--read-timeout`` per socket read: a garbage request line, a short body); 503 generation over
+  (``--read-timeout`` per socket read: a garbage request line, a short body; ``--request-timeout`` for
+  the whole request line, headers and body, so a client that trickles a byte at a time cannot hold a
+  connection open either); 503 generation over
   ``--max-seconds``;
 - a generation stops (between tokens; a prefill runs to its end) when the client disconnects (a
   client that half-closes its socket after sending counts as gone), and so does a request still
@@ -54,6 +56,7 @@ from attnprobe.generation.transformers_chat import TransformersChat
 READY_EVENT = "listening"
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any prompt a context window holds
 DEFAULT_READ_TIMEOUT = 30.0  # seconds per socket read
+DEFAULT_REQUEST_TIMEOUT = 120.0  # seconds to receive a whole request (line, headers, body)
 DEFAULT_CONTEXT = 8192  # prompt-token limit when the model config names no context length
 DEFAULT_MAX_TOKENS = 256
 _CHECK_EVERY_S = 0.2  # how often a running generation looks at the client socket and the clock
@@ -80,6 +83,7 @@ class Limits:
     max_prompt_tokens: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_seconds: float | None = None
     api_key: str | None = None
 
@@ -200,7 +204,43 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
         def log_message(self, *args):  # keep test output clean
             pass
 
+        def setup(self):
+            """Start the whole-request clock: when it runs out before the request is read, the socket's
+            read side is shut, so the blocked read returns and the request is answered 408."""
+            super().setup()
+            self._late = self._answered = False
+            self._clock = threading.Timer(limits.request_timeout, self._expire)
+            self._clock.daemon = True
+            self._clock.start()
+
+        def _expire(self):
+            self._late = True
+            try:
+                self.connection.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+        def _received(self):
+            """The request is read in full: stop the clock (a generation is limited by --max-seconds)."""
+            self._clock.cancel()
+            if self._late:
+                raise RequestError(408, self._late_message())
+
+        def handle_one_request(self):
+            super().handle_one_request()
+            if self._late and not self._answered:  # the clock ran out inside the request line or headers
+                self._refuse(RequestError(408, self._late_message()))
+
+        @staticmethod
+        def _late_message() -> str:
+            return f"the request was not received within {limits.request_timeout:g} s (attnprobe serve --request-timeout)"
+
+        def finish(self):
+            self._clock.cancel()
+            super().finish()
+
         def _send(self, code: int, payload: dict, headers: dict | None = None):
+            self._answered = True
             body = json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -236,6 +276,9 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
         def parse_request(self) -> bool:
             if not super().parse_request():
                 return False
+            if self._late:  # headers cut short by the clock: do not act on half a request
+                self._refuse(RequestError(408, self._late_message()))
+                return False
             if self.request_version == "HTTP/0.9":
                 self.send_error(400, "HTTP/0.9 requests are not supported")
                 return False
@@ -264,6 +307,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
                                         "(attnprobe serve --max-body-bytes)")
             try:
                 body = self.rfile.read(n)
+                self._received()
             except TimeoutError:
                 raise RequestError(408, f"no data for {limits.read_timeout:g} s while reading the body "
                                         f"(Content-Length {n})") from None
@@ -273,6 +317,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
 
         def do_GET(self):
             try:
+                self._received()
                 self._authorize()
             except RequestError as err:
                 self._refuse(err)
@@ -426,6 +471,9 @@ def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
                    help=f"refuse larger request bodies with HTTP 413 before reading them (default {DEFAULT_MAX_BODY_BYTES})")
     g.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
                    help=f"seconds a socket read may wait before the connection is dropped (default {DEFAULT_READ_TIMEOUT:g})")
+    g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                   help="seconds to receive a whole request (line, headers, body) before answering HTTP 408 "
+                        f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
     g.add_argument("--max-seconds", type=float, default=None,
                    help="stop a generation that runs longer and answer HTTP 503 (default: no limit)")
     return g
@@ -438,12 +486,12 @@ def limits_from_args(args) -> Limits:
         key = os.environ.get(args.api_key_env, "")
         if not key:
             raise AttnprobeError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-    for name in ("max_prompt_tokens", "max_body_bytes", "read_timeout", "max_seconds"):
+    for name in ("max_prompt_tokens", "max_body_bytes", "read_timeout", "request_timeout", "max_seconds"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             raise AttnprobeError(f"--{name.replace('_', '-')} must be positive, got {v}")
     return Limits(max_prompt_tokens=args.max_prompt_tokens, max_body_bytes=args.max_body_bytes,
-                  read_timeout=args.read_timeout, max_seconds=args.max_seconds, api_key=key)
+                  read_timeout=args.read_timeout, request_timeout=args.request_timeout, max_seconds=args.max_seconds, api_key=key)
 
 
 def main(argv: list[str] | None = None) -> int:

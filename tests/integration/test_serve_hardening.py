@@ -13,7 +13,7 @@ from attnprobe.generation.transformers_chat import TransformersChat
 pytestmark = pytest.mark.slow  # two model loads (server + in-process reference): ~1 min on a quiet machine
 
 KEY = "test-key-7f3a"
-MAX_BODY, MAX_PROMPT, READ_TIMEOUT = 65536, 200, 2.0
+MAX_BODY, MAX_PROMPT, READ_TIMEOUT, REQUEST_TIMEOUT = 65536, 200, 2.0, 4.0
 USER = [{"role": "user", "content": "Say hi."}]
 FAST = 5.0  # seconds: every refusal comes back well within this, however busy the machine
 
@@ -21,6 +21,7 @@ FAST = 5.0  # seconds: every refusal comes back well within this, however busy t
 @pytest.fixture(scope="module")
 def server():
     args = ["--api-key-env", "ATTNPROBE_TEST_SERVE_KEY", "--read-timeout", str(READ_TIMEOUT),
+            "--request-timeout", str(REQUEST_TIMEOUT),
             "--max-body-bytes", str(MAX_BODY), "--max-prompt-tokens", str(MAX_PROMPT)]
     with served(cli=True, host="0.0.0.0", args=args, env={"ATTNPROBE_TEST_SERVE_KEY": KEY}) as info:
         info["port"] = int(info["url"].rsplit(":", 1)[1].split("/")[0])
@@ -91,6 +92,39 @@ def test_stalled_clients_are_dropped_after_the_read_timeout(server, case):
     else:
         assert status == 408 and "no data for 2 s" in body["error"]["message"]
     assert READ_TIMEOUT - 0.5 < elapsed < READ_TIMEOUT + FAST
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_trickling_client_gets_408_after_the_request_timeout(server, where):
+    """One byte per second never trips the 2 s read timeout; the 4 s whole-request clock stops it."""
+    import socket
+    import time
+
+    data = head("1000") + b'{"messages": ' + b" " * 30 if where == "body" else head("2")
+    start = len(head("1000")) if where == "body" else len(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=30) as s:
+        s.sendall(data[:start])
+        got = b""
+        for byte in data[start:]:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            s.settimeout(1.0)
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                continue
+            got = chunk
+            break
+        s.settimeout(10)
+        while chunk := s.recv(65536):
+            got += chunk
+    elapsed = time.monotonic() - t0
+    assert got.startswith(b"HTTP/1.0 408") or got.startswith(b"HTTP/1.1 408"), got[:200]
+    assert b"not received within 4 s" in got and b"application/json" in got
+    assert REQUEST_TIMEOUT - 0.5 < elapsed < REQUEST_TIMEOUT + FAST
 
 
 def test_bearer_token(server):
