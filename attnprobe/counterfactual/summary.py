@@ -82,11 +82,14 @@ def _ci(d: dict) -> str:
     return format_ci(d["mean"], (d["lo"], d["hi"]), pct=True, signed=False, unit="")
 
 
-def markdown_table(summary: dict, query: str = "decision") -> str:
-    """One row per policy: removed mass, where it went (largest changes), action change (IBIS decision),
-    reply text change, tokens saved."""
-    head = ("| policy | steps | removed mass % | removed obs. mass % | where it went (pp) | action changed | "
-            "reply changed | tokens saved |\n|---|---|---|---|---|---|---|---|\n")
+TABLE_HEAD = ("policy", "steps", "removed mass %", "removed obs. mass %", "where it went (pp)", "action changed",
+              "reply changed", "tokens saved")
+
+
+def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
+    """One row per policy (columns :data:`TABLE_HEAD`): removed mass, where it went (largest changes),
+    action change (IBIS decision), reply text change, tokens saved. Shared by the markdown table and
+    the HTML report."""
     rows = []
     for policy, s in summary.items():
         q = s[query]
@@ -101,6 +104,12 @@ def markdown_table(summary: dict, query: str = "decision") -> str:
             act = txt = "not run"
         tok = s["tokens_saved"]
         saved = f"{tok['mean']:.0f} ({100 * s['tokens_saved_share']['mean']:.0f}%)"
-        rows.append(f"| {policy} | {s['steps']} | {_ci(q['removed_mass'])} | {_ci(q['removed_observation_mass'])} | "
-                    f"{where} | {act} | {txt} | {saved} |")
-    return head + "\n".join(rows) + "\n"
+        rows.append((policy, str(s["steps"]), _ci(q["removed_mass"]), _ci(q["removed_observation_mass"]), where, act,
+                     txt, saved))
+    return rows
+
+
+def markdown_table(summary: dict, query: str = "decision") -> str:
+    """:func:`table_rows` as a markdown table."""
+    head = "| " + " | ".join(TABLE_HEAD) + " |\n|" + "---|" * len(TABLE_HEAD) + "\n"
+    return head + "\n".join("| " + " | ".join(r) + " |" for r in table_rows(summary, query)) + "\n"

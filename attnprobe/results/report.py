@@ -37,9 +37,12 @@ def _template():
 COUNTERFACTUAL_RECORD = "record.json"  # attnprobe.counterfactual.run.RECORD_FILE (that module needs torch)
 
 
-def find_results(root: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+def find_results(root: Path, skipped: list[tuple[str, str]] | None = None,
+                 counterfactual_roots: set[Path] | None = None) -> list[Path]:
     """Every capture folder below root (a folder whose meta.json has a trajectory_id).
 
+    Counterfactual step folders (``<run>/<trajectory>/<policy>/step_*/record.json``) are not entered;
+    their run folder is added to ``counterfactual_roots`` (reported in a section of its own).
     Dot-folders are not entered (AtomicDir's work folders of an interrupted save, ``.git``); symlinked
     folders are not followed. A meta.json that is unreadable, over :data:`attnprobe.io.MAX_JSON_BYTES`
     (checked before reading) or not JSON is appended to ``skipped`` as (path, reason) and logged; one
@@ -50,6 +53,8 @@ def find_results(root: Path, skipped: list[tuple[str, str]] | None = None) -> li
         dirnames[:] = sorted(d for d in dirnames if not is_work_dir(d))
         if COUNTERFACTUAL_RECORD in filenames:  # a counterfactual step: its two captures are reported there
             dirnames[:] = []
+            if counterfactual_roots is not None and len(Path(dirpath).relative_to(root).parts) >= 3:
+                counterfactual_roots.add(Path(dirpath).parents[2])
             continue
         if META_FILE not in filenames:
             continue
@@ -127,14 +132,61 @@ def capture_group(meta: dict, folder: str | None = None) -> tuple[str, str, tupl
     return " · ".join(parts) or "captures", tid, (tid,)
 
 
+CF_QUERIES = (("decision", "at the decision position (the token that predicts the step's action)"),
+              ("reasoning", "at the step's reasoning start (seed 002's query)"))
+CF_LEGEND = ("Per policy, over every step in the folder: the mean share of attention the removed spans held in "
+             "the original context (percent, 95% bootstrap interval over steps), the part of it on observation "
+             "content, where the mass went in the counterfactual (change per destination group, percentage "
+             "points; the changes sum to the removed mass), how often the next action changed (Wilson interval; "
+             "'not run' without --actions), and prompt tokens saved. Steps of one trajectory are not "
+             "independent: with few trajectories read the intervals as descriptive. Definitions: "
+             "docs/counterfactual.md.")
+
+
+def counterfactual_sections(root: Path, runs: set[Path], skipped: list[tuple[str, str]]) -> list[dict]:
+    """One section per counterfactual run folder: the summary tables of :mod:`attnprobe.counterfactual.summary`.
+    A record that cannot be read is added to ``skipped`` and left out of the numbers."""
+    from attnprobe.counterfactual.summary import TABLE_HEAD, summarize, table_rows
+
+    sections = []
+    for i, run in enumerate(sorted(runs)):
+        records = []
+        for path in sorted(run.glob(f"*/*/step_*/{COUNTERFACTUAL_RECORD}")):
+            try:
+                rec = load_json(path)
+                if not isinstance(rec, dict) or "policy" not in rec or "queries" not in rec:
+                    raise AttnprobeError(f"{path}: not a counterfactual step record")
+            except AttnprobeError as exc:
+                log.warning("skipping %s", exc)
+                skipped.append((str(path.parent), str(exc)))
+                continue
+            records.append(rec)
+        if not records:
+            continue
+        try:
+            summary = summarize(records)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("skipping counterfactual run %s: %s", run, exc)
+            skipped.append((str(run), f"records do not summarise: {type(exc).__name__}: {exc}"))
+            continue
+        rel = run.relative_to(root).as_posix()
+        sections.append({
+            "anchor": f"cf{i}", "name": "." if rel == "." else rel, "head": TABLE_HEAD,
+            "info": [("steps", len(records)), ("trajectories", len({r["trajectory_id"] for r in records})),
+                     ("policies", ", ".join(summary))],
+            "tables": [(title, table_rows(summary, q)) for q, title in CF_QUERIES]})
+    return sections
+
+
 def build_report(results: list[CaptureResult], title: str = "attnprobe report",
-                 skipped: list[tuple[str, str]] | None = None, folders: list[str] | None = None) -> str:
+                 skipped: list[tuple[str, str]] | None = None, folders: list[str] | None = None,
+                 counterfactual: list[dict] | None = None) -> str:
     """The HTML page: overall numbers per model variant, then an index of every capture by group
     (:func:`capture_group`) linking to its section; sections are collapsed (``<details>``) so a
     folder of 125 captures stays a page one can scroll. ``skipped``: (folder, reason) of captures
     that could not be read; listed in a table so a reader knows the overall numbers leave them out.
     ``folders``: each result's parent folder relative to the report root, for grouping."""
-    if not results:
+    if not results and not counterfactual:
         raise AttnprobeError("no capture results to report on")
     by_model: dict[str, list[CaptureResult]] = {}
     for r in results:
@@ -147,9 +199,11 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
     if skipped:
         overall.append((f"Skipped: {len(skipped)} unreadable capture folder{'s' if len(skipped) > 1 else ''} "
                         "(not in any number above)", list(skipped)))
-    decay = decay_figure({model: decay_curves(rs) for model, rs in by_model.items()}, ("reasoning", "tool_call",
-                                                                                      "observation"))
-    decay.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
+    decay = None
+    if results:
+        decay = decay_figure({model: decay_curves(rs) for model, rs in by_model.items()},
+                             ("reasoning", "tool_call", "observation"))
+        decay.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
     groups: dict[str, list[tuple[tuple, dict]]] = {}
     for i, r in enumerate(results):
         m = r.meta
@@ -175,7 +229,8 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
     index = [{"anchor": f"g{gi}", "name": name, "sections": [s for _, s in sorted(items, key=lambda x: x[0])]}
              for gi, (name, items) in enumerate(groups.items())]
     return _template().render(title=title, version=__version__, n_results=len(results), overall=overall,
-                              decay_figure=_html(decay, plotlyjs=True), groups=index, grey_note=HEATMAP_GREY_NOTE)
+                              decay_figure=_html(decay, plotlyjs=True) if decay is not None else "", groups=index,
+                              grey_note=HEATMAP_GREY_NOTE, counterfactual=counterfactual or [], cf_legend=CF_LEGEND)
 
 
 def _html(fig, plotlyjs: bool = False) -> str:
@@ -191,8 +246,8 @@ def write_report(root: Path, out: Path | None = None) -> Path:
     out = Path(out) if out else root / "report.html"
     ensure_writable_file(out, "report file")
     skipped: list[tuple[str, str]] = []
-    results, folders = [], []
-    for folder in find_results(root, skipped):
+    results, folders, cf_runs = [], [], set()
+    for folder in find_results(root, skipped, cf_runs):
         try:
             results.append(CaptureResult.load(folder))
         except AttnprobeError as exc:
@@ -200,10 +255,11 @@ def write_report(root: Path, out: Path | None = None) -> Path:
             skipped.append((str(folder), str(exc)))
         else:
             folders.append(folder.relative_to(root).parent.as_posix())
-    if not results:
+    counterfactual = counterfactual_sections(root, cf_runs, skipped)
+    if not results and not counterfactual:
         why = f"; {len(skipped)} unreadable: {skipped[0][1]}" if skipped else " (run 'attnprobe capture' first)"
         raise AttnprobeError(f"{root}: no readable capture results found{why}")
-    atomic_write_text(out, build_report(results, skipped=skipped, folders=folders))
+    atomic_write_text(out, build_report(results, skipped=skipped, folders=folders, counterfactual=counterfactual))
     if skipped:
         log.warning("report written without %d unreadable capture folder(s), listed in the report", len(skipped))
     return out

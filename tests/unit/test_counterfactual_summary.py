@@ -47,3 +47,31 @@ def test_study_markdown_puts_seed_numbers_beside_ours():
                          "recent10_observation_share": float("nan")}, {})
     assert "| past reasoning share of per-step attention | 53.7% | 50.0% |" in md
     assert "| observation attention within the newest 10% of past turns | 65.0% | n/a |" in md
+
+
+def test_report_has_a_counterfactual_section_with_the_summary_tables(tmp_path):
+    """`attnprobe report` over a folder holding only counterfactual step records: one section per run
+    folder with both query tables (the same rows as summary.md); a corrupt record is listed as skipped
+    and left out of the numbers."""
+    import json
+
+    from attnprobe.results.report import write_report
+
+    recs = [record("mask:5", "a", 0.1, 0.1, 100, False, {"past_reasoning": 0.06, "placeholder": 0.04}),
+            record("mask:5", "a", 0.3, 0.2, 300, True, {"past_reasoning": 0.2, "placeholder": 0.1}),
+            record("ircot:oq", "b", 0.2, 0.15, 200, False, {"past_reasoning": 0.1, "system": 0.1})]
+    run = tmp_path / "runs" / "cf"
+    for i, r in enumerate(recs):
+        d = run / r["trajectory_id"] / r["policy"].replace(":", "_") / f"step_{i:04d}"
+        d.mkdir(parents=True)
+        (d / "record.json").write_text(json.dumps(r))
+    bad = run / "a" / "mask_5" / "step_0099"
+    bad.mkdir()
+    (bad / "record.json").write_text("{not json")
+    html = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "<h2 id=\"counterfactual\">Counterfactuals</h2>" in html and "<h3 id=\"cf0\">runs/cf</h3>" in html
+    assert "Attention at the decision position" in html and "Attention at the step&#39;s reasoning start" in html
+    want = summarize(recs)
+    assert "<td>mask:5</td><td>2</td><td>20.0 [" in html and "<td>1/2 (50% [9, 91])</td>" in html
+    assert f"<td>ircot:oq</td><td>1</td><td>{100 * want['ircot:oq']['decision']['removed_mass']['mean']:.1f}" in html
+    assert "step_0099" in html and "Skipped: 1 unreadable" in html
