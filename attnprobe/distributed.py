@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,13 +246,18 @@ class Replica:
         return fn(self.model, *args)
 
     def run(self, items: list[dict], settings: dict) -> list[dict]:
-        """Capture and save every item of a shard not written by this job yet; one record per item.
+        """Run one shard of ``settings["job"]`` (capture, behaviour, counterfactual); one record per item.
+
+        capture: capture and save every item not written by this job yet.
 
         The shard goes to the backend in one ``capture_many`` call (vLLM: one ``generate``; transformers:
         one item after the other); if that fails with a catchable error, item by item, so one bad item
         fails alone. (The driver decided which items need work; the check here only skips what an
         earlier attempt of this job finished before its replica died.)
         """
+        job = settings.get("job", "capture")
+        if job != "capture":
+            return getattr(self, f"_run_{job}")(items, settings)
         from attnprobe.capture.api import capture_many
         from attnprobe.trajectory.schema import Trajectory
 
@@ -297,6 +302,80 @@ class Replica:
     def _record(it: dict, status: str) -> dict:
         return {"key": it["key"], "status": status, "tokens": it.get("_tokens", 0),
                 "seconds": round(it.get("_seconds", 0.0), 4)}
+
+    @staticmethod
+    def _failed(it: dict, exc: BaseException) -> dict:
+        return {"key": it["key"], "status": "failed", "error_type": type(exc).__name__, "error": str(exc)}
+
+    def _run_behaviour(self, items: list[dict], settings: dict) -> list[dict]:
+        """IBIS behaviour: greedy decisions of (item, framing) pairs, returned (the driver appends them to
+        decisions.jsonl, so one process writes that file); a batch that fails is redone pair by pair."""
+        from attnprobe.generation.transformers_chat import TransformersChat
+        from attnprobe.studies.ibis.behaviour import BehaviourBackend, decide_many
+        from attnprobe.studies.ibis.items import IbisItem
+
+        if self.load_error is not None:
+            raise self.load_error
+        key = (settings["early_stop"], settings["forced_choice"])
+        if getattr(self, "_behaviour", (None, None))[0] != key:
+            self._behaviour = (key, BehaviourBackend(TransformersChat(self.model), early_stop=key[0],
+                                                     forced_choice=key[1]))
+        backend = self._behaviour[1]
+        catch = settings.get("catch") or EXPECTED_ERRORS
+        kw = {"max_tokens": settings["max_tokens"], "protocol": settings["protocol"]}
+        size = max(1, int(settings.get("batch_size") or 1))
+        records: dict[str, dict] = {}
+        groups = [items[i:i + size] for i in range(0, len(items), size)]
+        for group in groups:
+            pairs = [(IbisItem.from_dict(it["item"]), it["framing"]) for it in group]
+            try:
+                t0 = time.perf_counter()
+                decisions = list(decide_many(backend, pairs, batched=len(group) > 1, **kw))
+                per = (time.perf_counter() - t0) / len(group)
+                for it, dec in zip(group, decisions):
+                    records[it["key"]] = {"key": it["key"], "status": "written", "result": dec,
+                                          "tokens": int(dec.get("input_tokens") or 0), "seconds": round(per, 4)}
+            except catch as exc:
+                if len(group) > 1:
+                    groups.extend([it] for it in group)
+                    continue
+                records[group[0]["key"]] = self._failed(group[0], exc)
+        return [records[it["key"]] for it in items]
+
+    def _run_counterfactual(self, items: list[dict], settings: dict) -> list[dict]:
+        """Counterfactual steps: each item is a batch of steps (as in a single-process run), run with
+        :func:`attnprobe.counterfactual.run.run_batch` (which writes every (step, policy) folder
+        atomically and skips those already written with the same settings)."""
+        from pathlib import Path as _Path
+
+        from attnprobe.counterfactual.policies import parse_policy
+        from attnprobe.counterfactual.run import RunOptions, Step, run_batch
+        from attnprobe.trajectory.schema import Trajectory
+
+        if self.load_error is not None:
+            raise self.load_error
+        catch = settings.get("catch") or EXPECTED_ERRORS
+        opts = RunOptions(**settings["opts"])
+        policies = [parse_policy(p) if isinstance(p, str) else p for p in settings["policies"]]
+        chat = None
+        if opts.actions:
+            from attnprobe.generation.transformers_chat import TransformersChat
+
+            chat = getattr(self, "_chat", None) or TransformersChat(self.model)
+            self._chat = chat
+        records = []
+        for it in items:
+            trajs = {k: Trajectory.from_dict(v) for k, v in it["trajectories"].items()}
+            steps = [Step(trajs[tid], i, t) for tid, i, t in it["steps"]]
+            t0 = time.perf_counter()
+            try:
+                run_batch(self.model, steps, policies, _Path(settings["out"]), opts, chat)
+            except catch as exc:
+                records.append(self._failed(it, exc))
+                continue
+            records.append({"key": it["key"], "status": "written", "tokens": int(it["tokens"]),
+                            "seconds": round(time.perf_counter() - t0, 4)})
+        return records
 
 
 @dataclass
@@ -460,22 +539,27 @@ class ReplicaPool:
     # -------------------------------------------------------------- jobs
     def run_items(self, items: list[dict], settings: dict, *, out: Path, errors_path: Path, stage: str,
                   desc: str, done: Callable[[dict], bool] | None = None, force: bool = False,
-                  catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS) -> dict[str, int]:
+                  catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS,
+                  on_result: Callable[[dict, dict], None] | None = None) -> dict[str, int]:
         """Run the work items not done yet; the counts of :func:`attnprobe.io.run_resumable`.
 
-        Each item: ``key``, ``trajectory`` (dict), ``out`` (result folder), ``meta`` (added to the
-        result's meta), ``tokens`` (estimate), optional ``ibis`` and ``describe`` (for errors.jsonl).
-        ``done(item)`` decides what is finished (default :func:`is_done`); ``force`` redoes everything.
+        Each item: ``key``, ``tokens`` (estimate), optional ``describe`` (for errors.jsonl) and what
+        its job needs; capture items: ``trajectory`` (dict), ``out`` (result folder), ``meta`` (added
+        to the result's meta), optional ``ibis``. ``done(item)`` decides what is finished (default
+        :func:`is_done` of ``out``); ``force`` redoes everything. ``on_result(item, result)`` is called
+        on the driver with what a job returns per item (behaviour: the decision record), in the order
+        results arrive.
         """
         from tqdm.auto import tqdm
 
         t_job = time.time()
         seen: dict[str, dict] = {}
         for it in items:  # two items writing one folder: the last wins, as in a single-process run
-            if it["out"] in seen:
-                log.warning("%s: %s and %s write the same folder %s; keeping the last", stage,
-                            seen[it["out"]]["key"], it["key"], it["out"])
-            seen[it["out"]] = it
+            where = it.get("out", it["key"])
+            if where in seen:
+                log.warning("%s: %s and %s write the same place %s; keeping the last", stage,
+                            seen[where]["key"], it["key"], where)
+            seen[where] = it
         items = list(seen.values())
         done = done or (lambda it: is_done(it["out"]))
         todo = [it for it in items if force or not done(it)]
@@ -507,9 +591,9 @@ class ReplicaPool:
                  "written_twice": 0}
         try:
             with tqdm(total=len(todo), desc=desc, unit="item", disable=not self.progress) as bar:
-                self._schedule(deque(shards), settings, counts, stats, bar, errors_path, stage, t_job)
+                self._schedule(deque(shards), settings, counts, stats, bar, errors_path, stage, t_job, on_result)
             # every write of this job has ended: what a killed writer left half-built can go
-            for parent in sorted({str(Path(it["out"]).parent) for it in todo}):
+            for parent in sorted({str(Path(it["out"]).parent) for it in todo if "out" in it}):
                 stats.setdefault("recovered_work_folders", []).extend(recover_atomic_dirs(Path(parent)))
         finally:
             record.update(counts, **stats, wall_seconds=round(time.time() - t_job, 3),
@@ -518,7 +602,7 @@ class ReplicaPool:
         return counts
 
     def _schedule(self, queue: deque, settings: dict, counts: dict, stats: dict, bar, errors_path: Path,
-                  stage: str, t_job: float) -> None:
+                  stage: str, t_job: float, on_result: Callable[[dict, dict], None] | None = None) -> None:
         ray = _ray()
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -591,6 +675,8 @@ class ReplicaPool:
                     if rec["status"] == "skipped":
                         stats["written_before_a_retry"] += 1
                     else:
+                        if on_result is not None:
+                            on_result(by_key[rec["key"]], rec.get("result"))
                         stats["written"] += 1
                         stats["written_twice"] += rec["key"] in written
                         written.add(rec["key"])
@@ -678,6 +764,93 @@ class ReplicaPool:
         counts = self.run_items(work, settings, out=folder, errors_path=folder / "errors.jsonl", stage="attention",
                                 desc="ibis attention", force=force)
         return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
+
+
+    def ibis_behaviour(self, items: Sequence, folder: str | Path, *, framings: Sequence[str] | None = None,
+                       max_tokens: int | None = None, protocol: str = "paper", batch_size: int = 1,
+                       early_stop: bool = True, forced_choice: bool = True, force: bool = False) -> dict[str, int]:
+        """:func:`attnprobe.studies.ibis.behaviour.run_behaviour` on the cluster: the replicas generate,
+        the driver appends each decision to ``folder/decisions.jsonl`` as it arrives (one writer)."""
+        from attnprobe.io import append_jsonl
+        from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, read_decisions
+        from attnprobe.studies.ibis.framings import FRAMINGS, build_framing
+
+        folder = Path(folder)
+        path = folder / "decisions.jsonl"
+        finished = set() if force else {(r["item_id"], r["framing"]) for r in read_decisions(path)}
+        work = [{"key": f"{it.id}/{fr}", "item": it.to_dict(), "framing": fr,
+                 "tokens": estimate_tokens(build_framing(it, fr, protocol)),
+                 "describe": {"item_id": it.id, "framing": fr}} for it in items for fr in (framings or FRAMINGS)]
+        settings = {"job": "behaviour", "max_tokens": int(max_tokens or DEFAULT_MAX_NEW_TOKENS), "protocol": protocol,
+                    "batch_size": int(batch_size), "early_stop": bool(early_stop), "forced_choice": bool(forced_choice)}
+        counts = self.run_items(work, settings, out=folder, errors_path=folder / "errors.jsonl", stage="behaviour",
+                                desc="ibis behaviour", done=lambda w: (w["describe"]["item_id"], w["framing"]) in finished,
+                                force=force, on_result=lambda _w, rec: append_jsonl(path, rec))
+        return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
+
+    def counterfactual(self, trajectories: Iterable, policies: Sequence, out: str | Path, *, opts=None,
+                       min_past: int = 5, include_actions: bool = False, turns: Sequence[int] | None = None,
+                       max_steps: int | None = None, batch_size: int = 1, force: bool = False) -> dict[str, int]:
+        """:func:`attnprobe.counterfactual.run.run_counterfactuals` on the cluster: the same folders,
+        records and resume. ``policies``: specs (``"mask:5"``, parsed on each replica) or policy objects
+        Ray can serialise. A work item is a batch of ``batch_size`` steps cut exactly as a single-process
+        run cuts them (steps of one trajectory in a batch share the original's prefill); ``opts.actions``
+        generates with the replica's model. Counts are steps, as in one process."""
+        from dataclasses import asdict as _asdict
+
+        from attnprobe.counterfactual.policies import parse_policy, policy_name
+        from attnprobe.counterfactual.run import RunOptions, choose_steps, step_dir, step_done
+
+        opts = opts or RunOptions()
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not policies:
+            raise ValueError("no policy given")
+        names = [policy_name(parse_policy(p) if isinstance(p, str) else p) for p in policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policy names must be distinct: {names}")
+        steps = [s for t in trajectories for s in choose_steps(t, min_past=min_past, include_actions=include_actions,
+                                                               turns=turns, max_steps=max_steps)]
+        if not steps:
+            raise AttnprobeError("no step qualifies in the given trajectories")
+        settings = self.run_on_replica(_counterfactual_settings, names, _asdict(opts))
+
+        def step_finished(s) -> bool:
+            return all(step_done(out, s, n, settings[n]) for n in names)
+
+        if force:
+            import shutil
+
+            for s in steps:
+                for n in names:
+                    shutil.rmtree(step_dir(out, s, n), ignore_errors=True)
+        # the batches of a single-process run (run_resumable: the steps not done, in order, batch_size at a
+        # time), so each original is prefilled to the same length and the numbers are the same bit for bit
+        todo = [s for s in steps if not step_finished(s)]
+        size = max(1, batch_size)
+        work = []
+        for b in range(0, len(todo), size):
+            group = todo[b:b + size]
+            trajs = {s.trajectory.id: s.trajectory for s in group}
+            tokens = sum(estimate_tokens(replace(s.trajectory, messages=s.trajectory.messages[: s.message_index + 1]))
+                         for s in group) * (1 + len(names))
+            work.append({"key": f"{group[0].trajectory.id}#{group[0].key}+{len(group)}",
+                         "trajectories": {k: t.to_dict() for k, t in trajs.items()},
+                         "steps": [[s.trajectory.id, s.message_index, s.turn] for s in group], "tokens": tokens,
+                         "describe": {"trajectory_id": group[0].trajectory.id, "step": group[0].message_index,
+                                      "steps": len(group)}})
+        job = {"job": "counterfactual", "out": str(out), "opts": _asdict(opts), "policies": list(policies)}
+        if work:
+            self.run_items(work, job, out=out, errors_path=out / "errors.jsonl", stage="counterfactual",
+                           desc="counterfactual", done=lambda w: False)
+        finished = sum(step_finished(s) for s in todo)
+        return {"done_before": len(steps) - len(todo), "done": finished, "failed": len(todo) - finished}
+
+
+def _counterfactual_settings(model, names: list[str], opts: dict) -> dict:  # runs on a replica
+    from attnprobe.counterfactual.run import RunOptions, settings_dict
+
+    return {n: settings_dict(model, n, RunOptions(**opts)) for n in names}
 
 
 class _Remote(Exception):

@@ -6,7 +6,15 @@ import json
 import logging
 from pathlib import Path
 
-from attnprobe.cli.options import add_model_options, add_output_options, load_for_capture, parse_int_list
+from attnprobe.cli.options import (
+    add_model_options,
+    add_output_options,
+    capture_load_options,
+    load_for_capture,
+    parse_int_list,
+    positive_int,
+)
+from attnprobe.distributed import add_cluster_options, cluster_from_args
 from attnprobe.errors import AttnprobeError
 
 log = logging.getLogger(__name__)
@@ -30,7 +38,7 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
     g.add_argument("--batch-size", type=int, default=1,
                    help="steps per backend call (vLLM batches all their contexts in one generate)")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size in tokens (default 512)")
+    g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
     g.add_argument("--layers", default=None, type=parse_int_list, help="layers to score (default all)")
     g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
                    help="rendering (default auto)")
@@ -55,22 +63,31 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
                for t in trajs):
         raise AttnprobeError(f"no step qualifies (reasoning steps with >= {args.min_past} past turns); "
                              f"lower --min-past or pick --turns")
-    model = load_for_capture(args)
-    chat = None
-    if args.actions:
-        import torch
+    if args.actions and getattr(args, "backend", "transformers") != "transformers":
+        # a vLLM engine has no in-process generate of ours
+        raise AttnprobeError("--actions generates in process with the capture model: use the transformers backend")
+    step_kw = {"min_past": args.min_past, "include_actions": args.include_actions, "turns": args.turns,
+               "max_steps": args.max_steps, "batch_size": args.batch_size, "force": args.force}
+    cluster = cluster_from_args(args)
+    if cluster is not None:  # Ray replicas write the same step folders, atomically (docs/scale.md)
+        from attnprobe.distributed import ReplicaPool
 
-        from attnprobe.generation.transformers_chat import TransformersChat
+        opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
+                          chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens)
+        with ReplicaPool(args.model, cluster=cluster, backend=args.backend, dtype=args.dtype,
+                         load_options=capture_load_options(args), progress=not args.no_progress) as pool:
+            counts = pool.counterfactual(trajs, list(args.policies or ["mask:5"]), out, opts=opts, **step_kw)
+    else:
+        model = load_for_capture(args)
+        chat = None
+        if args.actions:
+            from attnprobe.generation.transformers_chat import TransformersChat
 
-        if not isinstance(model.model, torch.nn.Module):  # a vLLM engine has no in-process generate of ours
-            raise AttnprobeError("--actions generates in process with the capture model: use the transformers backend")
-        chat = TransformersChat(model)
-    opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                      chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
-                      progress=not args.no_progress)
-    counts = run_counterfactuals(model, trajs, policies, out, opts=opts, chat=chat, min_past=args.min_past,
-                                 include_actions=args.include_actions, turns=args.turns, max_steps=args.max_steps,
-                                 batch_size=args.batch_size, force=args.force)
+            chat = TransformersChat(model)
+        opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
+                          chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
+                          progress=not args.no_progress)
+        counts = run_counterfactuals(model, trajs, policies, out, opts=opts, chat=chat, **step_kw)
     summary = summarize_dir(out)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))
@@ -100,5 +117,6 @@ def register(sub) -> None:
     p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
     add_model_options(p, backends=True)
     add_counterfactual_options(p)
+    add_cluster_options(p)
     add_output_options(p, out_required=True, out_help="output folder")
     p.set_defaults(func=cmd_counterfactual)

@@ -21,6 +21,7 @@ from attnprobe.cli.options import (
     add_output_options,
 )
 from attnprobe.distributed import add_cluster_options
+from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
@@ -112,6 +113,7 @@ def register(subparsers) -> None:
     _add_items(p_run)
     add_model_options(p_run)
     _add_generation(p_run)
+    add_cluster_options(p_run)
     _add_output(p_run, force_help="redo finished items instead of resuming")
     p_run.set_defaults(func=cmd_run)
     p_cap = sub.add_parser(
@@ -279,11 +281,26 @@ def cmd_run(args) -> int:
     name = _model_name(args)
     folder = _folder(args, name)
     _prepare_folder(folder, items, args, name, args.backend)
-    backend = BehaviourBackend(make_generator(args, timeout=600.0))
-    inv = _check_invariants(backend.tokenizer, items, args.protocol) if backend.tokenizer is not None else None
-    counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
-                           force=args.force, progress=not args.no_progress, batch_size=args.batch_size,
-                           protocol=args.protocol)
+    if getattr(args, "ray", None) is not None and args.backend == "openai" and not getattr(args, "_pool_shared", False):
+        raise AttnprobeError("ibis run --ray runs model replicas in process; with --generator openai the endpoint "
+                             "already serves the generation (drop --ray, or scale the server)")
+    if getattr(args, "ray", None) is not None and args.backend != "openai":
+        own_pool = getattr(args, "_pool", None) is None
+        pool = _ray_pool(args)
+        try:
+            inv = pool.run_on_replica(_invariants_on, items, args.protocol)
+            counts = pool.ibis_behaviour(items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
+                                         protocol=args.protocol, batch_size=args.batch_size, force=args.force)
+        finally:
+            if own_pool and not getattr(args, "_pool_shared", False):
+                pool.close()
+                args._pool = None
+    else:
+        backend = BehaviourBackend(make_generator(args, timeout=600.0))
+        inv = _check_invariants(backend.tokenizer, items, args.protocol) if backend.tokenizer is not None else None
+        counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
+                               force=args.force, progress=not args.no_progress, batch_size=args.batch_size,
+                               protocol=args.protocol)
     _update_run(folder, "behaviour", {"backend": args.backend, "base_url": args.base_url, "model_spec": args.model,
                                       "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
                                       "batch_size": args.batch_size,
@@ -370,6 +387,8 @@ def cmd_all(args) -> int:
         print("ibis all: generating through the endpoint, capturing with the in-process model given by --model",
               file=sys.stderr)
     per = max(1, args.batch_size // max(1, len(args.framings)))
+    if getattr(args, "ray", None) is not None:  # both stages over the whole set: shards need many items
+        per = len(items)
     rc = 0
     all_ids = [it.id for it in items]
     args._pool_shared = True  # with --ray, every item group uses one pool: each replica loads the model once

@@ -89,6 +89,76 @@ def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     assert all(r["items_per_minute"] > 0 and r["tokens"] > 0 for r in run["replicas"] if r["items"])
 
 
+def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+    """Decisions come back to the driver, which alone appends decisions.jsonl; greedy text and the
+    forced-choice log-probabilities equal the single-process run (same thread count)."""
+    from attnprobe.generation.transformers_chat import TransformersChat
+    from attnprobe.resources import data_path
+    from attnprobe.studies.ibis.behaviour import BehaviourBackend, read_decisions, run_behaviour
+    from attnprobe.studies.ibis.items import load_items
+
+    items = load_items(data_path("ibis_items.jsonl"))[:2]
+    kw = {"max_tokens": 24, "protocol": "matched"}
+    counts = pool.ibis_behaviour(items, tmp_path / "dist", batch_size=3, **kw)
+    assert counts == {"done_before": 0, "decided": 6, "failed": 0}
+    single = run_behaviour(BehaviourBackend(TransformersChat(smol)), items, tmp_path / "single", progress=False,
+                           batch_size=3, **kw)
+    assert single["decided"] == 6
+
+    def by_pair(folder):
+        return {(r["item_id"], r["framing"]): {k: v for k, v in r.items() if k != "seconds"}
+                for r in read_decisions(folder / "decisions.jsonl")}
+
+    got, want = by_pair(tmp_path / "dist"), by_pair(tmp_path / "single")
+    assert got.keys() == want.keys() and len(got) == 6
+    for k in want:
+        assert got[k] == want[k], k
+    assert any(r["forced_choice"] for r in got.values())  # the matched protocol has a forced choice
+    lines = (tmp_path / "dist" / "decisions.jsonl").read_text(encoding="utf-8").split("\n")
+    assert len([x for x in lines if x]) == 6  # each decision written once
+    # a rerun asks no replica
+    assert pool.ibis_behaviour(items, tmp_path / "dist", batch_size=3, **kw) == {
+        "done_before": 6, "decided": 0, "failed": 0}
+
+
+def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+    """Step folders written by the replicas equal the single-process run bit for bit (arrays) and in
+    every recorded number; next actions included; a rerun does nothing."""
+    from safetensors.numpy import load_file
+
+    from attnprobe.counterfactual.policies import parse_policy
+    from attnprobe.counterfactual.run import RunOptions, run_counterfactuals
+    from attnprobe.generation.transformers_chat import TransformersChat
+    from attnprobe.resources import data_path
+    from attnprobe.trajectory.schema import load_trajectories
+
+    trajs = load_trajectories(data_path("reasoning_content.jsonl"))[:1]
+    opts = RunOptions(actions=True, max_new_tokens=8)
+    specs = ["mask:1", "ircot:oq"]
+    kw = {"min_past": 2, "batch_size": 2}
+    counts = pool.counterfactual(trajs, specs, tmp_path / "dist", opts=opts, **kw)
+    assert counts == {"done_before": 0, "done": 3, "failed": 0}  # steps at turns 2, 3, 4; batches of 2 and 1
+
+    single = run_counterfactuals(smol, trajs, [parse_policy(p) for p in specs], tmp_path / "single", opts=opts,
+                                 chat=TransformersChat(smol), **kw)
+    assert single["done"] == 3
+    folders = sorted(p.parent.relative_to(tmp_path / "single") for p in (tmp_path / "single").glob("*/*/step_*/record.json"))
+    assert len(folders) == 6
+    for rel in folders:
+        a, b = tmp_path / "dist" / rel, tmp_path / "single" / rel
+        ra, rb = (json.loads((x / "record.json").read_text(encoding="utf-8")) for x in (a, b))
+        assert ra == rb, rel
+        for part in ("masses.safetensors", "original/scores.safetensors", "counterfactual/scores.safetensors"):
+            fa, fb = load_file(str(a / part)), load_file(str(b / part))
+            assert fa.keys() == fb.keys()
+            for k in fb:
+                np.testing.assert_array_equal(fa[k], fb[k], err_msg=f"{rel}/{part}:{k}")
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")}
+    assert pool.counterfactual(trajs, specs, tmp_path / "dist", opts=opts, **kw) == {
+        "done_before": 3, "done": 0, "failed": 0}
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")} == stamps
+
+
 def test_a_function_runs_on_a_replica_and_its_exception_comes_back_as_itself(pool):
     assert pool.run_on_replica(getattr, "name") == "SmolLM2-135M-Instruct"  # getattr(loaded_model, "name")
     with pytest.raises(AttributeError, match="no_such_field"):

@@ -286,6 +286,22 @@ def read_decisions(path: Path) -> list[dict]:
     return list(latest.values())
 
 
+def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                protocol: str = "paper", batched: bool = False):
+    """Decision records of (item, framing) pairs, yielded one by one (so each can be written as soon as
+    it exists); ``batched``: one left-padded batch (in process only), else one call per pair."""
+    if batched and getattr(backend, "supports_batch", False):
+        t0 = time.perf_counter()
+        outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in pairs], max_tokens=max_tokens,
+                                     controls=[copy_control_framing(it, fr, protocol) for it, fr in pairs])
+        per = (time.perf_counter() - t0) / max(1, len(pairs))
+        for (it, fr), out in zip(pairs, outs):
+            yield _record(backend, it, fr, out, per, max_tokens, protocol)
+    else:
+        for it, fr in pairs:
+            yield decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol)
+
+
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
                   max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
@@ -301,16 +317,8 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     batched = batch_size > 1 and getattr(backend, "supports_batch", False)
 
     def work(batch: list[tuple[IbisItem, str]]) -> None:
-        if batched:
-            t0 = time.perf_counter()
-            outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in batch], max_tokens=max_tokens,
-                                         controls=[copy_control_framing(it, fr, protocol) for it, fr in batch])
-            per = (time.perf_counter() - t0) / len(batch)
-            for (it, fr), out in zip(batch, outs):
-                append_jsonl(path, _record(backend, it, fr, out, per, max_tokens, protocol))
-        else:
-            for it, fr in batch:
-                append_jsonl(path, decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol))
+        for rec in decide_many(backend, batch, max_tokens=max_tokens, protocol=protocol, batched=batched):
+            append_jsonl(path, rec)
 
     counts = run_resumable(
         [(it, fr) for it in items for fr in framings], work, done=lambda x: (x[0].id, x[1]) in done,
