@@ -335,6 +335,8 @@ def parse_json(text: str, *, path: str, line: int | None, error: Callable[..., E
         raise error(f"invalid JSON ({exc.msg} at column {exc.colno})", path=path, line=at) from None
     except RecursionError:
         raise error(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)", path=path, line=line) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise error(f"invalid JSON value ({str(exc).split(';')[0]})", path=path, line=line) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not json_depth_ok(value):
         raise error(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)", path=path, line=line)
     return value

@@ -9,11 +9,13 @@ available locally; 130 interrupted. Whatever fails, stderr gets one line ``attnp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import sys
 import textwrap
@@ -118,6 +120,25 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+@contextlib.contextmanager
+def _library_bars(off: bool):
+    """--no-progress / -q also mean no bars from the libraries under us (the GGUF de-quantization bar
+    of a model load, which the transformers backend ties to the hub's switch): the hub's environment
+    switch is set for the command's duration only (tests run many commands in one process)."""
+    if not off:
+        yield
+        return
+    old = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = old
+
+
 def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     """Messages of every attnprobe module go to stderr as ``attnprobe: ...`` (progress bars stay tqdm)."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
@@ -170,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         finish_args(args)
         log.debug("command %s: %s", args.command,
                   {k: v for k, v in sorted(vars(args).items()) if k != "func" and not k.startswith("_")})
-        return int(args.func(args) or 0)
+        with _library_bars(getattr(args, "no_progress", False) or quiet):
+            return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
         log.debug("traceback", exc_info=True)
         print(f"attnprobe: model not available: {describe_error(exc)}", file=sys.stderr)

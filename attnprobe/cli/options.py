@@ -37,6 +37,17 @@ def _generators() -> list[str]:
 
     return backend_kinds()
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (refused while parsing, before any model is loaded)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
 def parse_int_list(text: str | None) -> list[int] | None:
     """'0,3,5-8' -> [0, 3, 5, 6, 7, 8]; None/'all' -> None."""
     if text is None or text == "all":
@@ -97,7 +108,7 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
     """The "capture" group. ``trajectories=False`` (IBIS, whose query is fixed: the decision token)
     keeps only --chunk-size."""
     g = p.add_argument_group("capture")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill chunk size in tokens (default 512)")
+    g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
     if trajectories:
         g.add_argument("--queries", default="reasoning", type=_queries,
                        help="reasoning (default) | decision | reasoning+decision | positions:10,20,300")

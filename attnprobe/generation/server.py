@@ -461,7 +461,7 @@ def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, loopback only; any other prints a warning)")
-    g.add_argument("--port", type=int, default=default_port, help=f"port (default {default_port}; 0 = any free port)")
+    g.add_argument("--port", type=_port, default=default_port, help=f"port (default {default_port}; 0 = any free port)")
     g.add_argument("--api-key-env", default=None, metavar="NAME",
                    help="require 'Authorization: Bearer <key>' with the key read from environment variable NAME "
                         "(default: no authentication)")
@@ -477,6 +477,17 @@ def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
     g.add_argument("--max-seconds", type=float, default=None,
                    help="stop a generation that runs longer and answer HTTP 503 (default: no limit)")
     return g
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port 0-65535 (checked before the model loads)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {v}")
+    return v
 
 
 def limits_from_args(args) -> Limits:

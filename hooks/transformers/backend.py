@@ -21,6 +21,29 @@ from attnprobe.errors import ModelNotFoundError
 from attnprobe_hooks.backend import BackendOutput, CapturePlan, LoadedModel
 from attnprobe_hooks.transformers.attention import CaptureState, active, install
 
+
+def _bars_off() -> bool:
+    return os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").lower() in ("1", "true", "yes", "on")
+
+
+def _quiet_gguf_bar() -> None:
+    """transformers draws its GGUF de-quantization bar with tqdm directly, past its own progress switch:
+    wrap it once so it honours the hub's switch (``HF_HUB_DISABLE_PROGRESS_BARS``, which
+    ``--no-progress`` / ``-q`` set), read at each call."""
+    import transformers.modeling_gguf_pytorch_utils as gguf
+
+    if getattr(gguf.tqdm, "_attnprobe", False):
+        return
+    bar = gguf.tqdm
+
+    def tqdm(*args, **kwargs):
+        kwargs["disable"] = kwargs.get("disable", False) or _bars_off()
+        return bar(*args, **kwargs)
+
+    tqdm._attnprobe = True
+    gguf.tqdm = tqdm
+
+
 _CACHE: dict[tuple, LoadedModel] = {}
 
 
@@ -94,6 +117,7 @@ class TransformersBackend:
         kw: dict[str, Any] = {"local_files_only": True}
         if gguf_file:
             kw["gguf_file"] = gguf_file
+            _quiet_gguf_bar()
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(where), **kw)
             model = AutoModelForCausalLM.from_pretrained(

@@ -149,6 +149,19 @@ def test_deeply_nested_json_is_a_located_error_not_a_recursion_error(tmp_path):
         aio.load_json(one)
 
 
+def test_an_integer_too_long_to_convert_is_a_located_error(tmp_path):
+    """json.loads raises a plain ValueError for integers over 4300 digits (found by the issue-13 audit)."""
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"a": 1}\n{"id": ' + "7" * 5000 + "}\n")
+    with pytest.raises(TrajectoryError) as info:
+        aio.read_records(big, error=TrajectoryError)
+    assert info.value.line == 2 and str(big) in str(info.value) and "invalid JSON value (Exceeds the limit" in str(info.value)
+    one = tmp_path / "big.json"
+    one.write_text('{"x": ' + "1" * 5000 + "}")
+    with pytest.raises(AttnprobeError, match="big.json: invalid JSON value"):
+        aio.load_json(one)
+
+
 def test_load_json_names_file_and_line(tmp_path):
     p = tmp_path / "m.json"
     p.write_bytes(b'{\n "a": 1,\n "b": "caf\xe9"\n}')

@@ -151,3 +151,44 @@ def test_loading_line_hidden_by_quiet(monkeypatch, tmp_path, capsys):
             logging.getLogger(name).handlers.clear()
             logging.getLogger(name).propagate = True
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_gguf_bar_follows_the_no_progress_switch(monkeypatch, capsys):
+    """transformers draws the GGUF de-quantization bar with tqdm directly; the backend's wrapper makes
+    it honour HF_HUB_DISABLE_PROGRESS_BARS, which the CLI sets for --no-progress / -q."""
+    import transformers.modeling_gguf_pytorch_utils as gguf
+
+    from attnprobe_hooks.transformers.backend import _quiet_gguf_bar
+
+    _quiet_gguf_bar()
+    _quiet_gguf_bar()  # idempotent: wrapped once
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    list(gguf.tqdm(range(3), desc="Converting GGUF"))
+    assert "Converting GGUF" not in capsys.readouterr().err
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS")
+    list(gguf.tqdm(range(3), desc="Converting GGUF"))
+    assert "Converting GGUF" in capsys.readouterr().err
+
+
+def test_cli_no_progress_sets_the_switch_for_the_command_only(monkeypatch):
+    import os
+
+    from attnprobe.cli.main import _library_bars
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    with _library_bars(True):
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["capture", "x.jsonl", "--out", "o", "--chunk-size", "0"], "argument --chunk-size: must be at least 1, got 0"),
+    (["serve", "--port", "99999"], "argument --port: port must be 0-65535, got 99999"),
+])
+def test_bad_numbers_are_refused_while_parsing(argv, words, capsys):
+    """Found by the issue-13 audit: these were refused only after the model had loaded."""
+    from attnprobe.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and words in capsys.readouterr().err
