@@ -129,7 +129,11 @@ def connect(cluster: Cluster) -> bool:
         ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = "this machine's Ray cluster (address auto)" if address == "auto" else f"the Ray cluster at {address}"
-        raise AttnprobeError(f"cannot connect to {where}: {str(exc).splitlines()[0]}") from None
+        hint = ""
+        if address.startswith("ray://"):  # measured with Ray 2.60: the client sends no token, the server waits
+            hint = (" (Ray Client does not pass Ray's token authentication: start that cluster with "
+                    "RAY_AUTH_MODE=disabled on a trusted network, or run on one of its nodes with --ray auto)")
+        raise AttnprobeError(f"cannot connect to {where}: {str(exc).splitlines()[0]}{hint}") from None
     return True
 
 
