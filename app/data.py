@@ -81,7 +81,7 @@ def read_json(root: Path, rel: str | os.PathLike) -> Any:
         raise error("file not found")
     try:
         return load_json(path, error=error)
-    except (RecursionError, ValueError) as exc:  # e.g. an integer of more than 4300 digits
+    except (RecursionError, ValueError) as exc:  # what load_json does not locate itself
         raise error(f"unreadable JSON ({type(exc).__name__}: {exc})") from None
     except OSError as exc:
         raise error(f"cannot read ({exc.strerror or exc})") from None

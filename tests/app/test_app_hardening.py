@@ -82,7 +82,7 @@ def hostile(tmp_path) -> Path:
     return data
 
 
-PROBLEMS = ["unreadable: more/bigint/meta.json: unreadable JSON (ValueError: Exceeds the limit (4300 digits)",
+PROBLEMS = ["unreadable: more/bigint/meta.json: invalid JSON value (Exceeds the limit (4300 digits)",
             "unreadable: more/deep/meta.json: JSON nested too deeply",
             f"unreadable: more/huge/meta.json: {MAX_JSON_BYTES + 1} bytes, above the limit of {MAX_JSON_BYTES} bytes"]
 
