@@ -363,9 +363,9 @@ class Replica:
         policies = [parse_policy(p) if isinstance(p, str) else p for p in settings["policies"]]
         chat = None
         if opts.actions:
-            from attnprobe.generation.transformers_chat import TransformersChat
+            from attnprobe.counterfactual.run import actions_chat
 
-            chat = getattr(self, "_chat", None) or TransformersChat(self.model)
+            chat = getattr(self, "_chat", None) or actions_chat(self.model)
             self._chat = chat
         records = []
         for it in items:
@@ -817,7 +817,7 @@ class ReplicaPool:
                                                                turns=turns, max_steps=max_steps)]
         if not steps:
             raise AttnprobeError("no step qualifies in the given trajectories")
-        settings = self.run_on_replica(_counterfactual_settings, names, _asdict(opts))
+        settings = self.run_on_replica(_counterfactual_settings, names, _asdict(opts))  # also checks --actions
 
         def step_finished(s) -> bool:
             return all(step_done(out, s, n, settings[n]) for n in names)
@@ -852,8 +852,10 @@ class ReplicaPool:
 
 
 def _counterfactual_settings(model, names: list[str], opts: dict) -> dict:  # runs on a replica
-    from attnprobe.counterfactual.run import RunOptions, settings_dict
+    from attnprobe.counterfactual.run import RunOptions, actions_chat, settings_dict
 
+    if opts["actions"]:
+        actions_chat(model)  # refused before any work for a model that cannot generate in process
     return {n: settings_dict(model, n, RunOptions(**opts)) for n in names}
 
 

@@ -63,9 +63,6 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
                for t in trajs):
         raise AttnprobeError(f"no step qualifies (reasoning steps with >= {args.min_past} past turns); "
                              f"lower --min-past or pick --turns")
-    if args.actions and getattr(args, "backend", "transformers") != "transformers":
-        # a vLLM engine has no in-process generate of ours
-        raise AttnprobeError("--actions generates in process with the capture model: use the transformers backend")
     step_kw = {"min_past": args.min_past, "include_actions": args.include_actions, "turns": args.turns,
                "max_steps": args.max_steps, "batch_size": args.batch_size, "force": args.force}
     cluster = cluster_from_args(args)
@@ -81,9 +78,9 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
         model = load_for_capture(args)
         chat = None
         if args.actions:
-            from attnprobe.generation.transformers_chat import TransformersChat
+            from attnprobe.counterfactual.run import actions_chat
 
-            chat = TransformersChat(model)
+            chat = actions_chat(model)
         opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                           chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
                           progress=not args.no_progress)

@@ -251,6 +251,18 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int) -> dict:
             "text": (reply.raw_text or reply.content)[:2000], "output_tokens": reply.output_tokens}
 
 
+def actions_chat(model: LoadedModel):
+    """The in-process chat that generates next actions with the capture model; refused for a model
+    that is not a torch module (a vLLM engine has no in-process generate of ours)."""
+    import torch
+
+    from attnprobe.generation.transformers_chat import TransformersChat
+
+    if not isinstance(model.model, torch.nn.Module):
+        raise AttnprobeError("--actions generates in process with the capture model: use the transformers backend")
+    return TransformersChat(model)
+
+
 # ------------------------------------------------------------------ the run
 @dataclass
 class RunOptions:

@@ -14,6 +14,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from attnprobe.render.rendering import bracket_end
+
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCED = re.compile(r"```(?:json|tool_call|python)?\s*(.*?)```", re.S)
 _PYCALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\((.*?)\)", re.S)
@@ -55,38 +57,13 @@ def _json_objects(text: str) -> list[tuple[int, int, object]]:
     return out
 
 
-def _bracket_end(text: str, start: int) -> int | None:
-    """Index just past the bracketed literal opening at ``text[start]`` (quote-aware, ' and ")."""
-    pairs = {"{": "}", "[": "]", "(": ")"}
-    stack, quote, esc = [], None, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in pairs:
-            stack.append(pairs[ch])
-        elif ch in ")]}":
-            if not stack or ch != stack.pop():
-                return None
-            if not stack:
-                return i + 1
-    return None
-
-
 def _python_literals(text: str) -> list[tuple[int, int, object]]:
     """Every top-level Python literal ({...} or [...]) that ``ast.literal_eval`` accepts, with its span
     (the Python-repr call lists of the smolagents format; never evaluated beyond literals)."""
     out, i = [], 0
     while i < len(text):
         if text[i] in "{[":
-            end = _bracket_end(text, i)
+            end = bracket_end(text, i)
             if end is not None:
                 try:
                     out.append((i, end, ast.literal_eval(text[i:end])))

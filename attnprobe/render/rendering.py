@@ -221,25 +221,29 @@ def _find_literal(text: str, literal: str, cursor: int) -> tuple[int, int, int] 
     return None
 
 
-def _match_brace(text: str, start: int) -> int | None:
-    """Index just past the JSON object starting at text[start] == '{' (string-aware)."""
-    depth, in_str, esc = 0, False, False
+def bracket_end(text: str, start: int) -> int | None:
+    """Index just past the bracketed JSON or Python literal opening at ``text[start]`` (string-aware
+    for ' and "; brackets must nest); None if it does not close. Finds a template-serialized tool
+    call here and a call in generated text (``generation.toolparse``)."""
+    pairs = {"{": "}", "[": "]", "(": ")"}
+    stack, quote, esc = [], None, False
     for i in range(start, len(text)):
         ch = text[i]
-        if in_str:
+        if quote:
             if esc:
                 esc = False
             elif ch == "\\":
                 esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in ")]}":
+            if not stack or ch != stack.pop():
+                return None
+            if not stack:
                 return i + 1
     return None
 
@@ -251,7 +255,7 @@ def _find_native_call(text: str, call: dict, cursor: int) -> tuple[int, int] | N
     while pos >= 0:
         brace = text.rfind("{", max(cursor, pos - 40), pos)
         start = brace if brace >= 0 else pos
-        end = _match_brace(text, brace) if brace >= 0 else None
+        end = bracket_end(text, brace) if brace >= 0 else None
         if end is None:
             end = pos + len(name)
             probe = pos + len(name)

@@ -3,10 +3,9 @@ that reproduces the original rows exactly, actions, and the resumable CLI on a s
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from support.messages import call
 
 from attnprobe.counterfactual.policies import ircot, make_policy, mask_observations, refine_latest
 from attnprobe.counterfactual.refiners import bm25_refiner
@@ -22,10 +21,6 @@ from attnprobe.counterfactual.run import (
 from attnprobe.counterfactual.summary import markdown_table, summarize
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory
-
-
-def call(cid, name, **args):
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
 def small_trajectory() -> Trajectory:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.messages import call
 
 from attnprobe.counterfactual.policies import (
     DEFAULT_PLACEHOLDER,
@@ -18,11 +19,6 @@ from attnprobe.counterfactual.policies import (
     refine_latest,
 )
 from attnprobe.counterfactual.refiners import bm25_refiner, chat_refiner, split_sentences
-
-
-def call(cid, name, **args):
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-
 
 SYS = {"role": "system", "content": "You are a search agent."}
 TASK = {"role": "user", "content": "Task: who named holmium?"}
