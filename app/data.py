@@ -79,12 +79,7 @@ def read_json(root: Path, rel: str | os.PathLike) -> Any:
 
     if not path.is_file():
         raise error("file not found")
-    try:
-        return load_json(path, error=error)
-    except (RecursionError, ValueError) as exc:  # what load_json does not locate itself
-        raise error(f"unreadable JSON ({type(exc).__name__}: {exc})") from None
-    except OSError as exc:
-        raise error(f"cannot read ({exc.strerror or exc})") from None
+    return load_json(path, error=error)  # size, depth, UTF-8 and I/O errors all come back as DataError
 
 
 def read_jsonl(root: Path, rel: str | os.PathLike) -> tuple[list[dict], list[str]]:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import EXPECTED_ERRORS, atomic_write_text, log_error, recover_atomic_dirs
+from attnprobe.io import EXPECTED_ERRORS, atomic_write_text, load_json, log_error, recover_atomic_dirs
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +180,10 @@ def is_done(out: str | Path, match: dict | None = None) -> bool:
         return False
     if match:
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            meta = load_json(meta_path)
+        except AttnprobeError:
             return False
-        return all(meta.get(k) == v for k, v in match.items())
+        return isinstance(meta, dict) and all(meta.get(k) == v for k, v in match.items())
     return True
 
 
@@ -284,8 +284,7 @@ class Replica:
                     records.update({it["key"]: self._record(it, "written") for it in group if "_tokens" in it})
                     groups.extend([it] for it in group if "_tokens" not in it)
                     continue
-                records[group[0]["key"]] = {"key": group[0]["key"], "status": "failed",
-                                            "error_type": type(exc).__name__, "error": str(exc)}
+                records[group[0]["key"]] = self._failed(group[0], exc)
         return [records[it["key"]] for it in items]
 
     def _capture_group(self, group, kw, capture_many, Trajectory) -> None:
@@ -350,8 +349,6 @@ class Replica:
         """Counterfactual steps: each item is a batch of steps (as in a single-process run), run with
         :func:`attnprobe.counterfactual.run.run_batch` (which writes every (step, policy) folder
         atomically and skips those already written with the same settings)."""
-        from pathlib import Path as _Path
-
         from attnprobe.counterfactual.policies import parse_policy
         from attnprobe.counterfactual.run import RunOptions, Step, run_batch
         from attnprobe.trajectory.schema import Trajectory
@@ -373,7 +370,7 @@ class Replica:
             steps = [Step(trajs[tid], i, t) for tid, i, t in it["steps"]]
             t0 = time.perf_counter()
             try:
-                run_batch(self.model, steps, policies, _Path(settings["out"]), opts, chat)
+                run_batch(self.model, steps, policies, Path(settings["out"]), opts, chat)
             except catch as exc:
                 records.append(self._failed(it, exc))
                 continue
@@ -800,34 +797,20 @@ class ReplicaPool:
         Ray can serialise. A work item is a batch of ``batch_size`` steps cut exactly as a single-process
         run cuts them (steps of one trajectory in a batch share the original's prefill); ``opts.actions``
         generates with the replica's model. Counts are steps, as in one process."""
-        from dataclasses import asdict as _asdict
-
-        from attnprobe.counterfactual.policies import parse_policy, policy_name
-        from attnprobe.counterfactual.run import RunOptions, choose_steps, step_dir, step_done
+        from attnprobe.counterfactual.run import RunOptions, clear_steps, plan_steps, step_done
 
         opts = opts or RunOptions()
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        if not policies:
-            raise ValueError("no policy given")
-        names = [policy_name(parse_policy(p) if isinstance(p, str) else p) for p in policies]
-        if len(set(names)) != len(names):
-            raise ValueError(f"policy names must be distinct: {names}")
-        steps = [s for t in trajectories for s in choose_steps(t, min_past=min_past, include_actions=include_actions,
-                                                               turns=turns, max_steps=max_steps)]
-        if not steps:
-            raise AttnprobeError("no step qualifies in the given trajectories")
-        settings = self.run_on_replica(_counterfactual_settings, names, _asdict(opts))  # also checks --actions
+        names, steps = plan_steps(trajectories, policies, min_past=min_past, include_actions=include_actions,
+                                  turns=turns, max_steps=max_steps)
+        settings = self.run_on_replica(_counterfactual_settings, names, asdict(opts))  # also checks --actions
 
         def step_finished(s) -> bool:
             return all(step_done(out, s, n, settings[n]) for n in names)
 
         if force:
-            import shutil
-
-            for s in steps:
-                for n in names:
-                    shutil.rmtree(step_dir(out, s, n), ignore_errors=True)
+            clear_steps(out, steps, names)
         # the batches of a single-process run (run_resumable: the steps not done, in order, batch_size at a
         # time), so each original is prefilled to the same length and the numbers are the same bit for bit
         todo = [s for s in steps if not step_finished(s)]
@@ -843,7 +826,7 @@ class ReplicaPool:
                          "steps": [[s.trajectory.id, s.message_index, s.turn] for s in group], "tokens": tokens,
                          "describe": {"trajectory_id": group[0].trajectory.id, "step": group[0].message_index,
                                       "steps": len(group)}})
-        job = {"job": "counterfactual", "out": str(out), "opts": _asdict(opts), "policies": list(policies)}
+        job = {"job": "counterfactual", "out": str(out), "opts": asdict(opts), "policies": list(policies)}
         if work:
             self.run_items(work, job, out=out, errors_path=out / "errors.jsonl", stage="counterfactual",
                            desc="counterfactual", done=lambda w: False)

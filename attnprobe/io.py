@@ -345,9 +345,9 @@ def parse_json(text: str, *, path: str, line: int | None, error: Callable[..., E
 def _read_text(path: Path, make: Callable[..., Exception], max_bytes: int | None = None) -> str:
     """The UTF-8 text of an input file; errors (missing, a folder, too large, not UTF-8) name the file."""
     try:
-        if max_bytes is not None and path.stat().st_size > max_bytes:
-            raise make(f"{path.stat().st_size} bytes, above the limit of {max_bytes} bytes; not read",
-                       path=str(path), line=None)
+        size = path.stat().st_size if max_bytes is not None else 0
+        if max_bytes is not None and size > max_bytes:
+            raise make(f"{size} bytes, above the limit of {max_bytes} bytes; not read", path=str(path), line=None)
         data = path.read_bytes()
     except FileNotFoundError:
         raise make("file not found", path=str(path), line=None) from None
@@ -355,6 +355,8 @@ def _read_text(path: Path, make: Callable[..., Exception], max_bytes: int | None
         raise make("is a folder, not a file", path=str(path), line=None) from None
     except PermissionError:
         raise make("permission denied", path=str(path), line=None) from None
+    except OSError as exc:  # an I/O error, a name too long, ...: still one line naming the file
+        raise make(f"cannot read ({exc.strerror or exc})", path=str(path), line=None) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -28,7 +28,7 @@ def main() -> None:
     from attnprobe.counterfactual.run import RunOptions, run_counterfactuals
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.generation.transformers_chat import TransformersChat
-    from attnprobe.io import atomic_write_text
+    from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.resources import data_path
 
     model = attnprobe.load_model(args.model)
@@ -42,7 +42,7 @@ def main() -> None:
     print(f"{counts} in {time.perf_counter() - t0:.0f} s")
     out = Path(args.out)
     summary = summarize_dir(out)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
     md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))
     atomic_write_text(out / "summary.md", md)
     print(md)

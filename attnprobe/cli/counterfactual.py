@@ -31,12 +31,12 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--min-past", type=int, default=5,
                    help="steps with at least this many past turns (default 5, seed 002 E.5)")
     g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
-    g.add_argument("--max-steps", type=int, default=None, help="at most this many steps per trajectory")
+    g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
     g.add_argument("--actions", action="store_true",
                    help="also generate the next action (greedy) in both contexts and compare (transformers)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
-    g.add_argument("--batch-size", type=int, default=1,
+    g.add_argument("--batch-size", type=positive_int, default=1,
                    help="steps per backend call (vLLM batches all their contexts in one generate)")
     g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
     g.add_argument("--layers", default=None, type=parse_int_list, help="layers to score (default all)")
@@ -48,9 +48,9 @@ def add_counterfactual_options(p) -> None:
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     """Load, run resumably, write OUT/summary.json and OUT/summary.md; (exit code, summary)."""
     from attnprobe.counterfactual.policies import parse_policy
-    from attnprobe.counterfactual.run import RunOptions, choose_steps, run_counterfactuals
+    from attnprobe.counterfactual.run import RunOptions, plan_steps, run_counterfactuals
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
-    from attnprobe.io import atomic_write_text
+    from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.trajectory.schema import load_trajectories
 
     policies = [parse_policy(s) for s in (args.policies or ["mask:5"])]
@@ -59,10 +59,8 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
         trajs.extend(load_trajectories(f))
     if not trajs:
         raise AttnprobeError("no trajectories in the given files")
-    if not any(choose_steps(t, min_past=args.min_past, include_actions=args.include_actions, turns=args.turns)
-               for t in trajs):
-        raise AttnprobeError(f"no step qualifies (reasoning steps with >= {args.min_past} past turns); "
-                             f"lower --min-past or pick --turns")
+    plan_steps(trajs, args.policies or ["mask:5"], min_past=args.min_past, include_actions=args.include_actions,
+               turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
     step_kw = {"min_past": args.min_past, "include_actions": args.include_actions, "turns": args.turns,
                "max_steps": args.max_steps, "batch_size": args.batch_size, "force": args.force}
     cluster = cluster_from_args(args)
@@ -86,7 +84,7 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
                           progress=not args.no_progress)
         counts = run_counterfactuals(model, trajs, policies, out, opts=opts, chat=chat, **step_kw)
     summary = summarize_dir(out)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
     md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))
     atomic_write_text(out / "summary.md", md)
     log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",

@@ -48,7 +48,7 @@ def study_markdown(head: dict, summary: dict) -> str:
 def cmd_study_masking(args) -> int:
     from attnprobe.cli.capture import run_capture_files
     from attnprobe.cli.counterfactual import execute
-    from attnprobe.io import atomic_write_text
+    from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.results.analysis import decay_curves, headline
     from attnprobe.results.report import find_results
     from attnprobe.results.result import CaptureResult
@@ -68,7 +68,7 @@ def cmd_study_masking(args) -> int:
                            {r: x.tolist() for r, x in v.items()} if isinstance(v, dict) else v)
                        for k, v in curves.items()},
              "counterfactual": summary}
-    atomic_write_text(out / "study.json", json.dumps(study, indent=1, default=float))
+    atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, default=float))
     md = study_markdown(head, summary)
     atomic_write_text(out / "study.md", md)
     print(md)

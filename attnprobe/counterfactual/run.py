@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 
 from attnprobe._version import __version__
-from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, prepare
+from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, prepare, weights_hash
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.policies import Counterfactual, Policy, policy_name
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import AtomicDir, run_resumable, safe_name
+from attnprobe.io import AtomicDir, load_json, run_resumable, safe_name
 from attnprobe.render.rendering import Rendered, message_turns
 from attnprobe.render.segments import ROLES, QueryPoint
 from attnprobe.results.analysis import token_owners
@@ -294,9 +294,10 @@ def step_done(out: Path, step: Step, policy: str, settings: dict) -> bool:
     if not path.is_file():
         return False
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("settings") == settings
-    except json.JSONDecodeError:
+        record = load_json(path)
+    except AttnprobeError:  # unreadable (torn, not UTF-8, too large): redo the step
         return False
+    return isinstance(record, dict) and record.get("settings") == settings
 
 
 def _slice(full: CaptureResult, idx: Sequence[int], points: list[QueryPoint]) -> CaptureResult:
@@ -367,7 +368,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     t0 = time.perf_counter()
     outputs = get_backend(model.backend).run(model, plans, chunk_size=chunk, progress=opts.progress)
     cs = CaptureSettings(queries="positions", layers=chosen, chunk_size=chunk,
-                         seconds=(time.perf_counter() - t0) / max(1, len(plans)))
+                         seconds=(time.perf_counter() - t0) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
     results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]
     actions_orig: dict[tuple[str, int], dict] = {}
     for s, _p, n in todo:
@@ -412,6 +413,35 @@ def write_step(directory: Path, record: dict, arrays: dict[str, np.ndarray], ori
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
+def plan_steps(trajectories: Sequence[Trajectory], policies: Sequence, *, min_past: int = 5,
+               include_actions: bool = False, turns: Sequence[int] | None = None,
+               max_steps: int | None = None) -> tuple[list[str], list[Step]]:
+    """(policy names, chosen steps) of a run; refuses no policy, duplicate names and no step at all.
+    ``policies``: policy objects or specs (``"mask:5"``)."""
+    from attnprobe.counterfactual.policies import parse_policy
+
+    if not policies:
+        raise ValueError("no policy given")
+    names = [policy_name(parse_policy(p) if isinstance(p, str) else p) for p in policies]
+    if len(set(names)) != len(names):
+        raise ValueError(f"policy names must be distinct: {names}")
+    steps = [s for t in trajectories for s in choose_steps(t, min_past=min_past, include_actions=include_actions,
+                                                           turns=turns, max_steps=max_steps)]
+    if not steps:
+        what = f"turns {list(turns)}" if turns is not None else f"reasoning steps with >= {min_past} past turns"
+        raise AttnprobeError(f"no step qualifies ({what}); lower --min-past or pick --turns")
+    return names, steps
+
+
+def clear_steps(out: Path, steps: Sequence[Step], names: Sequence[str]) -> None:
+    """--force: remove the step folders of these steps and policies."""
+    import shutil
+
+    for s in steps:
+        for n in names:
+            shutil.rmtree(step_dir(out, s, n), ignore_errors=True)
+
+
 def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], policies: Sequence[Policy],
                         out: str | Path, *, opts: RunOptions | None = None, chat=None, min_past: int = 5,
                         include_actions: bool = False, turns: Sequence[int] | None = None,
@@ -424,21 +454,11 @@ def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], 
     opts = opts or RunOptions()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if not policies:
-        raise ValueError("no policy given")
-    names = [policy_name(p) for p in policies]
-    if len(set(names)) != len(names):
-        raise ValueError(f"policy names must be distinct: {names}")
-    steps = [s for t in trajectories for s in choose_steps(t, min_past=min_past, include_actions=include_actions,
-                                                           turns=turns, max_steps=max_steps)]
+    names, steps = plan_steps(trajectories, policies, min_past=min_past, include_actions=include_actions,
+                              turns=turns, max_steps=max_steps)
     settings = {n: settings_dict(model, n, opts) for n in names}
-
     if force:
-        import shutil
-
-        for s in steps:
-            for n in names:
-                shutil.rmtree(step_dir(out, s, n), ignore_errors=True)
+        clear_steps(out, steps, names)
 
     def done(s: Step) -> bool:
         return all(step_done(out, s, n, settings[n]) for n in names)
@@ -479,14 +499,10 @@ def load_step(directory: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     path = directory / RECORD_FILE
     if not path.is_file():
         raise AttnprobeError(f"{directory}: not a counterfactual step (no {RECORD_FILE})")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise AttnprobeError(f"{path}: corrupt JSON ({exc.msg}, line {exc.lineno})") from None
-    return record, load_file(str(directory / MASSES_FILE))
+    return load_json(path), load_file(str(directory / MASSES_FILE))
 
 
 def iter_records(root: str | Path):
     """Every finished step record under ``root`` (``<trajectory>/<policy>/step_*/record.json``)."""
     for path in sorted(Path(root).glob(f"*/*/step_*/{RECORD_FILE}")):
-        yield json.loads(path.read_text(encoding="utf-8"))
+        yield load_json(path)
