@@ -222,6 +222,7 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     from attnprobe.io import dumps_line, write_jsonl
     from attnprobe.studies.ibis.framings import build_framing
     from attnprobe.studies.ibis.items import load_items
+    from attnprobe.studies.ibis.metrics import read_run
 
     folder.mkdir(parents=True, exist_ok=True)
     items_text = "".join(dumps_line(it.to_dict()) for it in items)
@@ -237,7 +238,7 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
     atomic_write_text(old, items_text)
     all_items = load_items(old)
     run_path = folder / "run.json"
-    run = json.loads(run_path.read_text()) if run_path.is_file() else {}
+    run = read_run(folder)
     done_with = run.get("protocol", "matched" if run else args.protocol)  # folders before protocols: matched
     if done_with != args.protocol:
         raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {args.protocol}: use "
@@ -257,8 +258,10 @@ def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
 
 
 def _update_run(folder: Path, stage: str, info: dict) -> None:
+    from attnprobe.studies.ibis.metrics import read_run
+
     run_path = folder / "run.json"
-    run = json.loads(run_path.read_text()) if run_path.is_file() else {"stages": {}}
+    run = read_run(folder)
     run.setdefault("stages", {})[stage] = info
     atomic_write_text(run_path, json.dumps(run, indent=1))
 

@@ -72,12 +72,13 @@ def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -
     """The flip analysis pooled over the model folders, one protocol at a time (seed 000 A.5 pools the
     models of its Figure 4): free generation and forced choice."""
     from attnprobe.studies.ibis.flips import folder_flip_inputs, pooled_flip_analysis
+    from attnprobe.studies.ibis.metrics import read_run
 
     by_protocol: dict[str, list[Path]] = {}
     for f in model_folders(folders):
         if not (f / "decisions.jsonl").is_file():
             continue
-        run = json.loads((f / "run.json").read_text(encoding="utf-8")) if (f / "run.json").is_file() else {}
+        run = read_run(f)
         by_protocol.setdefault(run.get("protocol", "matched"), []).append(f)
     return {proto: {
         "models": [f.name for f in fs],

@@ -7,14 +7,13 @@ metrics.json (docs/ibis.md section 4).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import read_records
+from attnprobe.io import load_json, read_records
 from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
@@ -306,6 +305,13 @@ def _layer_and_head_gaps(arrays, cats, layers, sel, layer_cats, head_cats, *, n_
     return out
 
 
+def read_run(folder: Path) -> dict:
+    """A model folder's run.json (model, protocol, variant, stages), {} when there is none; read with
+    the one JSON loader (size and depth limits, errors name the file)."""
+    path = Path(folder) / "run.json"
+    return load_json(path) if path.is_file() else {}
+
+
 def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: int = 200) -> dict[str, Any]:
     folder = Path(folder)
     items_path = folder / "items.jsonl"
@@ -313,7 +319,7 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
         raise AttnprobeError(f"{folder}: no items.jsonl (not an IBIS model folder; run 'attnprobe ibis run' first)")
     items = load_items(items_path)
     decisions = read_decisions(folder / "decisions.jsonl")
-    run = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+    run = read_run(folder)
     m: dict[str, Any] = {
         "format_version": 1, "model": run.get("model", folder.name), "protocol": run.get("protocol", "matched"),
         "folder": str(folder),

@@ -21,7 +21,7 @@ from attnprobe.studies.ibis.behaviour import DECISIONS
 from attnprobe.studies.ibis.compare import compare_rows, pooled_flips
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS
 from attnprobe.studies.ibis.items import load_items
-from attnprobe.studies.ibis.metrics import compute_metrics
+from attnprobe.studies.ibis.metrics import compute_metrics, read_run
 
 
 @cache
@@ -73,7 +73,7 @@ def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: in
     if (folder / "captures").is_dir() and (folder / "items.jsonl").is_file():
         from attnprobe.studies.ibis.attention import aggregate
 
-        run = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
+        run = read_run(folder)
         # a folder made before protocols existed holds the matched layout
         aggregate(load_items(folder / "items.jsonl"), folder, protocol=run.get("protocol", "matched"))
     m = compute_metrics(folder, n_boot=n_boot, seed=seed, n_perm=n_perm)
