@@ -24,8 +24,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import attnprobe
+    from attnprobe.counterfactual.job import run_counterfactuals
     from attnprobe.counterfactual.policies import parse_policy
-    from attnprobe.counterfactual.run import RunOptions, run_counterfactuals
+    from attnprobe.counterfactual.run import RunOptions
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.generation.transformers_chat import TransformersChat
     from attnprobe.io import atomic_write_text, finite_json

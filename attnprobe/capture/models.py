@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,17 @@ def _announce(spec: str, backend: str, dtype: str, options: dict[str, Any]) -> N
     origin = f"the local Hugging Face cache ({where})" if source == "hf-cache" else Path(where) / gguf if gguf else where
     extra = "".join(f", {k} {options[k]}" for k in ("device", "tensor_parallel_size") if k in options)
     log.info("loading model %s from %s (%s, %s%s)", display_name(spec, source, where), origin, backend, dtype, extra)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to load, as a value (what the model options say; what every Ray replica loads):
+    ``load_model(spec, backend, dtype=dtype, **load_options)``."""
+
+    spec: str = "default"
+    backend: str = "transformers"
+    dtype: str = "float32"
+    load_options: dict = field(default_factory=dict)
+
+    def load(self) -> LoadedModel:
+        return load_model(self.spec, self.backend, dtype=self.dtype, **self.load_options)

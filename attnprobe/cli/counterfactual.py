@@ -7,15 +7,13 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    add_cluster_options,
     add_model_options,
     add_output_options,
-    capture_load_options,
-    load_for_capture,
+    executor,
     parse_int_list,
     positive_int,
 )
-from attnprobe.distributed import add_cluster_options, cluster_from_args
-from attnprobe.errors import AttnprobeError
 
 log = logging.getLogger(__name__)
 
@@ -45,44 +43,34 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--max-tokens", type=int, default=None, help="refuse longer contexts")
 
 
+def run_options(args, progress: bool = True):
+    """The counterfactual group's values (:class:`~attnprobe.counterfactual.run.RunOptions`)."""
+    from attnprobe.counterfactual.run import RunOptions
+
+    return RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
+                      chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
+                      progress=progress and not args.no_progress)
+
+
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Load, run resumably, write OUT/summary.json and OUT/summary.md; (exit code, summary)."""
-    from attnprobe.counterfactual.policies import parse_policy
-    from attnprobe.counterfactual.run import RunOptions, plan_steps, run_counterfactuals
+    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
+    OUT/summary.md; (exit code, summary)."""
+    from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
+    from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
-    from attnprobe.io import atomic_write_text, finite_json
-    from attnprobe.trajectory.schema import load_trajectories
+    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json
+    from attnprobe.trajectory.schema import load_files
 
-    policies = [parse_policy(s) for s in (args.policies or ["mask:5"])]
-    trajs = []
-    for f in files:
-        trajs.extend(load_trajectories(f))
-    if not trajs:
-        raise AttnprobeError("no trajectories in the given files")
-    plan_steps(trajs, args.policies or ["mask:5"], min_past=args.min_past, include_actions=args.include_actions,
-               turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
-    step_kw = {"min_past": args.min_past, "include_actions": args.include_actions, "turns": args.turns,
-               "max_steps": args.max_steps, "batch_size": args.batch_size, "force": args.force}
-    cluster = cluster_from_args(args)
-    if cluster is not None:  # Ray replicas write the same step folders, atomically (docs/scale.md)
-        from attnprobe.distributed import ReplicaPool
-
-        opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                          chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens)
-        with ReplicaPool(args.model, cluster=cluster, backend=args.backend, dtype=args.dtype,
-                         load_options=capture_load_options(args), progress=not args.no_progress) as pool:
-            counts = pool.counterfactual(trajs, list(args.policies or ["mask:5"]), out, opts=opts, **step_kw)
-    else:
-        model = load_for_capture(args)
-        chat = None
-        if args.actions:
-            from attnprobe.counterfactual.run import actions_chat
-
-            chat = actions_chat(model)
-        opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                          chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
-                          progress=not args.no_progress)
-        counts = run_counterfactuals(model, trajs, policies, out, opts=opts, chat=chat, **step_kw)
+    specs = list(args.policies or ["mask:5"])
+    trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
+    names, steps = plan_steps(trajs, specs, min_past=args.min_past, include_actions=args.include_actions,
+                              turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
+    ensure_writable_dir(out)
+    with executor(args) as ex:
+        opts = run_options(args)
+        settings = ex.call(counterfactual_settings, names, run_options(args, progress=False))
+        job = CounterfactualJob(out, steps, specs, settings, opts, batch_size=args.batch_size, force=args.force)
+        counts = ex.run(job)
     summary = summarize_dir(out)
     atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
     md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))

@@ -7,31 +7,24 @@ retry them), 2 bad input, 3 model not available locally, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnprobe.cli.options import (
     add_capture_options,
+    add_cluster_options,
     add_generation_options,
     add_hidden_alias,
     add_model_options,
     add_output_options,
+    cluster_free,
 )
-from attnprobe.distributed import add_cluster_options
-from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "model"
 
 
 def _add_items(p: argparse.ArgumentParser) -> None:
@@ -161,217 +154,138 @@ def register(subparsers) -> None:
 
 # ------------------------------------------------------------------ helpers
 def _items(args):
+    """The items the options select (--items, --ids, --limit)."""
     from attnprobe.studies.ibis.items import ItemError, load_items
 
-    if args.items is None:
-        from attnprobe.resources import data_path
-
-        args.items = data_path(DEFAULT_ITEMS_NAME)
-    items = load_items(args.items)
+    items = load_items(_items_path(args))
     if args.ids:
         known = {it.id for it in items}
         bad = [i for i in args.ids if i not in known]
         if bad:
-            raise ItemError(f"unknown item ids: {', '.join(bad)}", path=str(args.items), field="id")
+            raise ItemError(f"unknown item ids: {', '.join(bad)}", path=str(_items_path(args)), field="id")
         items = [it for it in items if it.id in set(args.ids)]
     if args.limit is not None:
         items = items[: args.limit]
     return items
 
 
-def _model_name(args) -> str:
-    if getattr(args, "backend", "transformers") == "openai":
-        if not args.served_model or not args.base_url:
-            raise ValueError("--generator openai needs --base-url and --served-model")
-        return args.served_model
-    model = getattr(args, "model", "default")  # `ibis report` has no model: the bundled model's folder
-    if model == "default":
-        from attnprobe.capture.models import DEFAULT_NAME
+def _items_path(args) -> Path:
+    if args.items is not None:
+        return args.items
+    from attnprobe.resources import data_path
 
-        return DEFAULT_NAME
-    return Path(model).stem if model.endswith(".gguf") else Path(model).name or model
+    return data_path(DEFAULT_ITEMS_NAME)
 
 
-def _folder(args, name: str | None = None) -> Path:
-    """<results>/<model>[__<dtype>][__matched]: one folder per variant (a dtype other than float32 gets
-    its own folder) and protocol, so results of different variants are never mixed."""
-    if args.folder:
-        return args.folder
-    protocol = getattr(args, "protocol", "paper")
-    dtype = getattr(args, "dtype", "float32")
-    return args.results / (slug(name or _model_name(args)) + ("" if dtype in (None, "float32") else f"__{dtype}")
-                           + ("" if protocol == "paper" else f"__{protocol}"))
+@dataclass(frozen=True)
+class Target:
+    """Where an IBIS command writes (the model folder) and the model it names."""
+
+    name: str
+    folder: Path
 
 
-def _variant(args, backend: str) -> dict:
-    """What makes a result a result of *this* model: the dtype, and the weights fingerprint (in process)
-    or the endpoint and served model (generation through an OpenAI-compatible server)."""
-    from attnprobe.capture.api import weights_hash
+def _target(args) -> Target:
+    from attnprobe.studies.ibis.folder import model_folder, model_name
 
-    v = {"dtype": getattr(args, "dtype", "float32")}
-    if backend == "openai":
-        v.update({"endpoint": args.base_url, "served_model": args.served_model})
-    else:
-        v["weights"] = weights_hash(args.model)
-    return v
-
-
-def _prepare_folder(folder: Path, items, args, name: str, backend: str) -> None:
-    """Write items.jsonl (the exact items used), framings.jsonl and run.json into the model folder."""
-    from attnprobe._version import __version__
-    from attnprobe.io import dumps_line, write_jsonl
-    from attnprobe.studies.ibis.framings import build_framing
-    from attnprobe.studies.ibis.items import load_items
-    from attnprobe.studies.ibis.metrics import read_run
-
-    folder.mkdir(parents=True, exist_ok=True)
-    items_text = "".join(dumps_line(it.to_dict()) for it in items)
-    old = folder / "items.jsonl"
-    if old.is_file() and old.read_text(encoding="utf-8") != items_text:
-        prev = {it.id: it.to_dict() for it in load_items(old)}
-        changed = [it.id for it in items if it.id in prev and prev[it.id] != it.to_dict()]
-        if changed:
-            raise ValueError(f"{folder}: items {', '.join(changed[:5])} differ from the ones already run there; use a "
-                             f"new --folder or delete the old results")
-        merged = {**prev, **{it.id: it.to_dict() for it in items}}
-        items_text = "".join(dumps_line(v) for v in merged.values())
-    atomic_write_text(old, items_text)
-    all_items = load_items(old)
-    run_path = folder / "run.json"
-    run = read_run(folder)
-    done_with = run.get("protocol", "matched" if run else args.protocol)  # folders before protocols: matched
-    if done_with != args.protocol:
-        raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {args.protocol}: use "
-                         "another --folder (or the default folder of that protocol)")
-    variant = {**run.get("variant", {}), **_variant(args, backend)}
-    diffs = [f"{k} was {run['variant'][k]!r}, now {variant[k]!r}" for k in run.get("variant", {})
-             if k in _variant(args, backend) and run["variant"][k] != variant[k]]
-    if diffs:
-        raise ValueError(f"{folder} holds results of another variant ({'; '.join(diffs)}): use another --folder "
-                         "(or --results; a dtype other than float32 gets its own default folder)")
-    write_jsonl(folder / "framings.jsonl",
-                (build_framing(it, fr, args.protocol).to_dict() for it in all_items for fr in FRAMINGS))
-    run.update({"model": name, "protocol": args.protocol, "variant": variant, "attnprobe_version": __version__, "items_source": str(args.items),
-                "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
-    run.setdefault("stages", {})
-    atomic_write_text(run_path, json.dumps(run, indent=1))
+    generator = getattr(args, "backend", "transformers")  # `ibis report`/`capture` have no generator
+    if generator == "openai" and not (args.served_model and args.base_url):
+        raise ValueError("--generator openai needs --base-url and --served-model")
+    name = model_name(getattr(args, "model", "default"), served_model=args.served_model if generator == "openai"
+                      else None)
+    folder = args.folder or model_folder(args.results, name, dtype=getattr(args, "dtype", "float32"),
+                                         protocol=getattr(args, "protocol", "paper"))
+    return Target(name, folder)
 
 
-def _update_run(folder: Path, stage: str, info: dict) -> None:
-    from attnprobe.studies.ibis.metrics import read_run
+def _prepare(args, target: Target, items, generator: str) -> None:
+    from attnprobe.studies.ibis.folder import prepare_folder, variant
 
-    run_path = folder / "run.json"
-    run = read_run(folder)
-    run.setdefault("stages", {})[stage] = info
-    atomic_write_text(run_path, json.dumps(run, indent=1))
+    endpoint = generator == "openai"
+    v = variant(dtype=args.dtype, model=args.model, endpoint=args.base_url if endpoint else None,
+                served_model=args.served_model if endpoint else None)
+    prepare_folder(target.folder, items, name=target.name, protocol=args.protocol, this_variant=v,
+                   items_source=str(_items_path(args)))
 
 
-def _check_invariants(tokenizer, items, protocol: str) -> dict:
-    from attnprobe.studies.ibis.framings import check_invariants
+def _generation_executor(args, *, capture_on_cluster: bool = False):
+    """Where generation runs: the executor of the model options (this process or Ray replicas), or an
+    endpoint's client here (--generator openai). An endpoint already serves many requests: with --ray
+    it is refused, except in ``all``, whose capture stage uses the cluster (``capture_on_cluster``)."""
+    from attnprobe.cli.options import executor, make_generator
 
-    res = check_invariants(tokenizer, items[0], protocol=protocol)
-    if not res["ok"]:
-        raise ValueError("framing invariants broken for this chat template: " + "; ".join(res["problems"]))
-    return res
+    def load():
+        return make_generator(args, timeout=600.0)
+
+    if args.backend == "openai":
+        from attnprobe.execution.local import LocalExecutor
+
+        if not capture_on_cluster:
+            cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
+                               "the generation (drop --ray, or scale the server)")
+        return LocalExecutor(load, progress=not args.no_progress)
+    return executor(args, load=load)
+
+
+def _stage_run(args, target: Target, items, ex) -> int:
+    from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.jobs import BehaviourJob
+
+    _prepare(args, target, items, args.backend)
+    inv = ex.call(invariants, items, args.protocol)
+    job = BehaviourJob(target.folder, items, framings=args.framings, max_tokens=args.max_new_tokens,
+                       protocol=args.protocol, batch_size=args.batch_size, force=args.force)
+    counts = ex.run(job)
+    counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
+    update_run(target.folder, "behaviour", {"backend": args.backend, "base_url": args.base_url,
+                                            "model_spec": args.model, "max_new_tokens": args.max_new_tokens,
+                                            "decoding": "greedy", "batch_size": args.batch_size,
+                                            "framings": args.framings, "invariants": inv, **counts})
+    print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "
+          f"-> {target.folder / 'decisions.jsonl'}", file=sys.stderr)
+    return 1 if counts["failed"] else 0
+
+
+def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = True) -> int:
+    from attnprobe.studies.ibis.attention import aggregate
+    from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.jobs import AttentionJob
+
+    if not (target.folder / "items.jsonl").is_file():
+        _prepare(args, target, items, "transformers")
+    inv = ex.call(invariants, items, args.protocol)
+    job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=args.chunk_size, protocol=args.protocol,
+                       force=args.force or getattr(args, "force_capture", False))
+    counts = ex.run(job)
+    counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
+    index = aggregate(items, target.folder, protocol=args.protocol) if aggregate_now else None
+    update_run(target.folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size,
+                                            "invariants": inv, **counts,
+                                            "aggregated_items": len(index["items"]) if index else None})
+    print(f"ibis capture: {counts['captured']} captured, {counts['done_before']} already done, {counts['failed']} "
+          f"failed -> {target.folder / 'attention.safetensors'}", file=sys.stderr)
+    return 1 if counts["failed"] else 0
 
 
 # ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
-    from attnprobe.cli.options import make_generator
-    from attnprobe.studies.ibis.behaviour import BehaviourBackend, run_behaviour
-
-    items = _items(args)
-    name = _model_name(args)
-    folder = _folder(args, name)
-    _prepare_folder(folder, items, args, name, args.backend)
-    if getattr(args, "ray", None) is not None and args.backend == "openai" and not getattr(args, "_pool_shared", False):
-        raise AttnprobeError("ibis run --ray runs model replicas in process; with --generator openai the endpoint "
-                             "already serves the generation (drop --ray, or scale the server)")
-    if getattr(args, "ray", None) is not None and args.backend != "openai":
-        own_pool = getattr(args, "_pool", None) is None
-        pool = _ray_pool(args)
-        try:
-            inv = pool.run_on_replica(_invariants_on, items, args.protocol)
-            counts = pool.ibis_behaviour(items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
-                                         protocol=args.protocol, batch_size=args.batch_size, force=args.force)
-        finally:
-            if own_pool and not getattr(args, "_pool_shared", False):
-                pool.close()
-                args._pool = None
-    else:
-        backend = BehaviourBackend(make_generator(args, timeout=600.0))
-        inv = _check_invariants(backend.tokenizer, items, args.protocol) if backend.tokenizer is not None else None
-        counts = run_behaviour(backend, items, folder, framings=args.framings, max_tokens=args.max_new_tokens,
-                               force=args.force, progress=not args.no_progress, batch_size=args.batch_size,
-                               protocol=args.protocol)
-    _update_run(folder, "behaviour", {"backend": args.backend, "base_url": args.base_url, "model_spec": args.model,
-                                      "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
-                                      "batch_size": args.batch_size,
-                                      "framings": args.framings, "invariants": inv, **counts})
-    print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "
-          f"-> {folder / 'decisions.jsonl'}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    items, target = _items(args), _target(args)
+    with _generation_executor(args) as ex:
+        return _stage_run(args, target, items, ex)
 
 
-def _invariants_on(model, items, protocol):  # runs on a Ray replica (the driver loads no model)
-    return _check_invariants(model.tokenizer, items, protocol)
+def cmd_capture(args) -> int:
+    from attnprobe.cli.options import executor
 
-
-def _ray_pool(args):
-    """The Ray replica pool of --ray (reused across the item groups of ``ibis all``), or None."""
-    from attnprobe.distributed import ReplicaPool, cluster_from_args
-
-    cluster = cluster_from_args(args)
-    if cluster is None:
-        return None
-    if getattr(args, "_pool", None) is None:
-        args._pool = ReplicaPool(args.model, cluster=cluster, dtype=args.dtype, load_options={"device": args.device},
-                                 progress=not args.no_progress)
-    return args._pool
-
-
-def cmd_capture(args, aggregate_now: bool = True) -> int:
-    from attnprobe.studies.ibis.attention import aggregate, run_attention
-
-    items = _items(args)
-    force = args.force or getattr(args, "force_capture", False)
-    own_pool = getattr(args, "_pool", None) is None
-    pool = _ray_pool(args)
-    try:
-        if pool is not None:
-            name = getattr(args, "_name", None) or _model_name(args)
-            folder = _folder(args, name)
-            if not (folder / "items.jsonl").is_file():
-                _prepare_folder(folder, items, args, name, "transformers")
-            inv = pool.run_on_replica(_invariants_on, items, args.protocol)
-            counts = pool.ibis_attention(items, folder, framings=FRAMINGS, chunk_size=args.chunk_size, force=force,
-                                         protocol=args.protocol)
-        else:
-            from attnprobe.capture.models import load_model
-
-            loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-            folder = _folder(args, getattr(args, "_name", None) or loaded.name)
-            if not (folder / "items.jsonl").is_file():
-                _prepare_folder(folder, items, args, loaded.name, "transformers")
-            inv = _check_invariants(loaded.tokenizer, items, args.protocol)
-            counts = run_attention(loaded, items, folder, framings=FRAMINGS, chunk_size=args.chunk_size, force=force,
-                                   progress=not args.no_progress, protocol=args.protocol)
-    finally:
-        if pool is not None and own_pool and not getattr(args, "_pool_shared", False):
-            pool.close()
-            args._pool = None
-    index = aggregate(items, folder, protocol=args.protocol) if aggregate_now else None
-    _update_run(folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size, "invariants": inv,
-                                      **counts, "aggregated_items": len(index["items"]) if index else None})
-    print(f"ibis capture: {counts['captured']} captured, {counts['done_before']} already done, {counts['failed']} "
-          f"failed -> {folder / 'attention.safetensors'}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    items, target = _items(args), _target(args)
+    with executor(args) as ex:
+        return _stage_capture(args, target, items, ex)
 
 
 def cmd_report(args) -> int:
     from attnprobe.studies.ibis.report import markdown_report, write_report
 
-    folder = _folder(args)
+    folder = _target(args).folder
     m = write_report(folder, n_boot=args.bootstrap, seed=args.seed, n_perm=args.permutations,
                      plotlyjs=True if args.plotlyjs == "inline" else "cdn")
     print(markdown_report(m))
@@ -381,34 +295,28 @@ def cmd_report(args) -> int:
 
 def cmd_all(args) -> int:
     """Behaviour and capture item group by item group (so an interrupted run has both for every
-    finished item), then aggregate and report."""
+    finished item), then aggregate and report. One executor per stage for the whole command, so a
+    model (or each Ray replica) loads once."""
+    from attnprobe.cli.options import executor
     from attnprobe.studies.ibis.attention import aggregate
+    from attnprobe.studies.ibis.folder import update_run
 
-    items = _items(args)
-    args._name = _model_name(args)
+    items, target = _items(args), _target(args)
     if args.backend == "openai":
         print("ibis all: generating through the endpoint, capturing with the in-process model given by --model",
               file=sys.stderr)
-    per = max(1, args.batch_size // max(1, len(args.framings)))
-    if getattr(args, "ray", None) is not None:  # both stages over the whole set: shards need many items
-        per = len(items)
+    # A group is what one generation batch holds; an executor that shards (Ray) gets the whole set.
     rc = 0
-    all_ids = [it.id for it in items]
-    args._pool_shared = True  # with --ray, every item group uses one pool: each replica loads the model once
-    try:
+    with _generation_executor(args, capture_on_cluster=True) as gen, executor(args) as cap:
+        per = len(items) if getattr(gen, "shards", False) or getattr(cap, "shards", False) else \
+            max(1, args.batch_size // max(1, len(args.framings)))
         for start in range(0, len(items), per):
-            args.ids = all_ids[start:start + per]
-            args.limit = None
-            rc = max(rc, cmd_run(args))
-            rc = max(rc, cmd_capture(args, aggregate_now=False))
+            group = items[start:start + per]
+            rc = max(rc, _stage_run(args, target, group, gen))
+            rc = max(rc, _stage_capture(args, target, group, cap, aggregate_now=False))
             print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
-    finally:
-        if getattr(args, "_pool", None) is not None:
-            args._pool.close()
-            args._pool = None
-    args.ids, args.limit = all_ids, None
-    index = aggregate(_items(args), _folder(args, args._name), protocol=args.protocol)
-    _update_run(_folder(args, args._name), "aggregate", {"items": len(index["items"]) if index else 0})
+    index = aggregate(items, target.folder, protocol=args.protocol)
+    update_run(target.folder, "aggregate", {"items": len(index["items"]) if index else 0})
     cmd_report(args)
     return rc
 

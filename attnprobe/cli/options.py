@@ -205,17 +205,71 @@ def make_generator(args, **overrides):
     return open_backend(kind, **kw)
 
 
-def capture_load_options(args) -> dict:
-    """The load options the capture backend takes (the registry says which), from the parsed args."""
+# ------------------------------------------------------------------ the cluster group
+def add_cluster_options(parser: argparse.ArgumentParser):
+    """The "cluster (Ray)" group: --ray [ADDRESS] and the per-replica resources."""
+    g = parser.add_argument_group("cluster (Ray)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run on Ray replicas: no ADDRESS starts a local Ray instance; 'auto' joins this machine's "
+                        "cluster; host:port or ray://host:port a remote one (docs/scale.md). Needs attnprobe[ray]")
+    g.add_argument("--ray-replicas", type=positive_int, default=None,
+                   help="model replicas (default: as many as the cluster's resources allow)")
+    g.add_argument("--ray-cpus-per-replica", type=float, default=1.0, help="CPUs each replica reserves (default 1)")
+    g.add_argument("--ray-gpus-per-replica", type=float, default=None,
+                   help="GPUs each replica reserves (default: --tensor-parallel-size for vllm, 1 with --device "
+                        "cuda, else 0)")
+    g.add_argument("--ray-tp-across-nodes", action="store_true",
+                   help="vllm: a replica's tensor-parallel ranks may span nodes (vLLM's Ray executor)")
+    g.add_argument("--ray-shard-tokens", type=positive_int, default=None,
+                   help="estimated tokens per shard (default: total / (4 x replicas))")
+    return g
+
+
+# ------------------------------------------------------------------ options as values
+# Built from the parsed arguments once, then passed down: no command reads a Namespace below this.
+def model_options(args):
+    """The model group's values; the load options are those the capture backend takes (the registry
+    says which)."""
     from attnprobe_hooks.backend import applicable_options
 
-    return applicable_options(args.backend, {"device": getattr(args, "device", "cpu"),
-                                             "tensor_parallel_size": getattr(args, "tensor_parallel_size", 1),
-                                             "chunk_size": args.chunk_size})
+    backend = getattr(args, "backend", "transformers")
+    if backend not in _capture_backends():  # a command whose --backend is the generator (ibis): capture in process
+        backend = "transformers"
+    load = applicable_options(backend, {"device": getattr(args, "device", "cpu"),
+                                        "tensor_parallel_size": getattr(args, "tensor_parallel_size", 1),
+                                        "chunk_size": getattr(args, "chunk_size", None)})
+    from attnprobe.capture.models import ModelSpec
+
+    return ModelSpec(getattr(args, "model", "default"), backend, getattr(args, "dtype", "float32"),
+                     {k: v for k, v in load.items() if v is not None})
 
 
-def load_for_capture(args):
-    """Load the capture model with the options its backend takes."""
-    from attnprobe.capture.models import load_model
+def cluster_options(args):
+    """The :class:`~attnprobe.distributed.cluster.Cluster` the options describe, or None without --ray."""
+    address = getattr(args, "ray", None)
+    if address is None:
+        return None
+    from attnprobe.distributed.cluster import Cluster, check_address
 
-    return load_model(args.model, backend=args.backend, dtype=args.dtype, **capture_load_options(args))
+    return Cluster(address=check_address(address), replicas=args.ray_replicas,
+                   cpus_per_replica=args.ray_cpus_per_replica, gpus_per_replica=args.ray_gpus_per_replica,
+                   tp_across_nodes=args.ray_tp_across_nodes, shard_tokens=args.ray_shard_tokens)
+
+
+def cluster_free(args, reason: str) -> None:
+    """Refuse --ray for a command (or combination) that runs no model replicas; ``reason`` says why."""
+    from attnprobe.errors import AttnprobeError
+
+    if getattr(args, "ray", None) is not None:
+        raise AttnprobeError(f"--ray: {reason}")
+
+
+def executor(args, load=None):
+    """The executor the options ask for (:func:`attnprobe.execution.open_executor`): Ray replicas of
+    the model options' model with --ray, else this process, loading with ``load`` (default: that
+    model)."""
+    from attnprobe.execution.local import open_executor
+
+    model = model_options(args)
+    return open_executor(load or model.load, cluster=cluster_options(args), model=model,
+                         progress=not getattr(args, "no_progress", False))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.counterfactual.run import GROUPS, QUERY_NAMES, iter_records
+from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
+from attnprobe.counterfactual.store import iter_records
 from attnprobe.results.formatting import format_ci
 from attnprobe.studies.ibis.stats import bootstrap_mean_ci, wilson_ci
 

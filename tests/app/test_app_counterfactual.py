@@ -11,7 +11,8 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from support.appdata import charts, decode  # noqa: E402
 
-from attnprobe.counterfactual.run import CF_ROLES, GROUPS, write_step  # noqa: E402
+from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS  # noqa: E402
+from attnprobe.counterfactual.store import write_step  # noqa: E402
 from attnprobe.render.segments import QueryPoint, Segment  # noqa: E402
 from attnprobe.results.result import CaptureResult  # noqa: E402
 

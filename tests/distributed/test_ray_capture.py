@@ -1,5 +1,6 @@
-"""Distributed capture on a local Ray cluster (2 CPU replicas, transformers, bundled model) equals the
-single-process one; a replica killed mid-run loses nothing and writes nothing twice; a rerun does nothing.
+"""Every study's job on the Ray executor (a local cluster, 2 CPU replicas, transformers, bundled model)
+equals the same job on the local executor; a replica killed mid-run loses nothing and writes nothing
+twice; a rerun does nothing.
 
 One cluster and one pool of replicas for the whole module (Ray start ~5 s, a model load per replica).
 Torch runs one thread in the replicas and here, so the results are bit-identical.
@@ -16,7 +17,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'attnprobe[ray]')")
 
-from attnprobe.distributed import RUN_FILE, Cluster, ReplicaPool, capture_distributed  # noqa: E402
+from attnprobe.capture.job import CaptureJob, CaptureOptions  # noqa: E402
+from attnprobe.distributed import RUN_FILE, Cluster, RayExecutor  # noqa: E402
 from attnprobe.errors import AttnprobeError  # noqa: E402
 from attnprobe.results.result import CaptureResult  # noqa: E402
 
@@ -24,6 +26,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MAX_TOKENS = 256  # the shipped trajectories, truncated so the module stays fast
 OPTS = {"queries": "reasoning+decision", "max_tokens": MAX_TOKENS, "truncate": True}
+
+
+def capture_job(trajectories, out, **kw):
+    return CaptureJob(out, trajectories, CaptureOptions(**OPTS), **kw)
 VOLATILE = {"capture_seconds"}
 
 
@@ -42,7 +48,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def pool(cluster):
     # one item per shard so a kill always finds work left; no replacement for the killed replica
-    with ReplicaPool("default", cluster=Cluster(replicas=2, shard_tokens=1, max_replacements=0),
+    with RayExecutor("default", cluster=Cluster(replicas=2, shard_tokens=1, max_replacements=0),
                      progress=False) as p:
         yield p
 
@@ -68,12 +74,13 @@ def _assert_same(got: CaptureResult, want: CaptureResult) -> None:
 
 def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_path):
     from attnprobe.resources import data_path
-    from attnprobe.studies.ibis.attention import capture_dir, run_attention
+    from attnprobe.studies.ibis.attention import run_attention
     from attnprobe.studies.ibis.items import load_items
+    from attnprobe.studies.ibis.jobs import AttentionJob, capture_dir
 
     items = load_items(data_path("ibis_items.jsonl"))[:2]
-    counts = pool.ibis_attention(items, tmp_path / "dist")
-    assert counts == {"done_before": 0, "captured": 6, "failed": 0}
+    counts = pool.run(AttentionJob(tmp_path / "dist", items))
+    assert counts == {"done_before": 0, "done": 6, "failed": 0}
     assert run_attention(smol, items, tmp_path / "single", progress=False)["captured"] == 6
     for it in items:
         for fr in ("agentic", "observer", "direct"):
@@ -94,13 +101,14 @@ def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     forced-choice log-probabilities equal the single-process run (same thread count)."""
     from attnprobe.generation.transformers_chat import TransformersChat
     from attnprobe.resources import data_path
-    from attnprobe.studies.ibis.behaviour import BehaviourBackend, read_decisions, run_behaviour
+    from attnprobe.studies.ibis.behaviour import BehaviourBackend, read_decisions
     from attnprobe.studies.ibis.items import load_items
+    from attnprobe.studies.ibis.jobs import BehaviourJob, run_behaviour
 
     items = load_items(data_path("ibis_items.jsonl"))[:2]
     kw = {"max_tokens": 24, "protocol": "matched"}
-    counts = pool.ibis_behaviour(items, tmp_path / "dist", batch_size=3, **kw)
-    assert counts == {"done_before": 0, "decided": 6, "failed": 0}
+    counts = pool.run(BehaviourJob(tmp_path / "dist", items, batch_size=3, **kw))
+    assert counts == {"done_before": 0, "done": 6, "failed": 0}
     single = run_behaviour(BehaviourBackend(TransformersChat(smol)), items, tmp_path / "single", progress=False,
                            batch_size=3, **kw)
     assert single["decided"] == 6
@@ -117,8 +125,8 @@ def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     lines = (tmp_path / "dist" / "decisions.jsonl").read_text(encoding="utf-8").split("\n")
     assert len([x for x in lines if x]) == 6  # each decision written once
     # a rerun asks no replica
-    assert pool.ibis_behaviour(items, tmp_path / "dist", batch_size=3, **kw) == {
-        "done_before": 6, "decided": 0, "failed": 0}
+    assert pool.run(BehaviourJob(tmp_path / "dist", items, batch_size=3, **kw)) == {
+        "done_before": 6, "done": 0, "failed": 0}
 
 
 def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_path):
@@ -126,8 +134,10 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     every recorded number; next actions included; a rerun does nothing."""
     from safetensors.numpy import load_file
 
+    from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings, run_counterfactuals
     from attnprobe.counterfactual.policies import parse_policy
-    from attnprobe.counterfactual.run import RunOptions, run_counterfactuals
+    from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.generation.transformers_chat import TransformersChat
     from attnprobe.resources import data_path
     from attnprobe.trajectory.schema import load_trajectories
@@ -136,7 +146,13 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     opts = RunOptions(actions=True, max_new_tokens=8)
     specs = ["mask:1", "ircot:oq"]
     kw = {"min_past": 2, "batch_size": 2}
-    counts = pool.counterfactual(trajs, specs, tmp_path / "dist", opts=opts, **kw)
+
+    def job():
+        names, steps = plan_steps(trajs, specs, min_past=2)
+        settings = pool.call(counterfactual_settings, names, opts)
+        return CounterfactualJob(tmp_path / "dist", steps, specs, settings, opts, batch_size=2)
+
+    counts = pool.run(job())
     assert counts == {"done_before": 0, "done": 3, "failed": 0}  # steps at turns 2, 3, 4; batches of 2 and 1
 
     single = run_counterfactuals(smol, trajs, [parse_policy(p) for p in specs], tmp_path / "single", opts=opts,
@@ -154,15 +170,33 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
             for k in fb:
                 np.testing.assert_array_equal(fa[k], fb[k], err_msg=f"{rel}/{part}:{k}")
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")}
-    assert pool.counterfactual(trajs, specs, tmp_path / "dist", opts=opts, **kw) == {
-        "done_before": 3, "done": 0, "failed": 0}
+    assert pool.run(job()) == {"done_before": 3, "done": 0, "failed": 0}
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")} == stamps
 
 
 def test_a_function_runs_on_a_replica_and_its_exception_comes_back_as_itself(pool):
-    assert pool.run_on_replica(getattr, "name") == "SmolLM2-135M-Instruct"  # getattr(loaded_model, "name")
+    assert pool.call(getattr, "name") == "SmolLM2-135M-Instruct"  # getattr(loaded_model, "name")
     with pytest.raises(AttributeError, match="no_such_field"):
-        pool.run_on_replica(getattr, "no_such_field")
+        pool.call(getattr, "no_such_field")
+
+
+def test_a_job_of_no_known_study_runs_on_ray_as_it_runs_locally(pool, tmp_path):
+    """The executors know no study: a job defined here (the model's name written per item) runs on
+    the replicas with no edit in attnprobe.distributed, and its collected results equal a local run."""
+    from support.jobs import NameJob
+
+    from attnprobe.execution import LocalExecutor
+
+    ray_job, local_job = NameJob(tmp_path / "ray", 5), NameJob(tmp_path / "local", 5)
+    assert pool.run(ray_job) == {"done_before": 0, "done": 5, "failed": 1}
+    assert LocalExecutor(lambda: type("M", (), {"name": "SmolLM2-135M-Instruct"})(), progress=False).run(
+        local_job) == {"done_before": 0, "done": 5, "failed": 1}
+    assert sorted(ray_job.collected) == sorted(local_job.collected) == [f"{i}:SmolLM2-135M-Instruct" for i in
+                                                                        (0, 1, 2, 4, 5)]
+    for d in ("ray", "local"):
+        errors = [json.loads(x) for x in (tmp_path / d / "errors.jsonl").read_text().splitlines()]
+        assert [(e["stage"], e["i"], e["error"]) for e in errors] == [("name", 3, "ValueError: item 3 is bad")]
+    assert pool.run(NameJob(tmp_path / "ray", 5))["done_before"] == 5
 
 
 def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, smol, trajectories, tmp_path):
@@ -171,7 +205,7 @@ def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, s
 
     out = tmp_path / "dist"
     box: dict = {}
-    job = threading.Thread(target=lambda: box.update(counts=pool.capture(trajectories, out, **OPTS)))
+    job = threading.Thread(target=lambda: box.update(counts=pool.run(capture_job(trajectories, out))))
     job.start()
     victim = pool.slots[0]
     while not any(out.glob("*/meta.json")) and job.is_alive():
@@ -196,50 +230,48 @@ def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, s
 
     # a rerun does nothing: no replica is asked, no file is touched
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*")}
-    assert pool.capture(trajectories, out, **OPTS) == {"done_before": 4, "done": 0, "failed": 0}
-    assert capture_distributed("default", trajectories, out, cluster=Cluster(address="127.0.0.1:9"),
-                               progress=False, **{k: v for k, v in OPTS.items() if k != "queries"},
-                               queries="reasoning+decision") == {"done_before": 4, "done": 0, "failed": 0}
+    assert pool.run(capture_job(trajectories, out)) == {"done_before": 4, "done": 0, "failed": 0}
+    with RayExecutor("default", cluster=Cluster(address="127.0.0.1:9"), progress=False) as unreachable:
+        assert unreachable.run(capture_job(trajectories, out)) == {"done_before": 4, "done": 0, "failed": 0}
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*")} == stamps
     runs = json.loads((out / RUN_FILE).read_text())["runs"]
     assert [r["shards"] for r in runs[1:]] == [0, 0]
 
 
 def test_no_node_with_the_requested_gpus_is_one_clear_error(cluster, trajectories, tmp_path):
-    with ReplicaPool("default", cluster=Cluster(gpus_per_replica=1), progress=False) as p:
+    with RayExecutor("default", cluster=Cluster(gpus_per_replica=1), progress=False) as p:
         with pytest.raises(AttnprobeError, match=r"no node of the Ray cluster can host one replica: each needs "
                                                  r"1 CPU, 1 GPU \(cluster: 1 node\(s\), 2 CPU, 0 GPU\)"):
-            p.capture(trajectories[:1], tmp_path)
+            p.run(capture_job(trajectories[:1], tmp_path))
     assert not any(tmp_path.glob("*/meta.json"))
 
 
 def test_a_model_no_replica_can_load_fails_with_its_own_error(cluster, trajectories, tmp_path):
     from attnprobe.errors import ModelNotFoundError
 
-    with ReplicaPool(str(tmp_path / "missing.gguf"), cluster=Cluster(replicas=1, cpus_per_replica=0),
+    with RayExecutor(str(tmp_path / "missing.gguf"), cluster=Cluster(replicas=1, cpus_per_replica=0),
                      progress=False) as p:
         with pytest.raises(ModelNotFoundError, match="GGUF file not found: .*missing.gguf"):
-            p.capture(trajectories[:1], tmp_path / "out")
+            p.run(capture_job(trajectories[:1], tmp_path / "out", model=str(tmp_path / "missing.gguf")))
         assert [s.status for s in p.slots] == ["failed to load"]
 
 
 def test_one_bad_item_fails_alone_in_a_shard_and_a_retry_skips_what_the_job_wrote(smol, trajectories, tmp_path):
     """The replica's shard logic, in this process (no Ray needed for it)."""
+    from attnprobe.capture.job import CaptureJob, CaptureOptions
     from attnprobe.distributed import Replica, fs_now
     from attnprobe.trajectory.schema import Trajectory
 
     replica = Replica("default", "transformers", "float32", {}, 1)  # the cached model: no second load
     tiny = Trajectory(id="tiny", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}])
-    items = [{"key": t.id, "trajectory": t.to_dict(), "out": str(tmp_path / t.id), "meta": {"x": 1}}
-             for t in (trajectories[0], tiny)]
-    settings = {"queries": "decision", "layers": None, "chunk_size": None, "rendering": "auto", "max_tokens": 120,
-                "truncate": False, "save_qk_layers": [], "job_start": fs_now(tmp_path)}
-    first = replica.run(items, settings)
+    job = CaptureJob(tmp_path, [trajectories[0], tiny], CaptureOptions(queries="decision", max_tokens=120))
+    shard = [job.items()]  # one batch of both: it fails, then each item runs alone
+    start = fs_now(tmp_path)
+    first = replica.run(job, shard, start)
     assert [r["status"] for r in first] == ["failed", "written"]
     assert first[0]["error_type"] == "TooLongError" and "renders to 6456 tokens" in first[0]["error"]
-    assert CaptureResult.load(tmp_path / "tiny").meta["x"] == 1
+    assert CaptureResult.load(tmp_path / "tiny").meta["cli_settings"]["max_tokens"] == 120
     # the same shard again in the same job (a retry): the written item is skipped, the failed one retried
-    assert [r["status"] for r in replica.run(items, settings)] == ["failed", "skipped"]
+    assert [r["status"] for r in replica.run(job, shard, start)] == ["failed", "skipped"]
     # a later job (start after the write) redoes it: the driver decided it needs work
-    assert [r["status"] for r in replica.run(items[1:], {**settings, "job_start": fs_now(tmp_path) + 1})] == [
-        "written"]
+    assert [r["status"] for r in replica.run(job, [shard[0][1:]], fs_now(tmp_path) + 1)] == ["written"]

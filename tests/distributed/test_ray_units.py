@@ -1,26 +1,18 @@
-"""attnprobe.distributed without a running cluster: shards, token estimates, addresses, CLI options."""
+"""attnprobe.distributed without a running cluster: shards, token estimates, done-checks, addresses, CLI options."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import pytest
 
-from attnprobe.distributed import (
-    CHARS_PER_TOKEN,
-    Cluster,
-    add_cluster_options,
-    check_address,
-    cluster_from_args,
-    estimate_tokens,
-    fs_now,
-    is_done,
-    make_shards,
-    written_by_job,
-)
+from attnprobe.cli.options import add_cluster_options, cluster_options
+from attnprobe.distributed import Cluster, check_address, fs_now, make_shards
 from attnprobe.errors import AttnprobeError
-from attnprobe.trajectory.schema import Trajectory
+from attnprobe.execution.job import written_since
+from attnprobe.trajectory.schema import CHARS_PER_TOKEN, Trajectory
 
 
 def test_shards_are_filled_first_fit_decreasing_and_handed_out_largest_first():
@@ -45,18 +37,30 @@ def test_long_trajectories_do_not_pile_onto_one_shard():
 def test_token_estimate_is_message_json_length_over_the_constant():
     t = Trajectory(id="x", messages=[{"role": "user", "content": "a" * 352}])
     # json: [{"role": "user", "content": "aaa..."}] = 33 + 352 characters
-    assert estimate_tokens(t) == 385 / CHARS_PER_TOKEN == 110
-    assert estimate_tokens(t, max_tokens=50) == 50
+    assert t.estimated_tokens() == 385 / CHARS_PER_TOKEN == 110
+    assert t.estimated_tokens(cap=50) == 50
 
 
-def test_default_done_check_is_meta_json_with_the_given_values(tmp_path):
-    out = tmp_path / "item"
-    assert not is_done(out)
-    out.mkdir()
-    (out / "meta.json").write_text('{"cli_settings": {"chunk_size": 512}}')
-    assert is_done(out)
-    assert is_done(out, {"cli_settings": {"chunk_size": 512}})
-    assert not is_done(out, {"cli_settings": {"chunk_size": 256}})
+def test_capture_done_check_is_settings_weights_and_content(tmp_path):
+    from attnprobe.capture.job import CaptureJob, CaptureOptions
+
+    t = Trajectory(id="a/b", messages=[{"role": "user", "content": "hi"}])
+    job = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w1")
+    item = job.items()[0]
+    assert not job.done(item) and job.conflicts() == []
+    folder = job.folder(t)
+    folder.mkdir()
+    meta = {"cli_settings": job.settings, "weights_hash": "w1", "trajectory_hash": t.content_hash()}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert job.done(item) and job.conflicts() == []
+    other = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=256), weights="w1")
+    assert not other.done(item) and other.conflicts() == [
+        f"{folder / 'meta.json'}: chunk_size was 512, now 256"]
+    assert CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w2").conflicts()[0].endswith(
+        "weights fingerprint was w1, now w2 (the model files changed)")
+    changed = Trajectory(id="a/b", messages=[{"role": "user", "content": "hello"}])
+    assert not CaptureJob(tmp_path, [changed], CaptureOptions(chunk_size=512), weights="w1").done(item.__class__(
+        key="a/b", data=changed))
 
 
 def test_a_retry_skips_only_what_this_job_wrote(tmp_path):
@@ -69,9 +73,10 @@ def test_a_retry_skips_only_what_this_job_wrote(tmp_path):
     new = tmp_path / "new"
     new.mkdir()
     (new / "meta.json").write_text("{}")
-    assert written_by_job(new, start)
-    assert not written_by_job(old, start)  # the driver asked for it again (--force, changed settings)
-    assert not written_by_job(tmp_path / "missing", start)
+    assert written_since(new / "meta.json", start)
+    assert not written_since(old / "meta.json", start)  # the driver asked for it again (--force, changed settings)
+    assert not written_since(tmp_path / "missing", start)
+    assert written_since(old / "meta.json", None)
 
 
 @pytest.mark.parametrize("text", [None, "local", "auto", "10.0.0.5:6379", "ray://head.example:10001", "[::1]:6379"])
@@ -89,16 +94,16 @@ def test_cluster_options_parse_into_a_cluster():
     p = argparse.ArgumentParser()
     p.add_argument("files", nargs="+")
     add_cluster_options(p)
-    assert cluster_from_args(p.parse_args(["a.jsonl"])) is None
+    assert cluster_options(p.parse_args(["a.jsonl"])) is None
     args = p.parse_args(["a.jsonl", "--ray", "--ray-replicas", "3", "--ray-gpus-per-replica", "2"])
-    assert cluster_from_args(args) == Cluster(address="local", replicas=3, gpus_per_replica=2.0)
+    assert cluster_options(args) == Cluster(address="local", replicas=3, gpus_per_replica=2.0)
     args = p.parse_args(["a.jsonl", "--ray=auto", "--ray-shard-tokens", "50000"])
-    assert cluster_from_args(args) == Cluster(address="auto", shard_tokens=50000)
+    assert cluster_options(args) == Cluster(address="auto", shard_tokens=50000)
     args = p.parse_args(["--ray", "a.jsonl", "b.jsonl"])  # --ray swallowed a file name
     with pytest.raises(AttnprobeError, match="'a.jsonl' is not local"):
-        cluster_from_args(args)
-    with pytest.raises(ValueError, match="--ray-replicas must be >= 1"):
-        cluster_from_args(p.parse_args(["a.jsonl", "--ray", "--ray-replicas", "0"]))
+        cluster_options(args)
+    with pytest.raises(SystemExit):  # refused while parsing
+        p.parse_args(["a.jsonl", "--ray", "--ray-replicas", "0"])
 
 
 def test_an_unreachable_cluster_is_one_clear_error_fast():

@@ -7,17 +7,13 @@ import numpy as np
 import pytest
 from support.messages import call
 
+from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS
+from attnprobe.counterfactual.job import run_counterfactuals
 from attnprobe.counterfactual.policies import ircot, make_policy, mask_observations, refine_latest
 from attnprobe.counterfactual.refiners import bm25_refiner
-from attnprobe.counterfactual.run import (
-    CF_ROLES,
-    GROUPS,
-    RunOptions,
-    choose_steps,
-    iter_records,
-    load_step,
-    run_counterfactuals,
-)
+from attnprobe.counterfactual.run import RunOptions
+from attnprobe.counterfactual.steps import choose_steps
+from attnprobe.counterfactual.store import iter_records, load_step
 from attnprobe.counterfactual.summary import markdown_table, summarize
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory

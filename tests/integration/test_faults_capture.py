@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
-import attnprobe.cli.capture as cli_capture
 from attnprobe import io as aio
+from attnprobe.capture.models import ModelSpec
 from attnprobe.cli.main import main
 
 FAST = ["--layers", "0", "--queries", "decision", "--chunk-size", "64", "--no-progress"]
@@ -100,10 +100,10 @@ def test_resume_key_recovery_and_variants(smol, tmp_path, capsys, monkeypatch):
     assert f"attnprobe: resuming: 3 of 3 trajectories already captured in {out}" in _stderr_lines(capsys)
 
     # variants are never mixed: refused before any model is loaded, naming the setting that differs
-    def refuse(a):
+    def refuse(spec):
         raise AssertionError("no model may be loaded for a refused resume")
 
-    monkeypatch.setattr(cli_capture, "load_for_capture", refuse)
+    monkeypatch.setattr(ModelSpec, "load", refuse)
     assert main([*args, "--dtype", "bfloat16"]) == 2
     assert _stderr_lines(capsys) == [
         f"attnprobe: error: {out} holds captures made with other settings: {out / 'tiny-1' / 'meta.json'}: "

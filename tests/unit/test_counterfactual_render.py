@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from attnprobe.counterfactual.analysis import CF_ROLES, token_labels
+from attnprobe.counterfactual.contexts import build_context
 from attnprobe.counterfactual.policies import ircot, mask_observations, refine_latest
 from attnprobe.counterfactual.refiners import bm25_refiner
-from attnprobe.counterfactual.run import CF_ROLES, build_context, choose_steps, token_labels
+from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.render.rendering import message_turns
 from attnprobe.results.result import CaptureResult
 

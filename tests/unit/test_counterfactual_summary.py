@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnprobe.cli.study import study_markdown
-from attnprobe.counterfactual.run import GROUPS
+from attnprobe.counterfactual.analysis import GROUPS
 from attnprobe.counterfactual.summary import markdown_table, summarize
 
 

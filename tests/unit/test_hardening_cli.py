@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-import attnprobe.cli.capture as cli_capture
 from attnprobe import io as aio
+from attnprobe.capture.models import ModelSpec
 from attnprobe.cli.main import describe_error, main
 
 USER = {"role": "user", "content": "hi"}
@@ -162,10 +162,10 @@ def test_describe_error_names_the_file():
 # ------------------------------------------------------------------ capture: checked before the model loads
 @pytest.fixture
 def no_model(monkeypatch):
-    def refuse(args):
+    def refuse(spec):
         raise AssertionError("the model must not be loaded for an input that is refused")
 
-    monkeypatch.setattr(cli_capture, "load_for_capture", refuse)
+    monkeypatch.setattr(ModelSpec, "load", refuse)
 
 
 def test_capture_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, no_model):

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text, run_resumable
+from attnprobe.io import atomic_write_text, load_json
 from attnprobe.results.result import META_FILE, CaptureResult
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.jobs import AttentionJob, capture_dir
 
 
 def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
@@ -47,30 +48,14 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
     return out
 
 
-def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
-    return Path(folder) / "captures" / item_id / framing
-
-
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
                   force: bool = False, progress: bool = True, protocol: str = "paper") -> dict[str, int]:
-    """Capture every (item, framing) not captured yet; resumable (a finished capture has meta.json)."""
-    from attnprobe.capture.api import capture
+    """Capture every (item, framing) not captured yet in this process (:class:`AttentionJob` on the
+    local executor); resumable (a finished capture has meta.json)."""
+    from attnprobe.execution.local import LocalExecutor
 
-    folder = Path(folder)
-
-    def work(batch: list[tuple[IbisItem, str]]) -> None:
-        for it, fr in batch:
-            traj = build_framing(it, fr, protocol)
-            res = capture(model, traj, queries="decision", chunk_size=chunk_size)
-            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": protocol,
-                                "categories": segment_categories(res.segments, traj)}
-            res.save(capture_dir(folder, it.id, fr))
-
-    counts = run_resumable(
-        [(it, fr) for it in items for fr in framings], work,
-        done=lambda x: not force and (capture_dir(folder, x[0].id, x[1]) / META_FILE).is_file(),
-        describe=lambda x: {"item_id": x[0].id, "framing": x[1]}, errors_path=folder / "errors.jsonl",
-        stage="attention", desc="ibis attention", unit="capture", progress=progress)
+    job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force)
+    counts = LocalExecutor(lambda: model, progress=progress).run(job)
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 
@@ -136,4 +121,4 @@ def load_attention(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]
     idx_path = folder / "attention.json"
     if not idx_path.is_file():
         raise AttnprobeError(f"{folder}: no attention.json (run 'attnprobe ibis capture' first)")
-    return json.loads(idx_path.read_text(encoding="utf-8")), load_file(str(folder / "attention.safetensors"))
+    return load_json(idx_path), load_file(str(folder / "attention.safetensors"))

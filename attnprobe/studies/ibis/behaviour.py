@@ -36,8 +36,8 @@ from typing import Any
 
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
-from attnprobe.io import append_jsonl, read_records, run_resumable
-from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS, TOOL_NAMES, build_framing
+from attnprobe.io import read_records
+from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing
 from attnprobe.studies.ibis.items import IbisItem
 
 DECISIONS = ("web_search", "visit_page", "answer", "unparseable")
@@ -300,29 +300,3 @@ def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int =
     else:
         for it, fr in pairs:
             yield decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol)
-
-
-def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
-                  max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                  force: bool = False, progress: bool = True, batch_size: int = 1,
-                  protocol: str = "paper") -> dict[str, int]:
-    """Decide every (item, framing) not yet in ``folder/decisions.jsonl``; returns counts.
-
-    Resumable: finished pairs are skipped; each decision is appended durably as soon as it exists.
-    Failures are written to ``errors.jsonl`` and retried on the next run.
-    """
-    folder = Path(folder)
-    path = folder / "decisions.jsonl"
-    done = set() if force else {(r["item_id"], r["framing"]) for r in read_decisions(path)}
-    batched = batch_size > 1 and getattr(backend, "supports_batch", False)
-
-    def work(batch: list[tuple[IbisItem, str]]) -> None:
-        for rec in decide_many(backend, batch, max_tokens=max_tokens, protocol=protocol, batched=batched):
-            append_jsonl(path, rec)
-
-    counts = run_resumable(
-        [(it, fr) for it in items for fr in framings], work, done=lambda x: (x[0].id, x[1]) in done,
-        describe=lambda x: {"item_id": x[0].id, "framing": x[1]}, errors_path=folder / "errors.jsonl",
-        stage="behaviour", desc="ibis behaviour", unit="call", batch_size=batch_size if batched else 1,
-        progress=progress)
-    return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

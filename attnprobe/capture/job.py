@@ -1,0 +1,138 @@
+"""``attnprobe capture`` as a job: one work item per trajectory, one result folder each.
+
+Done means a readable meta.json made with the same settings and weights from a trajectory with the
+same content hash. A corrupt meta.json (named in a warning) or a changed trajectory (one info line)
+means recapture. Other settings or weights are a *conflict*: :meth:`CaptureJob.conflicts` lists them
+before any model loads, and the command refuses to mix variants in one folder unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnprobe.capture.api import capture_many, weights_hash
+from attnprobe.errors import AttnprobeError
+from attnprobe.execution.job import JobBase, WorkItem, written_since
+from attnprobe.io import load_json, recover_atomic_dirs, safe_name
+from attnprobe.results.result import META_FILE
+from attnprobe.trajectory.schema import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What a capture is made with (besides the model); recorded in every meta.json as ``cli_settings``
+    together with the model, backend and dtype, and compared on resume."""
+
+    queries: str | list[int] = "reasoning"
+    layers: list[int] | None = None
+    chunk_size: int | None = None
+    rendering: str = "auto"
+    save_qk_layers: list[int] = field(default_factory=list)
+    max_tokens: int | None = None
+    truncate: bool = False
+
+
+@dataclass
+class CaptureJob(JobBase):
+    """Capture ``trajectories`` into ``out/<safe id>/`` with ``options``. ``model``/``backend``/``dtype``
+    describe the model for the resume check (``weights`` is its fingerprint, computed from ``model``
+    when not given); ``progress`` shows per-chunk bars."""
+
+    out: Path
+    trajectories: Sequence[Trajectory]
+    options: CaptureOptions
+    model: str = "default"
+    backend: str = "transformers"
+    dtype: str = "float32"
+    force: bool = False
+    progress: bool = False
+    weights: str | None = None
+    stage: str = "capture"
+    unit: str = "traj"
+    catch: tuple[type[BaseException], ...] = (AttnprobeError,)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.weights is None:
+            self.weights = weights_hash(self.model)
+        self._conflicts: dict[str, str] = {}
+
+    @property
+    def settings(self) -> dict:
+        """``cli_settings`` of every meta.json this job writes (JSON round-tripped, as read back)."""
+        o = self.options
+        return json.loads(json.dumps({
+            "model": self.model, "backend": self.backend, "dtype": self.dtype, "queries": o.queries,
+            "layers": o.layers, "chunk_size": o.chunk_size, "rendering": o.rendering,
+            "save_qk_layers": list(o.save_qk_layers or []), "max_tokens": o.max_tokens, "truncate": o.truncate}))
+
+    def folder(self, trajectory: Trajectory) -> Path:
+        return self.out / safe_name(trajectory.id)
+
+    def items(self) -> list[WorkItem]:
+        cap = self.options.max_tokens if self.options.truncate else None
+        return [WorkItem(key=t.id, tokens=t.estimated_tokens(cap), describe={"trajectory_id": t.id}, data=t)
+                for t in self.trajectories]
+
+    def _state(self, t: Trajectory, since: float | None = None) -> tuple[bool, str | None]:
+        """(done, conflict) of one trajectory's folder."""
+        meta_path = self.folder(t) / META_FILE
+        if not written_since(meta_path, since):
+            return False, None
+        try:
+            meta = load_json(meta_path)
+            if not isinstance(meta, dict):
+                raise AttnprobeError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+        except AttnprobeError as exc:
+            log.warning("unreadable capture metadata, recapturing %r: %s", t.id, exc)
+            return False, None
+        recorded = meta.get("cli_settings")
+        if not isinstance(recorded, dict):
+            log.warning("%s records no capture settings (not written by 'attnprobe capture'); recapturing %r",
+                        meta_path, t.id)
+            return False, None
+        wanted = self.settings
+        diffs = [f"{k} was {recorded[k]!r}, now {wanted[k]!r}" for k in wanted
+                 if k in recorded and recorded[k] != wanted[k]]
+        if self.weights and meta.get("weights_hash") and meta["weights_hash"] != self.weights:
+            diffs.append(f"weights fingerprint was {meta['weights_hash']}, now {self.weights} (the model files "
+                         "changed)")
+        if diffs:
+            return False, f"{meta_path}: {'; '.join(diffs)}"
+        now = t.content_hash()
+        if meta.get("trajectory_hash") is None:
+            log.info("%s records no trajectory content hash (an older attnprobe); recapturing %r", meta_path, t.id)
+            return False, None
+        if meta["trajectory_hash"] != now:
+            log.info("trajectory %r changed since it was captured (content hash %s -> %s); recapturing",
+                     t.id, meta["trajectory_hash"], now)
+            return False, None
+        return True, None
+
+    def conflicts(self) -> list[str]:
+        """Result folders made with other settings or weights (checked before any model loads)."""
+        return [c for t in self.trajectories if (c := self._state(t)[1])]
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        return self._state(item.data, since)[0]
+
+    def run(self, model: Any, batch: Sequence[WorkItem]) -> list[None]:
+        o = self.options
+        trajs = [it.data for it in batch]
+        results = capture_many(model, trajs, queries=o.queries, layers=o.layers, chunk_size=o.chunk_size,
+                               rendering=o.rendering, max_tokens=o.max_tokens, truncate=o.truncate,
+                               save_qk_layers=o.save_qk_layers or (), progress=self.progress)
+        for t, res in zip(trajs, results):
+            res.meta["cli_settings"] = self.settings
+            res.save(self.folder(t))
+        return [None] * len(batch)
+
+    def finish(self) -> list[str]:
+        return recover_atomic_dirs(self.out) if self.out.is_dir() else []

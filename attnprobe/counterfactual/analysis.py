@@ -1,0 +1,120 @@
+"""The numbers of one (step, policy): removed mass, where it went, by original turn and role.
+
+Every token of both contexts is owned by one ORIGINAL message under the seed-002 convention
+(:func:`attnprobe.results.analysis.token_owners`: markers belong to the message they delimit, token 0
+to the system prompt) and takes that message's original turn; tokens of a placeholder or a refined
+observation get role ``placeholder`` / ``refined`` (:data:`CF_ROLES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from attnprobe.counterfactual.policies import Counterfactual
+from attnprobe.counterfactual.steps import Step
+from attnprobe.render.segments import ROLES
+from attnprobe.results.analysis import token_owners
+from attnprobe.results.result import CaptureResult
+
+CF_ROLES = (*ROLES, "placeholder", "refined")
+RI = {r: i for i, r in enumerate(CF_ROLES)}
+QUERY_NAMES = ("decision", "reasoning")
+GROUPS = ("system", "task", "past_reasoning", "past_tool_call", "past_observation", "placeholder", "refined",
+          "current_step")
+REMOVING = ("removed", "placeholder", "refined")
+
+
+def token_messages(result: CaptureResult) -> np.ndarray:
+    """Message index owning every token under the seed-002 convention (-1: the trailing generation
+    prompt); :func:`token_owners` run on segments whose turn is their message index."""
+    segs = [replace(s, turn=s.message_index) for s in result.segments]
+    owner, _ = token_owners(replace(result, segments=segs))
+    return owner
+
+
+def token_labels(result: CaptureResult, source: Sequence[int], step_index: int, statuses: dict[int, str],
+                 orig_turns: Sequence[int], *, counterfactual: bool = True) -> dict[str, np.ndarray]:
+    """Per token: original message, original turn, role in :data:`CF_ROLES`, and whether it belongs
+    to a removed span (its message was removed / masked / refined, or it is a dropped tool call).
+
+    ``source[k]`` is the original index of local message k; a local index past ``source`` (the
+    appended step message) or -1 (the generation prompt) maps to ``step_index``. In a counterfactual
+    context the tokens of placeholder / refined messages get those roles; in the original they keep
+    their own (observation)."""
+    local = token_messages(result)
+    _, role = token_owners(result)
+    src = np.asarray([*source, step_index], dtype=np.int64)
+    orig = np.where((local >= 0) & (local < len(src)), src[np.clip(local, 0, len(src) - 1)], step_index)
+    turns = np.asarray(orig_turns, dtype=np.int64)[orig]
+    status = np.asarray([statuses.get(int(m), "kept") for m in orig], dtype=object)
+    role = role.copy()
+    if counterfactual:
+        role[status == "placeholder"] = RI["placeholder"]
+        role[status == "refined"] = RI["refined"]
+    removed = np.isin(status, REMOVING) | ((status == "calls_removed") & (role == RI["tool_call"]))
+    return {"message": orig, "turn": turns, "role": role, "removed": removed, "status": status}
+
+
+def turn_role_mass(rows: np.ndarray, turn: np.ndarray, role: np.ndarray, num_turns: int) -> np.ndarray:
+    """[nq, T, len(CF_ROLES)] sums of the per-token rows (float64)."""
+    keys = turn * len(CF_ROLES) + role
+    size = num_turns * len(CF_ROLES)
+    out = np.stack([np.bincount(keys, weights=r, minlength=size)[:size] for r in np.asarray(rows, np.float64)])
+    return out.reshape(len(rows), num_turns, len(CF_ROLES))
+
+
+def groups(mass: np.ndarray, turn: int) -> dict[str, float]:
+    """Coarse destinations of one [T, R] table for step ``turn`` (seed 002's headline split, plus
+    placeholder and refined text)."""
+    past = mass[:turn]
+    return {
+        "system": float(mass[:, RI["system"]].sum()), "task": float(mass[:, RI["task"]].sum()),
+        "past_reasoning": float(past[:, RI["reasoning"]].sum()),
+        "past_tool_call": float(past[:, RI["tool_call"]].sum()),
+        "past_observation": float(past[:, RI["observation"]].sum()),
+        "placeholder": float(mass[:, RI["placeholder"]].sum()), "refined": float(mass[:, RI["refined"]].sum()),
+        "current_step": float(mass[turn:, [RI["reasoning"], RI["tool_call"], RI["observation"],
+                                           RI["template"]]].sum()),
+    }
+
+
+def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Counterfactual, step: Step,
+                  orig_turns: Sequence[int]) -> tuple[dict, dict[str, np.ndarray]]:
+    """The per-query numbers of one (step, policy): removed mass, redistribution, conservation."""
+    T = step.turn + 1
+    n_all = len(step.trajectory.messages)
+    lo = token_labels(original, list(range(n_all)), step.message_index, cf.changes, orig_turns, counterfactual=False)
+    lc = token_labels(counterfactual, cf.source, step.message_index, cf.changes, orig_turns)
+    # Tokens after the step belong to later turns; causal attention gives them exactly zero mass.
+    ro, rc = np.asarray(original.token_attention, np.float64), np.asarray(counterfactual.token_attention, np.float64)
+    to, tc = np.minimum(lo["turn"], T - 1), np.minimum(lc["turn"], T - 1)
+    m_orig = turn_role_mass(ro, to, lo["role"], T)
+    kept_w = ro * ~lo["removed"][None, :]
+    m_kept = turn_role_mass(kept_w, to, lo["role"], T)
+    m_cf = turn_role_mass(rc, tc, lc["role"], T)
+    obs_removed = lo["removed"] & (lo["role"] == RI["observation"])
+    queries = {}
+    for q, name in enumerate(QUERY_NAMES):
+        removed = float(ro[q][lo["removed"]].sum())
+        by_status = {s: float(ro[q][lo["removed"] & (lo["status"] == s)].sum())
+                     for s in (*REMOVING, "calls_removed") if np.any(lo["removed"] & (lo["status"] == s))}
+        by_msg = {}
+        for m in np.unique(lo["message"][lo["removed"]]):
+            by_msg[str(int(m))] = float(ro[q][lo["removed"] & (lo["message"] == m)].sum())
+        g_orig, g_kept, g_cf = groups(m_orig[q], step.turn), groups(m_kept[q], step.turn), groups(m_cf[q], step.turn)
+        queries[name] = {
+            "original_total": float(ro[q].sum()), "counterfactual_total": float(rc[q].sum()),
+            "removed_mass": removed, "kept_mass": float(kept_w[q].sum()),
+            "removed_observation_mass": float(ro[q][obs_removed].sum()),
+            "removed_by_status": by_status, "removed_by_message": by_msg,
+            "original": g_orig, "original_kept": g_kept, "counterfactual": g_cf,
+            "redistribution": {k: g_cf[k] - g_kept[k] for k in GROUPS},
+        }
+    arrays = {"mass_original": m_orig.astype(np.float32), "mass_original_kept": m_kept.astype(np.float32),
+              "mass_counterfactual": m_cf.astype(np.float32),
+              "removed_tokens": lo["removed"].astype(np.int8), "counterfactual_roles": lc["role"].astype(np.int8),
+              "counterfactual_turns": lc["turn"].astype(np.int64)}
+    return queries, arrays

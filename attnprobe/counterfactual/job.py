@@ -1,0 +1,103 @@
+"""The counterfactual run as a job: one work item per step, every policy of the step in its batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from attnprobe.capture.models import LoadedModel
+from attnprobe.counterfactual.policies import Policy, parse_policy, policy_name
+from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
+from attnprobe.counterfactual.steps import Step, plan_steps
+from attnprobe.counterfactual.store import clear_steps, step_dir, step_done
+from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.execution.local import LocalExecutor
+from attnprobe.io import recover_atomic_dirs
+from attnprobe.trajectory.schema import Trajectory
+
+
+@dataclass
+class CounterfactualJob(JobBase):
+    """Every (step, policy) of ``steps`` into ``out``. ``policies``: specs (``"mask:5"``, parsed where
+    the job runs, so a Ray replica needs nothing but the text) or policy objects; ``settings``: per
+    policy name, :func:`settings_dict` of the model that runs it (made where the model is:
+    ``executor.call(counterfactual_settings, names, opts)``). ``chat``: the next-action chat for
+    ``opts.actions`` in this process; elsewhere ``prepare`` makes one from the replica's model."""
+
+    out: Path
+    steps: Sequence[Step]
+    policies: list
+    settings: dict[str, dict]
+    opts: RunOptions = field(default_factory=RunOptions)
+    batch_size: int = 1
+    force: bool = False
+    chat: Any = None
+    stage: str = "counterfactual"
+    unit: str = "step"
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        self.names = [policy_name(self._policy(p)) for p in self.policies]
+        if self.force:
+            clear_steps(self.out, self.steps, self.names)
+            self.force = False  # cleared once here; a retried shard must not clear what it wrote
+
+    @staticmethod
+    def _policy(p) -> Policy:
+        return parse_policy(p) if isinstance(p, str) else p
+
+    def items(self) -> list[WorkItem]:
+        out = []
+        for s in self.steps:
+            prefix = replace(s.trajectory, messages=s.trajectory.messages[: s.message_index + 1])
+            out.append(WorkItem(key=f"{s.trajectory.id}#{s.key}", tokens=prefix.estimated_tokens() * (1 + len(self.names)),
+                                describe={"trajectory_id": s.trajectory.id, "step": s.message_index}, data=s))
+        return out
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        return all(step_done(self.out, item.data, n, self.settings[n], since=since) for n in self.names)
+
+    @property
+    def prepare_key(self) -> Any:
+        return ("counterfactual", self.opts.actions)
+
+    def prepare(self, model) -> tuple:
+        chat = self.chat if self.chat is not None or not self.opts.actions else actions_chat(model)
+        return model, chat, [self._policy(p) for p in self.policies]
+
+    def run(self, state, batch: Sequence[WorkItem]) -> list[None]:
+        model, chat, policies = state
+        run_batch(model, [it.data for it in batch], policies, self.out, self.opts, chat)
+        return [None] * len(batch)
+
+    def finish(self) -> list[str]:
+        parents = {step_dir(self.out, s, n).parent for s in self.steps for n in self.names}
+        return [p for parent in sorted(parents) if parent.is_dir() for p in recover_atomic_dirs(parent)]
+
+
+def counterfactual_settings(model, names: list[str], opts: RunOptions) -> dict[str, dict]:
+    """Per policy name, what a finished step must have been made with; refuses ``--actions`` for a
+    model that cannot generate in process, before any work. Runs where the model is
+    (``executor.call``)."""
+    if opts.actions:
+        actions_chat(model)
+    return {n: settings_dict(model, n, opts) for n in names}
+
+
+def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], policies: Sequence[Policy],
+                        out: str | Path, *, opts: RunOptions | None = None, chat=None, min_past: int = 5,
+                        include_actions: bool = False, turns: Sequence[int] | None = None,
+                        max_steps: int | None = None, batch_size: int = 1, force: bool = False) -> dict[str, int]:
+    """Run every policy at every chosen step of every trajectory into ``out`` in this process
+    (resumable: finished (step, policy) folders with the same settings are skipped; failures go to
+    ``out/errors.jsonl``): :class:`~attnprobe.counterfactual.job.CounterfactualJob` on the local
+    executor. ``batch_size`` steps share one backend call (vLLM batches their prefills)."""
+    opts = opts or RunOptions()
+    names, steps = plan_steps(trajectories, policies, min_past=min_past, include_actions=include_actions,
+                              turns=turns, max_steps=max_steps)
+    settings = {n: settings_dict(model, n, opts) for n in names}
+    job = CounterfactualJob(Path(out), steps, list(policies), settings, opts, batch_size=batch_size, force=force,
+                            chat=chat)
+    return LocalExecutor(lambda: model, progress=opts.progress).run(job)

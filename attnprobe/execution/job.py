@@ -1,0 +1,113 @@
+"""The seam between a study and the executors that run it.
+
+A job is a list of :class:`WorkItem` plus three questions an executor asks without knowing the
+study: is this item finished (``done``), what does a loaded model become for this job
+(``prepare``), and run this batch (``run``, which writes every result atomically itself). Results a
+job returns instead of writing (IBIS decisions, appended to one file) go back to the process that
+started the job and are handed to ``collect`` there, so such a file has one writer.
+
+Items carry plain data (ids, dicts, trajectories): Ray ships them to replicas. A job object holds
+settings only, so shipping it to every replica is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from attnprobe.io import EXPECTED_ERRORS
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One unit of work. ``key``: unique within the job; ``tokens``: estimated cost (Ray balances
+    shards by it; no tokenizer needed); ``describe``: what ``errors.jsonl`` says failed; ``data``:
+    what ``run`` needs."""
+
+    key: str
+    tokens: int = 1
+    describe: dict = field(default_factory=dict)
+    data: Any = None
+
+
+@runtime_checkable
+class Job(Protocol):
+    """What every study provides (see the module docstring). Attributes:
+
+    ``stage`` (names the stage in logs and errors.jsonl), ``unit`` (progress unit), ``out`` (the
+    job's folder: ``errors.jsonl`` and, on Ray, ``distributed.json`` go there), ``batch_size`` (items
+    per ``run`` call; a failed batch is redone item by item), ``force`` (redo finished items),
+    ``catch`` (exceptions that fail an item instead of the job).
+    """
+
+    stage: str
+    unit: str
+    out: Path
+    batch_size: int
+    force: bool
+    catch: tuple[type[BaseException], ...]
+
+    def items(self) -> list[WorkItem]: ...
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        """Finished with this job's settings; with ``since``, also written at or after that time (by
+        the filesystem's clock): a retried Ray shard skips what an earlier attempt of this job wrote."""
+
+    def prepare(self, model: Any) -> Any:
+        """What ``run`` works with, made once per loaded model (e.g. a chat wrapper); usually the model."""
+
+    def run(self, state: Any, batch: Sequence[WorkItem]) -> list[Any]:
+        """Compute and write the batch's results atomically; one value per item for :meth:`collect`."""
+
+    def collect(self, item: WorkItem, result: Any) -> None:
+        """Called where the job was started with what ``run`` returned for ``item`` (default: nothing)."""
+
+    def finish(self) -> list[str]:
+        """Called where the job was started once every write has ended: remove what an interrupted
+        writer left half-built (work folders); returns what it removed."""
+
+    @property
+    def prepare_key(self) -> Any:
+        """Replicas reuse ``prepare``'s result while this stays the same."""
+
+
+class JobBase:
+    """Defaults for the optional parts of :class:`Job`."""
+
+    unit = "item"
+    batch_size = 1
+    force = False
+    catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS
+
+    def prepare(self, model: Any) -> Any:
+        return model
+
+    def collect(self, item: WorkItem, result: Any) -> None:
+        return None
+
+    def finish(self) -> list[str]:
+        return []
+
+    @property
+    def prepare_key(self) -> Any:
+        """Replicas reuse ``prepare``'s result while this stays the same."""
+        return type(self).__name__
+
+
+def batches(todo: Sequence[WorkItem], size: int) -> list[list[WorkItem]]:
+    """The batches every executor runs: consecutive unfinished items, ``size`` at a time, in order.
+    Both executors cut them the same way, so results that depend on the batch (counterfactual
+    originals prefilled to the batch's last step) are the same bit for bit."""
+    size = max(1, int(size))
+    return [list(todo[i:i + size]) for i in range(0, len(todo), size)]
+
+
+def written_since(path: Path, since: float | None) -> bool:
+    """Whether ``path`` exists and (with ``since``) was modified at or after ``since``."""
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError:
+        return False
+    return since is None or mtime >= since

@@ -1,0 +1,102 @@
+"""The local executor: run a job in this process, and the one place that chooses an executor."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from attnprobe.execution.job import Job, WorkItem, batches
+from attnprobe.io import log_error
+
+log = logging.getLogger(__name__)
+
+
+class LocalExecutor:
+    """Runs any :class:`~attnprobe.execution.job.Job` here: skips finished items, shows progress,
+    logs failures to ``<job.out>/errors.jsonl`` and goes on; a batch that fails is redone item by
+    item so one bad item fails alone. The model is loaded by ``load()`` on first need only (a
+    rerun with nothing left loads nothing) and kept for every later job of this executor."""
+
+    shards = False  # one process: callers may hand it work in small groups
+
+    def __init__(self, load: Callable[[], Any], *, progress: bool = True):
+        self._load = load
+        self._model: Any = None
+        self._loaded = False
+        self.progress = progress
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._model, self._loaded = None, False
+
+    @property
+    def model(self) -> Any:
+        if not self._loaded:
+            self._model, self._loaded = self._load(), True
+        return self._model
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(model, *args)`` where the model lives (here); e.g. a check that needs the tokenizer."""
+        return fn(self.model, *args)
+
+    def run(self, job: Job) -> dict[str, int]:
+        """Run the job's unfinished items; returns ``{"done_before", "done", "failed"}``."""
+        from tqdm.auto import tqdm
+
+        items = job.items()
+        todo = list(items) if job.force else [it for it in items if not job.done(it)]
+        counts = {"done_before": len(items) - len(todo), "done": 0, "failed": 0}
+        if counts["done_before"]:
+            log.info("%s: %d of %d already done, skipped", job.stage, counts["done_before"], len(items))
+        if not todo:
+            return counts
+        state = job.prepare(self.model)
+        groups = batches(todo, job.batch_size)
+        with tqdm(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
+            while groups:
+                batch = groups.pop(0)
+                if len(batch) > 1:
+                    bar.set_postfix_str(f"running a batch of {len(batch)}", refresh=True)
+                try:
+                    results = job.run(state, batch)
+                except job.catch as exc:
+                    if len(batch) > 1:  # one bad item must not fail the batch: redo it item by item
+                        log.warning("%s: a batch of %d failed (%s: %s); redoing it item by item", job.stage,
+                                    len(batch), type(exc).__name__, exc)
+                        groups[:0] = [[it] for it in batch]
+                        continue
+                    self._failed(job, batch[0], exc)
+                    counts["failed"] += 1
+                    bar.update(1)
+                    continue
+                finally:
+                    if getattr(bar, "postfix", None):
+                        bar.set_postfix_str("", refresh=False)
+                for it, res in zip(batch, results):
+                    job.collect(it, res)
+                counts["done"] += len(batch)
+                bar.update(len(batch))
+        job.finish()
+        return counts
+
+    @staticmethod
+    def _failed(job: Job, item: WorkItem, exc: BaseException) -> None:
+        log_error(job.out / "errors.jsonl", job.stage, item.describe or {"key": item.key}, exc)
+        log.warning("%s: %s failed: %s: %s", job.stage, item.describe or item.key, type(exc).__name__, exc)
+
+
+def open_executor(load: Callable[[], Any], *, cluster=None, model=None, progress: bool = True):
+    """The executor the options ask for: Ray replicas when ``cluster`` is given (``model``: the
+    :class:`~attnprobe.capture.models.ModelSpec` each replica loads), else this process with
+    ``load``. The only place in attnprobe that branches on the cluster option."""
+    if cluster is None:
+        return LocalExecutor(load, progress=progress)
+    from attnprobe.distributed.pool import RayExecutor
+
+    return RayExecutor(model, cluster=cluster, progress=progress)

@@ -1,0 +1,149 @@
+"""The two IBIS stages as jobs: behaviour (greedy decisions) and attention (capture at the decision).
+
+Work items are (item, framing) pairs. Behaviour results are returned, not written, and appended to
+``FOLDER/decisions.jsonl`` by :meth:`BehaviourJob.collect` where the job was started, so that file
+has one writer however many replicas generate. Attention captures are written by whoever computes
+them, one folder per pair (``FOLDER/captures/<item>/<framing>/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnprobe.execution.job import JobBase, WorkItem, written_since
+from attnprobe.execution.local import LocalExecutor
+from attnprobe.io import append_jsonl, recover_atomic_dirs
+from attnprobe.results.result import META_FILE
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, BehaviourBackend, decide_many, read_decisions
+from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
+from attnprobe.studies.ibis.items import IbisItem
+
+
+def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
+    return Path(folder) / "captures" / item_id / framing
+
+
+def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str) -> list[WorkItem]:
+    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, fr, protocol).estimated_tokens(),
+                     describe={"item_id": it.id, "framing": fr}, data=(it, fr)) for it in items for fr in framings]
+
+
+@dataclass
+class BehaviourJob(JobBase):
+    """Decide every (item, framing) not yet in ``folder/decisions.jsonl``. The model it runs on is a
+    chat backend (in process or an endpoint) or a loaded model, wrapped in :class:`BehaviourBackend`;
+    ``batch_size`` pairs are generated in one left-padded batch where the backend supports it."""
+
+    folder: Path
+    ibis_items: Sequence[IbisItem]
+    framings: Sequence[str] = FRAMINGS
+    max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    protocol: str = "paper"
+    batch_size: int = 1
+    early_stop: bool = True
+    forced_choice: bool = True
+    force: bool = False
+    stage: str = "behaviour"
+    unit: str = "call"
+    _finished: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        self.out = self.folder
+        self._finished = {(r["item_id"], r["framing"]) for r in read_decisions(self.decisions)}
+
+    @property
+    def decisions(self) -> Path:
+        return self.folder / "decisions.jsonl"
+
+    def items(self) -> list[WorkItem]:
+        return _pairs(self.ibis_items, self.framings, self.protocol)
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        if since is not None:  # replicas write nothing: a retried shard has nothing of its own to skip
+            return False
+        it, fr = item.data
+        return (it.id, fr) in self._finished
+
+    @property
+    def prepare_key(self) -> Any:
+        return ("behaviour", self.early_stop, self.forced_choice)
+
+    def prepare(self, model) -> BehaviourBackend:
+        if isinstance(model, BehaviourBackend):
+            return model
+        if not hasattr(model, "complete"):  # a loaded model (a Ray replica's): chat with it in process
+            from attnprobe.generation.transformers_chat import TransformersChat
+
+            model = TransformersChat(model)
+        return BehaviourBackend(model, early_stop=self.early_stop, forced_choice=self.forced_choice)
+
+    def run(self, backend: BehaviourBackend, batch: Sequence[WorkItem]) -> list[dict]:
+        return list(decide_many(backend, [it.data for it in batch], max_tokens=self.max_tokens,
+                                protocol=self.protocol, batched=len(batch) > 1))
+
+    def collect(self, item: WorkItem, result: dict) -> None:
+        append_jsonl(self.decisions, result)
+
+
+@dataclass
+class AttentionJob(JobBase):
+    """Capture every (item, framing) at the decision token into ``capture_dir``; a finished capture
+    has meta.json."""
+
+    folder: Path
+    ibis_items: Sequence[IbisItem]
+    framings: Sequence[str] = FRAMINGS
+    chunk_size: int = 512
+    protocol: str = "paper"
+    force: bool = False
+    stage: str = "attention"
+    unit: str = "capture"
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        self.out = self.folder
+
+    def items(self) -> list[WorkItem]:
+        return _pairs(self.ibis_items, self.framings, self.protocol)
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        it, fr = item.data
+        return written_since(capture_dir(self.folder, it.id, fr) / META_FILE, since)
+
+    def run(self, model, batch: Sequence[WorkItem]) -> list[None]:
+        from attnprobe.capture.api import capture
+
+        for work in batch:
+            it, fr = work.data
+            traj = build_framing(it, fr, self.protocol)
+            res = capture(model, traj, queries="decision", chunk_size=self.chunk_size)
+            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol,
+                                "categories": segment_categories(res.segments, traj)}
+            res.save(capture_dir(self.folder, it.id, fr))
+        return [None] * len(batch)
+
+    def finish(self) -> list[str]:
+        root = self.folder / "captures"
+        parents = [root, *(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []
+        return [p for parent in parents for p in recover_atomic_dirs(parent)]
+
+
+def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
+                  max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                  force: bool = False, progress: bool = True, batch_size: int = 1,
+                  protocol: str = "paper") -> dict[str, int]:
+    """Decide every (item, framing) not yet in ``folder/decisions.jsonl`` in this process
+    (:class:`BehaviourJob` on the local executor); returns counts.
+
+    Resumable: finished pairs are skipped; each decision is appended durably as soon as its batch
+    exists. Failures are written to ``errors.jsonl`` and retried on the next run. ``backend``: a
+    :class:`BehaviourBackend` or a chat backend."""
+    batched = batch_size > 1 and getattr(backend, "supports_batch", getattr(backend, "in_process", False))
+    job = BehaviourJob(Path(folder), items, framings=framings, max_tokens=max_tokens, protocol=protocol,
+                       batch_size=batch_size if batched else 1, force=force)
+    counts = LocalExecutor(lambda: backend, progress=progress).run(job)
+    return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

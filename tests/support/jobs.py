@@ -1,0 +1,35 @@
+"""A job of no study, for the executor tests: item i writes ``<out>/<i>.txt`` with the model's name
+and returns ``"i:name"``; item 3 always fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnprobe.execution.job import JobBase, WorkItem, written_since
+
+
+@dataclass
+class NameJob(JobBase):
+    out: Path
+    n: int
+    batch_size: int = 2
+    stage: str = "name"
+    collected: list = field(default_factory=list)
+
+    def items(self) -> list[WorkItem]:
+        return [WorkItem(key=str(i), tokens=i + 1, describe={"i": i}, data=i) for i in range(self.n + 1)]
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        return written_since(Path(self.out) / f"{item.data}.txt", since)
+
+    def run(self, model, batch) -> list[str]:
+        if any(it.data == 3 for it in batch):
+            raise ValueError("item 3 is bad")
+        Path(self.out).mkdir(parents=True, exist_ok=True)
+        for it in batch:
+            (Path(self.out) / f"{it.data}.txt").write_text(model.name)
+        return [f"{it.data}:{model.name}" for it in batch]
+
+    def collect(self, item: WorkItem, result: str) -> None:
+        self.collected.append(result)
