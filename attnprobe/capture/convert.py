@@ -41,7 +41,7 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
     Writes config.json, model.safetensors, the tokenizer files (with the chat template) and
     ``attnprobe_convert.json`` (source file, its sha256, dtype). The folder is written atomically.
     """
-    from attnprobe.capture.models import _torch_dtype, canonical_dtype, default_gguf_path
+    from attnprobe.model_files import canonical_dtype, default_gguf_path, torch_dtype
 
     src_path = default_gguf_path() if str(src) == "default" else Path(src).expanduser()
     if not src_path.is_file():
@@ -57,7 +57,7 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
 
     kw = {"gguf_file": src_path.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(str(src_path.parent), **kw)
-    model = AutoModelForCausalLM.from_pretrained(str(src_path.parent), dtype=_torch_dtype(dtype), **kw)
+    model = AutoModelForCausalLM.from_pretrained(str(src_path.parent), dtype=torch_dtype(dtype), **kw)
     # The weights are dequantized already; without this save_pretrained refuses (or re-quantizes).
     model.hf_quantizer = None
     for cfg in (model.config, getattr(model.config, "text_config", None)):
@@ -86,7 +86,7 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
 def converted_folder(src: str | os.PathLike, *, dtype: str = "float32", cache_dir: str | os.PathLike | None = None,
                      progress: bool = True) -> Path:
     """The cached HF folder for a GGUF file, converting it on first use."""
-    from attnprobe.capture.models import canonical_dtype, default_gguf_path
+    from attnprobe.model_files import canonical_dtype, default_gguf_path
 
     src_path = default_gguf_path() if str(src) == "default" else Path(src).expanduser()
     if not src_path.is_file():

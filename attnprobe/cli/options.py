@@ -22,7 +22,6 @@ import logging
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16", "float16")
 MODEL_HELP = ("model spec: 'default' (the bundled SmolLM2-135M-Instruct), a local Hugging Face folder, "
               "a .gguf file, or a hub id already in the local cache (nothing is downloaded)")
 DTYPE_HELP = "float32 (default; the exact reference), bfloat16 or float16"
@@ -74,13 +73,11 @@ def _queries(text: str):
     return text
 
 
-def _dtype(text: str) -> str:
-    """Accept the short names the library accepts (fp32, bf16, fp16); argparse then checks DTYPES."""
-    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(text, text)
-
-
 def add_dtype_option(group, help: str = DTYPE_HELP) -> None:
-    group.add_argument("--dtype", default="float32", type=_dtype, choices=DTYPES, help=help)
+    """--dtype: the short names the library accepts (fp32, bf16, fp16) too; argparse then checks DTYPES."""
+    from attnprobe.model_files import DTYPES, canonical_dtype
+
+    group.add_argument("--dtype", default="float32", type=canonical_dtype, choices=DTYPES, help=help)
 
 
 def _capture_backends() -> list[str]:

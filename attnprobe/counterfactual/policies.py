@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnprobe.trajectory.schema import message_text
+from attnprobe.trajectory.schema import call_arguments, message_text
 
 STATUSES = ("kept", "removed", "placeholder", "refined", "calls_removed")
 """What a policy did to an original message: left it, dropped it, replaced its content by a
@@ -242,10 +242,7 @@ def refine_query(messages: Sequence[dict], last: int, observation: dict) -> str:
         call = cs[0] if len(cs) == 1 else None
     args: Any = {}
     if call:
-        try:
-            args = json.loads(_arguments_text(call))
-        except json.JSONDecodeError:
-            args = {"raw": _arguments_text(call)}
+        args = call_arguments({"arguments": _arguments_text(call)}, on_error="raw")
     if isinstance(args, dict) and isinstance(args.get("query"), str):
         return args["query"]
     thought = " ".join(x for x in (messages[last].get("reasoning_content") or "",

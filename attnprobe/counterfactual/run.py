@@ -46,6 +46,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.render.rendering import message_turns
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
+from attnprobe.trajectory.schema import call_arguments
 
 
 # ------------------------------------------------------------------ next action
@@ -60,11 +61,8 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int) -> dict:
     if reply.tool_calls:
         fn = reply.tool_calls[0]["function"]
         args = fn.get("arguments")
-        try:
-            args = json.loads(args) if isinstance(args, str) else args
-        except json.JSONDecodeError:
-            pass
-        call = {"name": fn.get("name"), "arguments": args}
+        call = {"name": fn.get("name"), "arguments": call_arguments(fn, on_error="raw") if isinstance(args, str)
+                else args}
     return {"decision": parsed["decision"], "method": parsed["method"], "call": call,
             "text": (reply.raw_text or reply.content)[:2000], "output_tokens": reply.output_tokens}
 

@@ -5,7 +5,7 @@ held, where that mass goes (mean change per destination group), the action-chang
 interval), tokens saved, and seed 002's check "removed observations held little attention"
 (section 5.3.1: "supporting masking of observations the model largely stops reading") as the mean
 attention mass on the removed observation content. Means carry percentile bootstrap intervals over
-steps (:func:`attnprobe.studies.ibis.stats.bootstrap_mean_ci`); steps of one trajectory are not
+steps (:func:`attnprobe.stats.bootstrap_mean_ci`); steps of one trajectory are not
 independent, so with few trajectories read the intervals as descriptive.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
 from attnprobe.counterfactual.store import iter_records
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.ibis.stats import bootstrap_mean_ci, wilson_ci
+from attnprobe.stats import bootstrap_mean_ci, wilson_ci
 
 
 def _mean_ci(values: list[float], n_boot: int) -> dict:

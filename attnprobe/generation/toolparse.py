@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from attnprobe.render.rendering import bracket_end
+from attnprobe.trajectory.schema import call_arguments
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCED = re.compile(r"```(?:json|tool_call|python)?\s*(.*?)```", re.S)
@@ -84,14 +85,7 @@ def _as_call(obj, known: set[str] | None) -> ParsedCall | None:
     if not isinstance(name, str) or (known and name not in known):
         return None
     args = obj.get("arguments", obj.get("parameters", obj.get("args", obj.get("action_input", {}))))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            args = {"input": args}
-    if not isinstance(args, dict):
-        args = {"input": args}
-    return ParsedCall(name, args)
+    return ParsedCall(name, call_arguments({"name": name, "arguments": args}, on_error="input", dict_only=True))
 
 
 def _calls_from(obj, known) -> list[ParsedCall]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from attnprobe.errors import RenderError
 from attnprobe.render.segments import QueryPoint, Segment
-from attnprobe.trajectory.schema import Trajectory, message_text
+from attnprobe.trajectory.schema import Trajectory, call_arguments, message_text
 
 RENDERINGS = ("native", "native+reasoning-in-content", "text")
 
@@ -83,10 +83,7 @@ def message_turns(messages: list[dict]) -> list[int]:
 
 
 def _args_dict(call: dict) -> dict:
-    args = call["function"].get("arguments", {})
-    if isinstance(args, str):
-        return json.loads(args) if args.strip() else {}
-    return args
+    return call_arguments(call)
 
 
 def _annotated(part: Part, msg: dict) -> Part:

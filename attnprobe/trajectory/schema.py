@@ -270,6 +270,33 @@ def check_unique_ids(trajs: Iterable[Trajectory]) -> None:
         first[t.id] = t
 
 
+ARGUMENT_ERRORS = ("raise", "raw", "input", "empty")
+
+
+def call_arguments(call: dict, *, on_error: str = "raise", dict_only: bool = False) -> Any:
+    """The decoded arguments of one tool call: an OpenAI call (``{"function": {"name", "arguments"}}``)
+    or its bare function dict. Arguments are JSON text (decoded; blank text is ``{}``) or already a
+    value. Text that is not JSON: ``on_error`` "raise" (ValueError), "raw" (``{"raw": text}``),
+    "input" (``{"input": text}``) or "empty" (``{}``). ``dict_only``: a decoded value that is not an
+    object becomes ``{"input": value}`` with on_error "input", else ``{}``."""
+    if on_error not in ARGUMENT_ERRORS:
+        raise ValueError(f"on_error must be one of {ARGUMENT_ERRORS}, got {on_error!r}")
+    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        if not args.strip():
+            return {}
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as exc:
+            if on_error == "raise":
+                raise ValueError(f"tool call {fn.get('name')!r}: arguments are not JSON ({exc.msg})") from None
+            return {"raw": args} if on_error == "raw" else {"input": args} if on_error == "input" else {}
+    if dict_only and not isinstance(args, dict):
+        return {"input": args} if on_error == "input" else {}
+    return args
+
+
 def load_files(paths: Iterable[str | Path]) -> list[Trajectory]:
     """Every trajectory of every file, validated before any slow work: refuses no trajectory at all
     and one id in two places (across files too), as every command that reads several files must."""

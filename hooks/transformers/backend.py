@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from attnprobe.capture.models import _torch_dtype, canonical_dtype, display_name, resolve_spec
 from attnprobe.errors import ModelNotFoundError
+from attnprobe.model_files import canonical_dtype, display_name, resolve_spec, torch_dtype
 from attnprobe_hooks.backend import BackendOutput, CapturePlan, LoadedModel
 from attnprobe_hooks.transformers.attention import CaptureState, active, install
 
@@ -121,7 +121,7 @@ class TransformersBackend:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(where), **kw)
             model = AutoModelForCausalLM.from_pretrained(
-                str(where), dtype=_torch_dtype(dtype), attn_implementation=attn_implementation, **kw)
+                str(where), dtype=torch_dtype(dtype), attn_implementation=attn_implementation, **kw)
         except OSError as exc:
             if source == "hf-cache":
                 raise ModelNotFoundError(

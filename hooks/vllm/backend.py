@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from attnprobe.capture.models import canonical_dtype, display_name, resolve_spec
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
+from attnprobe.model_files import DTYPES, canonical_dtype, display_name, resolve_spec
 from attnprobe_hooks.backend import BackendOutput, CapturePlan, LoadedModel
 from attnprobe_hooks.scoring import QueryScorer
 
@@ -300,8 +300,8 @@ class VllmBackend:
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         dtype = canonical_dtype(dtype)
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
         engine_kwargs = dict(engine_kwargs or {})
         key = (str(spec), dtype, tensor_parallel_size, chunk_size, max_model_len, kv_cache_gib, gpu_memory_utilization,
                max_num_seqs, seed, tuple(sorted((k, repr(v)) for k, v in engine_kwargs.items())))

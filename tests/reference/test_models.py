@@ -9,7 +9,7 @@ import torch
 from support.eager import eager_output_attentions, reduce_rows
 
 import attnprobe
-from attnprobe.capture.models import default_gguf_path, resolve_spec
+from attnprobe.model_files import default_gguf_path, resolve_spec
 from attnprobe_hooks.scoring import score_query_rows
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.studies.ibis.features import FEATURE_NAMES
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis, folder_flip_inputs, pooled_flip_analysis
 from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.stats import FEATURE_NAMES
 
 N_PERM = 19  # smallest attainable p = 1 / 20
 

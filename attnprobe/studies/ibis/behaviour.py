@@ -27,7 +27,6 @@ parseable replies are reported beside it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable
@@ -39,6 +38,7 @@ from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.io import read_records
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.trajectory.schema import call_arguments
 
 DECISIONS = ("web_search", "visit_page", "answer", "unparseable")
 ALIASES = {
@@ -82,12 +82,7 @@ def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prom
         fn = call.get("function") or {}
         dec = _normalise_name(str(fn.get("name", "")))
         if dec:
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    args = {"raw": args}
+            args = call_arguments(call, on_error="raw") if fn.get("arguments") is not None else {}
             return {"decision": dec, "method": "tool_call", "name": fn.get("name"), "arguments": args or {}}
     _, calls = parse_tool_calls(raw_text, None)
     for c in calls:

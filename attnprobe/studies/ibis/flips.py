@@ -5,7 +5,7 @@ A flip is a should_research item decided correctly in exactly one of the two fra
 is "correct as observer, wrong as agent". Three tests, as in A.5:
 
 - ``auc_flip_occurrence`` / ``auc_flip_direction``: cross-validated AUC of an L2 logistic regression on the
-  18 :data:`~attnprobe.studies.ibis.stats.FEATURE_NAMES` (``stats.grouped_cv_auc``: stratified folds that
+  18 :data:`~attnprobe.studies.ibis.features.FEATURE_NAMES` (``stats.grouped_cv_auc``: stratified folds that
   never split a query, the mean of the per-fold AUCs as the primary number, a permutation p-value that
   moves whole query groups), each with a power note (the smallest AUC detectable at its n);
 - ``feature_correlations``: Spearman correlation of each feature with the per-item agentic-vs-observer gap,
@@ -25,17 +25,10 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.stats import feature_correlations, grouped_cv_auc, power_note, rounded, wilson_ci
 from attnprobe.studies.ibis.behaviour import read_decisions
+from attnprobe.studies.ibis.features import FEATURE_NAMES, surface_features
 from attnprobe.studies.ibis.items import load_items
-from attnprobe.studies.ibis.stats import (
-    FEATURE_NAMES,
-    feature_correlations,
-    grouped_cv_auc,
-    power_note,
-    rounded,
-    surface_features,
-    wilson_ci,
-)
 
 N_SPLITS = 5
 CV = (f"StratifiedGroupKFold ({N_SPLITS} folds, fewer when the rarer class is in fewer query groups; groups "

@@ -14,12 +14,12 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import load_json, read_records
+from attnprobe.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
+from attnprobe.stats import rounded as _r
 from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
-from attnprobe.studies.ibis.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
-from attnprobe.studies.ibis.stats import rounded as _r
 
 SUBSETS = ("should_research", "should_visit_page", "headline", "should_return_answer")
 ATT_SUBSETS = ("headline", "should_research", "should_visit_page")

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from attnprobe.studies.runner.search import SearchBackend, SearchResult, find_lines
+from attnprobe.trajectory.schema import call_arguments
 
 
 def _fn(name: str, description: str, params: dict[str, tuple[str, str]]) -> dict:
@@ -49,13 +50,8 @@ def call_format(example_name: str, example_args: dict) -> str:
 
 
 def call_args(call: dict) -> dict[str, Any]:
-    args = call["function"].get("arguments", "{}")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return {}
-    return args if isinstance(args, dict) else {}
+    """A model's call arguments as a dict; anything else (not JSON, not an object) is ``{}``."""
+    return call_arguments(call, on_error="empty", dict_only=True)
 
 
 def arg(args: dict, *names: str) -> str:

@@ -8,10 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.metrics import paired_gap
-from attnprobe.studies.ibis.stats import (
-    FEATURE_NAMES,
+from attnprobe.stats import (
     bootstrap_ci,
     bootstrap_mean_ci,
     feature_correlations,
@@ -26,9 +23,11 @@ from attnprobe.studies.ibis.stats import (
     roc_auc,
     rounded,
     stratified_group_folds,
-    surface_features,
     wilson_ci,
 )
+from attnprobe.studies.ibis.features import FEATURE_NAMES, surface_features
+from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.metrics import paired_gap
 
 
 def test_mcnemar_exact_hand_values():
