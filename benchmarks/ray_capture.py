@@ -98,15 +98,18 @@ def run_single(args, items, work: Path, threads: int | None) -> dict:
 def run_ray(args, items, work: Path, replicas: int) -> dict:
     import ray
 
-    from attnprobe.distributed import RUN_FILE, Cluster, ReplicaPool
+    from attnprobe.capture.job import CaptureJob, CaptureOptions
+    from attnprobe.capture.models import ModelSpec
+    from attnprobe.distributed import RUN_FILE, Cluster, RayExecutor
 
     cluster = Cluster(address=args.address, replicas=replicas, cpus_per_replica=args.cpus_per_replica,
                       gpus_per_replica=args.gpus_per_replica, tp_across_nodes=args.tp_across_nodes,
                       num_cpus=args.num_cpus, shard_tokens=args.shard_tokens)
     t0 = time.perf_counter()
-    with ReplicaPool(args.model, cluster=cluster, backend=args.backend, dtype=args.dtype,
-                     load_options=load_options(args), progress=False) as pool:
-        counts = pool.capture(items, work, **capture_options(args))
+    model = ModelSpec(args.model, args.backend, args.dtype, load_options(args))
+    with RayExecutor(model, cluster=cluster, progress=False) as pool:
+        counts = pool.run(CaptureJob(work, items, CaptureOptions(**capture_options(args)), model=args.model,
+                                     backend=args.backend, dtype=args.dtype))
         wall = time.perf_counter() - t0
         live = [s for s in pool.slots if s.alive and s.ready]
         a = time.perf_counter()

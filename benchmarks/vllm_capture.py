@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     try:
         source, where, gguf = resolve_spec(args.model)
         if source == "gguf":
-            from attnprobe.capture.convert import converted_folder
+            from attnprobe.model_convert import converted_folder
 
             folder = converted_folder(Path(where) / gguf)
         else:

@@ -11,9 +11,9 @@ from attnprobe.cli.options import add_dtype_option, add_hidden_alias, add_output
 def _convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from attnprobe.capture.convert import convert_gguf
     from attnprobe.errors import AttnprobeError
     from attnprobe.io import ensure_writable_dir
+    from attnprobe.model_convert import convert_gguf
 
     target = Path(args.out).expanduser()
     if target.exists() and not target.is_dir():

@@ -262,10 +262,10 @@ def cluster_free(args, reason: str) -> None:
 
 
 def executor(args, load=None):
-    """The executor the options ask for (:func:`attnprobe.execution.open_executor`): Ray replicas of
+    """The executor the options ask for (:func:`attnprobe.distributed.open_executor`): Ray replicas of
     the model options' model with --ray, else this process, loading with ``load`` (default: that
     model)."""
-    from attnprobe.execution.local import open_executor
+    from attnprobe.distributed.executors import open_executor
 
     model = model_options(args)
     return open_executor(load or model.load, cluster=cluster_options(args), model=model,

@@ -59,8 +59,9 @@ class _Slot:
 
 
 
-class ReplicaPool:
-    """Model replicas on a Ray cluster, started on first need and reused by every job until closed.
+class RayExecutor:
+    """The Ray executor: model replicas on a Ray cluster, started on first need and reused by every job
+    until closed.
 
     ``with RayExecutor(ModelSpec("default"), cluster=Cluster(replicas=2)) as ex: ex.run(job)``.
     Use one pool for several jobs (e.g. IBIS item groups) so each replica loads the model once.
@@ -83,7 +84,7 @@ class ReplicaPool:
         self._connected = False
 
     # -------------------------------------------------------------- lifecycle
-    def __enter__(self) -> ReplicaPool:
+    def __enter__(self) -> RayExecutor:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -365,9 +366,6 @@ class ReplicaPool:
                 log.warning("%s: unreadable, starting a new one", path)
         runs.append(record)
         atomic_write_text(path, json.dumps({"format_version": 1, "runs": runs}, indent=1, default=str))
-
-
-RayExecutor = ReplicaPool  # the executor interface (run, call, close) is the pool's own
 
 
 class _Remote(Exception):

@@ -1,4 +1,4 @@
-"""The local executor: run a job in this process, and the one place that chooses an executor."""
+"""The local executor: run a job in this process."""
 
 from __future__ import annotations
 
@@ -89,14 +89,3 @@ class LocalExecutor:
     def _failed(job: Job, item: WorkItem, exc: BaseException) -> None:
         log_error(job.out / "errors.jsonl", job.stage, item.describe or {"key": item.key}, exc)
         log.warning("%s: %s failed: %s: %s", job.stage, item.describe or item.key, type(exc).__name__, exc)
-
-
-def open_executor(load: Callable[[], Any], *, cluster=None, model=None, progress: bool = True):
-    """The executor the options ask for: Ray replicas when ``cluster`` is given (``model``: the
-    :class:`~attnprobe.capture.models.ModelSpec` each replica loads), else this process with
-    ``load``. The only place in attnprobe that branches on the cluster option."""
-    if cluster is None:
-        return LocalExecutor(load, progress=progress)
-    from attnprobe.distributed.pool import RayExecutor
-
-    return RayExecutor(model, cluster=cluster, progress=progress)

@@ -98,7 +98,7 @@ def _cpu_bind_groups(tp: int) -> str:
 def _resolve_folder(spec: str, progress: bool) -> tuple[str, Path, str | None]:
     source, where, gguf_file = resolve_spec(spec)
     if source == "gguf":
-        from attnprobe.capture.convert import converted_folder
+        from attnprobe.model_convert import converted_folder
 
         folder = converted_folder(Path(where) / gguf_file, progress=progress)
         return source, folder, str(Path(where) / gguf_file)

@@ -1,5 +1,7 @@
 """The layout promises of docs/architecture.md, checked on the source tree (no model needed).
 
+- the import contracts in ``.importlinter`` hold (layers, hooks below capture, executors that know no
+  study, studies independent of each other); ``lint-imports`` in .ci/run checks the same file;
 - the import graph of attnprobe / attnprobe_hooks / attnprobe_app is acyclic (function-level imports
   count: a lazy import is still a dependency);
 - no module hands data between functions through a module-level global (``global`` statements);
@@ -81,6 +83,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if v not in state and (found := visit(v)):
             return found
     return None
+
+
+def test_import_contracts_hold():
+    from importlinter.cli import lint_imports
+
+    assert lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True) == 0, \
+        "an import breaks a contract in .importlinter (run lint-imports for the details)"
 
 
 def test_cycle_finder_finds_a_cycle():

@@ -204,7 +204,7 @@ def test_convert_output_checked_before_dequantizing(tmp_path, capsys, monkeypatc
     import importlib
 
     # (attnprobe.capture is also the name of a function on the package, so no dotted-path setattr)
-    monkeypatch.setattr(importlib.import_module("attnprobe.capture.convert"), "convert_gguf", refuse)
+    monkeypatch.setattr(importlib.import_module("attnprobe.model_convert"), "convert_gguf", refuse)
     blocker = _write(tmp_path / "blocker", "x")
     assert main(["convert", "default", str(blocker)]) == 2
     assert _one_error_line(capsys) == f"attnprobe: error: {blocker}: the output folder is a file, not a folder"
