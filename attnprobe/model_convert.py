@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
-from attnprobe.io import AtomicDir
+from attnprobe.io import AtomicDir, load_json
 
 MARKER = "attnprobe_convert.json"
 
@@ -74,7 +74,7 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
         if getattr(tokenizer, "chat_template", None) and not any(
                 (tmp / n).is_file() for n in ("chat_template.jinja", "chat_template.json")):
             (tmp / "chat_template.jinja").write_text(tokenizer.chat_template, encoding="utf-8")
-        cfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+        cfg = load_json(tmp / "config.json")
         cfg.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         (tmp / MARKER).write_text(json.dumps({

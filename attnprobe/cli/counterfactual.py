@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    add_capture_options,
     add_cluster_options,
     add_model_options,
     add_output_options,
@@ -36,11 +37,7 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
     g.add_argument("--batch-size", type=positive_int, default=1,
                    help="steps per backend call (vLLM batches all their contexts in one generate)")
-    g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
-    g.add_argument("--layers", default=None, type=parse_int_list, help="layers to score (default all)")
-    g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
-                   help="rendering (default auto)")
-    g.add_argument("--max-tokens", type=int, default=None, help="refuse longer contexts")
+    add_capture_options(p, only=("layers", "rendering", "max_tokens"))
 
 
 def run_options(args, progress: bool = True):

@@ -73,8 +73,12 @@ def _add_report(p):
     g.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples for CIs (default 10000)")
     g.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap and permutations")
     g.add_argument("--permutations", type=int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
+    add_plotlyjs_option(g, "report.html")
+
+
+def add_plotlyjs_option(g, page: str) -> None:
     g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
-                   help="embed plotly.js in report.html (works offline; default) or load it from the CDN")
+                   help=f"embed plotly.js in {page} (works offline; default) or load it from the CDN")
 
 
 def register(subparsers) -> None:
@@ -147,8 +151,7 @@ def register(subparsers) -> None:
     cmp_.add_argument("folders", nargs="+", type=Path, help="model folders or results roots")
     g = add_output_options(cmp_, out_type=Path, out_default=Path("results") / "ibis_compare",
                            out_help="output folder (default results/ibis_compare)", force=False, progress=False)
-    g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
-                   help="embed plotly.js in compare.html (works offline; default) or load it from the CDN")
+    add_plotlyjs_option(g, "compare.html")
     cmp_.set_defaults(func=cmd_compare)
 
 

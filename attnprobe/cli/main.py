@@ -95,16 +95,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more detail (-v: debug messages; also tracebacks on errors)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog="attnprobe", parser_class=CommandParser)
+    sub = Commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="attnprobe",
+                                         parser_class=CommandParser))
     for name in SUBCOMMAND_MODULES:
         if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and importlib.util.find_spec(name) is None:
             continue  # feature module not present in this build
         importlib.import_module(name).register(sub)
-    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    helps = sub.helps
     parser.description = ("Exact attention by turn and role inside LLM search-agent trajectories.\n\n"
                           + _command_listing(helps))
-    sub.help = argparse.SUPPRESS  # the grouped listing above replaces argparse's flat one
+    sub.action.help = argparse.SUPPRESS  # the grouped listing above replaces argparse's flat one
     return parser
+
+
+class Commands:
+    """What each module's ``register`` gets: argparse's subparsers action, recording every command's
+    one-line help for the grouped listing (argparse keeps its own copy private)."""
+
+    def __init__(self, action):
+        self.action = action
+        self.helps: dict[str, str] = {}
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        self.helps[name] = kwargs.get("help") or ""
+        return self.action.add_parser(name, **kwargs)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -121,7 +135,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 @contextlib.contextmanager
-def _library_bars(off: bool):
+def library_bars(off: bool):
     """--no-progress / -q also mean no bars from the libraries under us (the GGUF de-quantization bar
     of a model load, which the transformers backend ties to the hub's switch): the hub's environment
     switch is set for the command's duration only (tests run many commands in one process)."""
@@ -191,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         finish_args(args)
         log.debug("command %s: %s", args.command,
                   {k: v for k, v in sorted(vars(args).items()) if k != "func" and not k.startswith("_")})
-        with _library_bars(getattr(args, "no_progress", False) or quiet):
+        with library_bars(getattr(args, "no_progress", False) or quiet):
             return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
         log.debug("traceback", exc_info=True)

@@ -101,21 +101,33 @@ def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, dev
     return g
 
 
-def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True):
-    """The "capture" group. ``trajectories=False`` (IBIS, whose query is fixed: the decision token)
-    keeps only --chunk-size."""
+CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "save_qk_layers")
+
+
+def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True,
+                        only: tuple[str, ...] | None = None):
+    """The "capture" group: --chunk-size and, for trajectory capture, --queries, --layers, --rendering,
+    --max-tokens, --truncate, --save-qk-layers. ``trajectories=False`` (IBIS, whose query is fixed: the
+    decision token) keeps only --chunk-size; ``only`` keeps --chunk-size and the named ones (the
+    counterfactual run chooses its own queries)."""
     g = p.add_argument_group("capture")
     g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
-    if trajectories:
+    wanted = set(CAPTURE_OPTIONS if only is None else only) if trajectories else set()
+    if "queries" in wanted:
         g.add_argument("--queries", default="reasoning", type=_queries,
                        help="reasoning (default) | decision | reasoning+decision | positions:10,20,300")
+    if "layers" in wanted:
         g.add_argument("--layers", default=None, type=parse_int_list,
                        help="layers to score, e.g. '0-3,10' (default all)")
+    if "rendering" in wanted:
         g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
                        help="how the trajectory is rendered (default auto: the richest the chat template supports)")
+    if "max_tokens" in wanted:
         g.add_argument("--max-tokens", type=int, default=None,
                        help="refuse longer trajectories (default: the model's max_position_embeddings)")
+    if "truncate" in wanted:
         g.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
+    if "save_qk_layers" in wanted:
         g.add_argument("--save-qk-layers", type=parse_int_list, default=[], help="also save q/k of these layers")
     return g
 

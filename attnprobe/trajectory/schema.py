@@ -182,9 +182,9 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
                 args = fn.get("arguments", "{}")
                 if isinstance(args, str):
                     try:
-                        parsed = json.loads(args) if args.strip() else {}
-                    except json.JSONDecodeError as exc:
-                        _fail(f"arguments are not valid JSON ({exc.msg})", path, line, f"{cw}.function.arguments")
+                        parsed = call_arguments(fn)
+                    except ArgumentsError as exc:
+                        _fail(f"arguments are not valid JSON ({exc.detail})", path, line, f"{cw}.function.arguments")
                     if not isinstance(parsed, dict):
                         _fail("arguments must encode a JSON object", path, line, f"{cw}.function.arguments")
                 elif not isinstance(args, dict):
@@ -273,10 +273,18 @@ def check_unique_ids(trajs: Iterable[Trajectory]) -> None:
 ARGUMENT_ERRORS = ("raise", "raw", "input", "empty")
 
 
+class ArgumentsError(ValueError):
+    """A tool call's arguments text is not JSON; ``detail`` is the decoder's reason."""
+
+    def __init__(self, name: Any, detail: str):
+        super().__init__(f"tool call {name!r}: arguments are not JSON ({detail})")
+        self.detail = detail
+
+
 def call_arguments(call: dict, *, on_error: str = "raise", dict_only: bool = False) -> Any:
     """The decoded arguments of one tool call: an OpenAI call (``{"function": {"name", "arguments"}}``)
     or its bare function dict. Arguments are JSON text (decoded; blank text is ``{}``) or already a
-    value. Text that is not JSON: ``on_error`` "raise" (ValueError), "raw" (``{"raw": text}``),
+    value. Text that is not JSON: ``on_error`` "raise" (:class:`ArgumentsError`), "raw" (``{"raw": text}``),
     "input" (``{"input": text}``) or "empty" (``{}``). ``dict_only``: a decoded value that is not an
     object becomes ``{"input": value}`` with on_error "input", else ``{}``."""
     if on_error not in ARGUMENT_ERRORS:
@@ -290,7 +298,7 @@ def call_arguments(call: dict, *, on_error: str = "raise", dict_only: bool = Fal
             args = json.loads(args)
         except json.JSONDecodeError as exc:
             if on_error == "raise":
-                raise ValueError(f"tool call {fn.get('name')!r}: arguments are not JSON ({exc.msg})") from None
+                raise ArgumentsError(fn.get("name"), exc.msg) from None
             return {"raw": args} if on_error == "raw" else {"input": args} if on_error == "input" else {}
     if dict_only and not isinstance(args, dict):
         return {"input": args} if on_error == "input" else {}

@@ -15,8 +15,9 @@ from support.paths import ROOT, TRAJ_DIR
 
 import attnprobe
 from attnprobe.cli.main import build_parser, main
-from attnprobe.cli.options import DTYPES, MODEL_HELP, NO_PROGRESS_HELP, finish_args
+from attnprobe.cli.options import MODEL_HELP, NO_PROGRESS_HELP, finish_args
 from attnprobe.io import safe_name
+from attnprobe.model_files import DTYPES
 
 REASONING = str(TRAJ_DIR / "reasoning_content.jsonl")
 

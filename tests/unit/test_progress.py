@@ -173,10 +173,10 @@ def test_gguf_bar_follows_the_no_progress_switch(monkeypatch, capsys):
 def test_cli_no_progress_sets_the_switch_for_the_command_only(monkeypatch):
     import os
 
-    from attnprobe.cli.main import _library_bars
+    from attnprobe.cli.main import library_bars
 
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
-    with _library_bars(True):
+    with library_bars(True):
         assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
 

@@ -6,12 +6,12 @@ The rows feed ``compare.json``/``compare.md`` (``report.compare``), the app's Mo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.io import load_json
 from attnprobe.studies.ibis.framings import FRAMINGS
 
 
@@ -93,5 +93,5 @@ def compare_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
         mp = f / "metrics.json"
         if not mp.is_file():
             raise AttnprobeError(f"{f}: no metrics.json (run 'attnprobe ibis report' first)")
-        rows.append(compare_row(json.loads(mp.read_text(encoding="utf-8")), f))
+        rows.append(compare_row(load_json(mp), f))
     return rows
