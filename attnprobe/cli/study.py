@@ -48,6 +48,7 @@ def study_markdown(head: dict, summary: dict) -> str:
 def cmd_study_masking(args) -> int:
     from attnprobe.cli.capture import run_capture_files
     from attnprobe.cli.counterfactual import execute
+    from attnprobe.counterfactual.policies import parse_policy
     from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.results.analysis import decay_curves, headline
     from attnprobe.results.report import find_results
@@ -55,13 +56,15 @@ def cmd_study_masking(args) -> int:
 
     out = Path(args.out)
     files = [Path(p) for p in args.trajectories]
+    args.policies = args.policies or ["mask:5"]
+    for spec in args.policies:  # a bad policy is refused now, not after the whole capture stage
+        parse_policy(spec)
     for k, v in {"queries": "reasoning", "save_qk_layers": [], "truncate": False}.items():
         setattr(args, k, v)
     code = run_capture_files(args, files, out / "captures")
     results = [CaptureResult.load(p) for p in find_results(out / "captures")]
     head = headline(results)
     curves = decay_curves(results)
-    args.policies = args.policies or ["mask:5"]
     code2, summary = execute(args, files, out / "counterfactual")
     study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002},
              "decay": {k: (v.tolist() if hasattr(v, "tolist") else

@@ -46,3 +46,59 @@ def test_cli_bad_policy_is_one_clear_error(tmp_path):
     args = parse(["counterfactual", str(TRAJ_DIR / "long_research.jsonl"), "--policy", "mask:x", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="mask needs a number"):
         args.func(args)
+
+
+def _small(tmp_path, name="t.jsonl", **change):
+    """The first shipped reasoning_content trajectory (short), optionally with one message changed."""
+    src = json.loads((TRAJ_DIR / "reasoning_content.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    for i, text in change.items():
+        src["messages"][int(i.lstrip("m"))]["content"] = text
+    path = tmp_path / name
+    path.write_text(json.dumps(src) + "\n", encoding="utf-8")
+    return path, src
+
+
+def test_resume_redoes_damaged_stale_and_half_built_steps(smol, tmp_path, caplog):
+    """A step counts as done only when every file is there, made from the same trajectory content
+    with the same settings and weights; what an interrupted writer left is cleaned up."""
+    path, src = _small(tmp_path)
+    out = tmp_path / "cf"
+    argv = ["counterfactual", str(path), "--policy", "mask:1", "--min-past", "2", "--max-steps", "1", "--out",
+            str(out), "--no-progress", "-q"]
+
+    def run():
+        args = parse(argv)
+        assert args.func(args) == 0
+
+    run()
+    (step,) = out.glob("*/mask_1*/step_*")
+    record = json.loads((step / "record.json").read_text())
+    assert record["trajectory_hash"] and len(record["settings"]["weights"]) == 16
+    stamp = (step / "record.json").stat().st_mtime_ns
+    run()  # all done: untouched
+    assert (step / "record.json").stat().st_mtime_ns == stamp
+    (step / "masses.safetensors").unlink()  # damaged: redone
+    run()
+    assert (step / "masses.safetensors").is_file() and (step / "record.json").stat().st_mtime_ns > stamp
+    stamp = (step / "record.json").stat().st_mtime_ns
+    half = step.parent / f".{step.name}.tmp-dead01"  # a SIGKILLed writer's work folder
+    (half / "original").mkdir(parents=True)
+    run()
+    assert not half.exists() and (step / "record.json").stat().st_mtime_ns == stamp
+    # the same id with other content (an observation edited): the step is stale, redone
+    observation = next(i for i, m in enumerate(src["messages"]) if m["role"] == "tool")
+    _small(tmp_path, **{f"m{observation}": "changed observation text"})
+    run()
+    assert (step / "record.json").stat().st_mtime_ns > stamp
+    assert json.loads((step / "record.json").read_text())["trajectory_hash"] != record["trajectory_hash"]
+
+
+def test_the_same_id_in_two_files_is_refused_before_any_work(tmp_path):
+    a, _ = _small(tmp_path, "a.jsonl")
+    b, _ = _small(tmp_path, "b.jsonl")
+    args = parse(["counterfactual", str(a), str(b), "--out", str(tmp_path / "cf")])
+    from attnprobe.errors import TrajectoryError
+
+    with pytest.raises(TrajectoryError, match="duplicate trajectory id .* also at .*a.jsonl"):
+        args.func(args)
+    assert not (tmp_path / "cf").exists()
