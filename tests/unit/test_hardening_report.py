@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,8 +51,15 @@ def test_report_skips_and_lists_unreadable_captures(tmp_path, caplog, monkeypatc
     (root / "other").mkdir()
     (root / "other" / "meta.json").write_text('{"name": "another tool"}')  # not ours: passed over quietly
     read = []
-    real = type(root).read_bytes
-    monkeypatch.setattr(type(root), "read_bytes", lambda self: read.append(self.parent.name) or real(self))
+    import attnprobe.io.json as iojson
+    real = iojson.read_regular_bytes
+
+    def reading(path, *args):  # records the folders whose meta.json was actually read
+        data = real(path, *args)
+        read.append(Path(path).parent.name)
+        return data
+
+    monkeypatch.setattr(iojson, "read_regular_bytes", reading)
     with caplog.at_level("WARNING"):
         out = write_report(root)
     assert "huge" not in read and {"good-1", "good-2", "corrupt", "noscores"} <= set(read)
