@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import load_json, read_jsonl, write_jsonl
+from attnprobe.io import load_json, loads_strict, read_jsonl, write_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -122,6 +122,10 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
             fn = tool.get("function") if isinstance(tool, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 _fail("expected {'type': 'function', 'function': {'name': ...}}", path, line, f"tools[{i}]")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                _fail(f"expected a JSON Schema object, got {type(fn['parameters']).__name__}", path, line,
+                      f"tools[{i}].function.parameters")
+            _check_str(fn.get("description"), f"tools[{i}].function.description", path, line, allow_none=True)
     messages = record.get("messages")
     if messages is None:
         _fail("missing required field", path, line, "messages")
@@ -169,9 +173,12 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
                 args = fn.get("arguments", "{}")
                 if isinstance(args, str):
                     try:
-                        parsed = json.loads(args) if args.strip() else {}
+                        parsed = loads_strict(args) if args.strip() else {}
                     except json.JSONDecodeError as exc:
                         _fail(f"arguments are not valid JSON ({exc.msg})", path, line, f"{cw}.function.arguments")
+                    except (ValueError, RecursionError) as exc:  # duplicate key, NaN, a 5000-digit integer, ...
+                        _fail(f"arguments are not valid JSON ({str(exc).split(';')[0]})", path, line,
+                              f"{cw}.function.arguments")
                     if not isinstance(parsed, dict):
                         _fail("arguments must encode a JSON object", path, line, f"{cw}.function.arguments")
                 elif not isinstance(args, dict):
