@@ -129,3 +129,21 @@ def test_run_output_checked_before_the_model_loads(tmp_path, capsys, no_model):
         ro.mkdir(mode=0o500)
         assert main(["run", str(q), "--out", str(ro / "x.jsonl")]) == 2
         assert "not writable" in capsys.readouterr().err
+
+
+def test_strict_json_inputs_are_refused_with_file_line_and_key(tmp_path, capsys, no_model):
+    """Duplicate keys used to be decided silently (the last one won); NaN was written back out."""
+    dup = tmp_path / "t.jsonl"
+    dup.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi", "content": "bye"}]}\n')
+    assert main(["capture", str(dup), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (f"attnprobe: error: {dup}, line 1: invalid JSON: duplicate key "
+                                               "'content' (a key may appear once per object)")
+    q = tmp_path / "q.jsonl"
+    q.write_text('{"id": "q1", "question": "Who?", "answer": NaN}\n')
+    assert main(["run", str(q), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert f"{q}, line 1: invalid JSON: NaN is not a JSON number" in capsys.readouterr().err
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "x"}], "answer": Infinity}\n')
+    assert main(["import", str(src), "--format", "openai", "--out", str(tmp_path / "imp.jsonl")]) == 2
+    assert "invalid JSON: Infinity is not a JSON number" in capsys.readouterr().err
+    assert not (tmp_path / "imp.jsonl").exists()

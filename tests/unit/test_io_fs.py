@@ -182,3 +182,16 @@ def test_concurrent_appends_never_interleave(tmp_path):
     assert len(recs) == 300
     for w in "ab":
         assert [r["i"] for r in recs if r["writer"] == w] == list(range(150))
+
+
+def test_a_full_disk_during_an_append_names_the_file(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "runs" / "x.results.ndjson"
+    monkeypatch.setattr(aio.os, "fsync", full)
+    with pytest.raises(OSError) as err:
+        aio.append_jsonl(path, {"a": 1})
+    assert err.value.filename == str(path) and err.value.errno == errno.ENOSPC
