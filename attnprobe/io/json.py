@@ -25,13 +25,14 @@ import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io.atomic import atomic_write_text, naming
-from attnprobe.io.fs import NotRegularFile, flocked, read_regular_bytes
+from attnprobe.io.fs import NotRegularFile, file_kind, flocked, read_regular_bytes
 
 log = logging.getLogger("attnprobe.io")
 
@@ -287,8 +288,13 @@ def append_jsonl(path: Path, record: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = dumps_line(record).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    # non-blocking open + fstat: a FIFO in place of the file would block the open (or the writes) forever
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, f"is {file_kind(mode)}, not a regular file", str(path))
+        os.set_blocking(fd, True)
         with flocked(fd), naming(path):
             repair_torn_tail(path)
             view = memoryview(data)

@@ -195,3 +195,11 @@ def test_a_full_disk_during_an_append_names_the_file(tmp_path, monkeypatch):
     with pytest.raises(OSError) as err:
         aio.append_jsonl(path, {"a": 1})
     assert err.value.filename == str(path) and err.value.errno == errno.ENOSPC
+
+
+def test_appending_to_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "calls.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as err:  # ENXIO (no reader) or "not a regular file": never a hang
+        _returns_within(lambda: aio.append_jsonl(fifo, {"a": 1}), 5)
+    assert err.value.filename == str(fifo)
