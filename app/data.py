@@ -77,9 +77,9 @@ def read_json(root: Path, rel: str | os.PathLike) -> Any:
     def error(message: str, path=None, line: int | None = None) -> DataError:
         return DataError(f"{where}, line {line}: {message}" if line is not None else f"{where}: {message}")
 
-    if not path.is_file():
+    if not path.exists():
         raise error("file not found")
-    return load_json(path, error=error)  # size, depth, UTF-8 and I/O errors all come back as DataError
+    return load_json(path, error=error)  # refuses a folder, FIFO or device in place of the file, unopened  # size, depth, UTF-8 and I/O errors all come back as DataError
 
 
 def read_jsonl(root: Path, rel: str | os.PathLike) -> tuple[list[dict], list[str]]:
@@ -105,10 +105,13 @@ def read_jsonl(root: Path, rel: str | os.PathLike) -> tuple[list[dict], list[str
 def read_safetensors(root: Path, rel: str | os.PathLike) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
+    from attnprobe.io import check_regular_file
+
     path = resolve_inside(root, rel)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{rel_to(root, path)}: file not found")
     try:
+        check_regular_file(path)  # safetensors opens it blocking: a FIFO would hang the page
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types
         raise DataError(f"{rel_to(root, path)}: cannot read safetensors ({exc})") from None
@@ -206,7 +209,7 @@ def load_capture(root: Path, rel: str) -> CaptureResult:
     if not (folder / META_FILE).is_file():
         raise DataError(f"{rel}: not a capture folder (no {META_FILE})")
     read_json(root, Path(rel) / META_FILE)  # size and depth limits before CaptureResult parses it
-    if not (folder / SCORES_FILE).is_file():
+    if not (folder / SCORES_FILE).exists():
         raise DataError(f"{rel}: incomplete capture ({SCORES_FILE} is missing)")
     try:
         res = CaptureResult.load(folder)
@@ -256,6 +259,11 @@ def capture_problem(res: CaptureResult) -> str | None:
         return f"token_attention has shape {res.token_attention.shape}, expected ({nq} queries, {n} tokens)"
     if res.offsets is not None and (res.offsets.ndim != 2 or res.offsets.shape[1] != 2 or len(res.offsets) < n):
         return f"offsets has shape {res.offsets.shape}, expected ({n} tokens, 2)"
+    for name in ("segment_attention", "layer_head_attention", "token_attention"):  # one NaN blanks every mean
+        arr = np.asarray(getattr(res, name))
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr))) if arr.dtype.kind == "f" else 0
+        if bad:
+            return f"{name} holds {bad} NaN or infinite value{'s' if bad > 1 else ''} (left out of every number)"
     return None
 
 

@@ -5,7 +5,7 @@
 # Usage: bash scripts/smoke_installed.sh [VENV_DIR]   (default: a temporary folder, removed afterwards)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-WORK=$(mktemp -d /tmp/attnprobe-smoke.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/attnprobe-smoke.XXXXXX")
 VENV=${1:-$WORK/venv}
 trap 'rm -rf "$WORK"' EXIT
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1

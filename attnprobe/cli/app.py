@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from attnprobe.cli.options import port_number
 from attnprobe.errors import AttnprobeError
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
@@ -44,6 +45,10 @@ def cmd_app(args) -> int:
         raise AttnprobeError("streamlit is not installed: pip install 'attnprobe[app]'")
     cmd = build_command(data.resolve(), args.port, args.host, headless=not args.open_browser)
     env = dict(os.environ, **{ENV_DATA: str(data.resolve())})
+    if not args.print_command:
+        from attnprobe.generation.server import check_port_free
+
+        check_port_free(args.host, args.port)  # one line naming host and port, not Streamlit's traceback
     print(f"attnprobe app: http://{args.host}:{args.port}  (data: {data.resolve()}; Ctrl-C to stop)", file=sys.stderr)
     if args.print_command:
         print(" ".join(cmd))
@@ -103,7 +108,7 @@ def register(subparsers) -> None:
         description="Start the Streamlit app on a data directory holding outputs of 'capture', 'ibis' and "
                     "'compare' (found recursively). It reads only inside that directory and needs no model.")
     p.add_argument("--data", required=True, type=Path, help="data directory to explore (read only inside it)")
-    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--open-browser", action="store_true", help="open a browser tab (default: headless server)")
     p.add_argument("--print-command", action="store_true", help="print the streamlit command instead of running it")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import re
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +38,58 @@ def _generators() -> list[str]:
 
     return backend_kinds()
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (refused while parsing, before any model is loaded)."""
+def _int(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (refused while parsing, before any model is loaded)."""
+    v = _int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (step and rewrite budgets, where 0 means none)."""
+    v = _int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (temperatures: 'nan' and 'inf' are refused while parsing,
+    so they never reach a results file, where a NaN would fail every later resume)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port 0-65535 (the one check of ``serve`` and ``app``)."""
+    from attnprobe.generation.server.options import port_number as check
+
+    return check(text)
+
+
+MAX_LIST_ITEMS = 1 << 20  # an integer list (layers, positions) may name at most this many values
+_DIGITS = re.compile(r"\s*[0-9]{1,18}\s*")
+
+
 def parse_int_list(text: str | None) -> list[int] | None:
-    """'0,3,5-8' -> [0, 3, 5, 6, 7, 8]; None/'all' -> None."""
+    """'0,3,5-8' -> [0, 3, 5, 6, 7, 8]; None/'all' -> None.
+
+    Values must be >= 0 and ranges ascending; the size of every range is checked before it is expanded,
+    so '0-1000000000' is refused at once (more than :data:`MAX_LIST_ITEMS` values) instead of filling
+    memory. Whether the values fit the model (its layer count, the prompt length) is checked later."""
     if text is None or text == "all":
         return None
     out: list[int] = []
@@ -56,14 +97,15 @@ def parse_int_list(text: str | None) -> list[int] | None:
         part = part.strip()
         if not part:
             continue
-        try:
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a list of integers or ranges: {text!r}") from None
+        a, sep, b = part.partition("-")
+        if not _DIGITS.fullmatch(a) or (sep and not _DIGITS.fullmatch(b)):
+            raise argparse.ArgumentTypeError(f"not a list of integers >= 0 or ranges a-b: {text!r} (at {part!r})")
+        lo, hi = int(a), int(b) if sep else int(a)
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"range {part!r} runs backwards (write {hi}-{lo})")
+        if len(out) + (hi - lo + 1) > MAX_LIST_ITEMS:
+            raise argparse.ArgumentTypeError(f"{text!r} names more than {MAX_LIST_ITEMS} values")
+        out.extend(range(lo, hi + 1))
     return out
 
 
@@ -97,7 +139,7 @@ def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, dev
     if backends:
         g.add_argument("--backend", default="transformers", choices=_capture_backends(),
                        help="capture backend (default transformers; vllm: GPU, see docs/vllm.md)")
-        g.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only: tensor-parallel ranks")
+        g.add_argument("--tensor-parallel-size", type=positive_int, default=1, help="vLLM only: tensor-parallel ranks")
     return g
 
 
@@ -123,7 +165,7 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
         g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
                        help="how the trajectory is rendered (default auto: the richest the chat template supports)")
     if "max_tokens" in wanted:
-        g.add_argument("--max-tokens", type=int, default=None,
+        g.add_argument("--max-tokens", type=positive_int, default=None,
                        help="refuse longer trajectories (default: the model's max_position_embeddings)")
     if "truncate" in wanted:
         g.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
@@ -151,10 +193,10 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int, t
     g.add_argument("--served-model", default=None, help="model name to request from the endpoint (--generator openai)")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the endpoint's API key (default OPENAI_API_KEY)")
-    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+    g.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
                    help=f"generation limit per model call (default {max_new_tokens})")
     if temperature:
-        g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+        g.add_argument("--temperature", type=non_negative_float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.set_defaults(_generation=True)
     return g
 

@@ -13,8 +13,9 @@ from attnprobe.cli.options import (
     add_hidden_alias,
     add_model_options,
     add_output_options,
+    non_negative_int,
+    positive_int,
 )
-from attnprobe.errors import AttnprobeError
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
 
 EPILOG = """\
@@ -50,17 +51,17 @@ def register(sub) -> None:
     g.add_argument("--search", choices=("bm25", "http"), default="bm25",
                    help="bm25 = offline corpus (default); http = web search API (ATTNPROBE_SEARCH_* variables)")
     g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
-    g.add_argument("--manager-steps", type=int, default=3, help="manager tool calls before it must answer (default 3)")
-    g.add_argument("--worker-steps", type=int, default=3, help="worker tool calls per delegated sub-task (default 3)")
-    g.add_argument("--max-rewrites", type=int, default=1, help="query rewrites the filter may trigger per web_search (default 1)")
-    g.add_argument("--validation-extra-steps", type=int, default=3,
+    g.add_argument("--manager-steps", type=non_negative_int, default=3, help="manager tool calls before it must answer (default 3)")
+    g.add_argument("--worker-steps", type=non_negative_int, default=3, help="worker tool calls per delegated sub-task (default 3)")
+    g.add_argument("--max-rewrites", type=non_negative_int, default=1, help="query rewrites the filter may trigger per web_search (default 1)")
+    g.add_argument("--validation-extra-steps", type=non_negative_int, default=3,
                    help="manager steps added after a validation that does not accept the answer (default 3)")
-    g.add_argument("--max-validation-steps", type=int, default=8,
+    g.add_argument("--max-validation-steps", type=positive_int, default=8,
                    help="stage-2 checks per validation; the answer step is always checked (default 8)")
-    g.add_argument("--limit", type=int, help="only the first N questions")
+    g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
     add_model_options(p)
     add_generation_options(p, max_new_tokens=128, temperature=True)
-    add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=int)  # old name of --max-new-tokens
+    add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
     g = add_output_options(p, out_required=True, out_help="output JSONL of recorded calls (trajectories)",
@@ -79,7 +80,8 @@ def make_chat(args):
 
 
 def cmd_run(args) -> int:
-    from attnprobe.studies.runner.run import load_questions, run_questions, token_table
+    from attnprobe.io import hold_file_lock
+    from attnprobe.studies.runner.run import check_output, load_questions, run_questions, token_table
     from attnprobe.studies.runner.search import make_search
 
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
@@ -88,8 +90,6 @@ def cmd_run(args) -> int:
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
         name=args.name or (args.preset if not overrides else "custom"))
-    if args.resume and args.force:
-        raise AttnprobeError("--resume and --force exclude each other")
     if args.questions is None:
         from attnprobe.resources import data_path
 
@@ -97,13 +97,18 @@ def cmd_run(args) -> int:
     questions = load_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
-    search = make_search(args.search, args.corpus)  # fails early on missing keys / corpus
-    chat = make_chat(args)
-    out = run_questions(chat, questions, settings, Path(args.out), search=search, resume=args.resume,
-                        overwrite=args.force, progress=not args.no_progress)
-    s = out["summary"]
+    out = Path(args.out)
+    # everything a run can be refused for is checked before the model loads: the output (writable, not
+    # in use by another run, records there only with --resume/--force), the questions, the search backend
+    with hold_file_lock(out, "output of attnprobe run"):
+        check_output(out, resume=args.resume, overwrite=args.force)
+        search = make_search(args.search, args.corpus)  # fails early on missing keys / corpus
+        chat = make_chat(args)
+        result = run_questions(chat, questions, settings, out, search=search, resume=args.resume,
+                               overwrite=args.force, progress=not args.no_progress)
+    s = result["summary"]
     print(token_table({settings.name: s}))
-    if out["skipped"]:
-        print(f"({out['skipped']} finished question(s) were skipped: --resume)")
+    if result["skipped"]:
+        print(f"({result['skipped']} finished question(s) were skipped: --resume)")
     print(json.dumps({"out": args.out, "accuracy": s["accuracy"], "runs": s["runs"]}), file=sys.stderr)
     return 0

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from attnprobe.errors import RenderError
+from attnprobe.errors import RenderError, TooLongError
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.trajectory.schema import Trajectory, call_arguments, message_text
 
@@ -309,9 +309,41 @@ def _apply_template(tokenizer, messages, tools, add_generation_prompt) -> str:
     return tokenizer.apply_chat_template(messages, **kwargs)
 
 
+_LONGEST_TOKEN: dict[int, tuple[object, int]] = {}  # id(tokenizer) -> (tokenizer, characters of its longest token)
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer`` can cover (its longest vocabulary entry; byte-level
+    vocabularies spell a byte per character, so this also bounds the characters of decoded text)."""
+    key = id(tokenizer)
+    hit = _LONGEST_TOKEN.get(key)
+    if hit is None or hit[0] is not tokenizer:
+        try:
+            n = max((len(t) for t in tokenizer.get_vocab()), default=0)
+        except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary listing: no early check
+            n = 0
+        hit = _LONGEST_TOKEN[key] = (tokenizer, n)
+    return hit[1]
+
+
+def check_length(text: str, tokenizer, max_tokens: int | None, what: str) -> None:
+    """Refuse ``text`` before tokenizing it when it cannot fit ``max_tokens``: every token covers at most
+    :func:`longest_token_chars` characters, so a longer text has more tokens than the limit. (A 10 MB
+    observation took 2.8 GB and 48 s to tokenize just to be refused.) Exact limits are checked later,
+    on the tokens."""
+    longest = longest_token_chars(tokenizer) if max_tokens is not None else 0
+    if longest and len(text) > max_tokens * longest:
+        raise TooLongError(f"{what} renders to {len(text)} characters, more than {max_tokens} tokens can hold "
+                           f"(a token of this tokenizer covers at most {longest}); refused before tokenizing: "
+                           "shorten it, raise the limit (--max-tokens) or truncate (--truncate)")
+
+
 def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
-           add_generation_prompt: bool | None = None) -> Rendered:
-    """Render, tokenize and segment one trajectory (see module docstring for the fallbacks)."""
+           add_generation_prompt: bool | None = None, max_tokens: int | None = None) -> Rendered:
+    """Render, tokenize and segment one trajectory (see module docstring for the fallbacks).
+
+    ``max_tokens``: a rendering whose text certainly holds more tokens (:func:`check_length`) is refused
+    with TooLongError before it is tokenized."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise RenderError("the tokenizer has no chat template")
     messages = trajectory.messages
@@ -322,19 +354,26 @@ def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
         raise ValueError(f"rendering must be 'auto' or one of {', '.join(RENDERINGS)}")
     has_rc = any(m.get("reasoning_content") for m in messages)
     tried: dict[str, str] = {}
+    too_long: TooLongError | None = None
     for mode in modes:
         if mode == "native+reasoning-in-content" and not has_rc and rendering == "auto":
             continue
         out_msgs, parts = _message_parts(messages, mode)
         try:
             text = _apply_template(tokenizer, copy.deepcopy(out_msgs), trajectory.tools, add_generation_prompt)
+            check_length(text, tokenizer, max_tokens, f"trajectory {trajectory.id!r}")
             _locate(text, parts)
             return _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
                                        num_messages=len(messages))
+        except TooLongError as exc:  # another rendering may be shorter; if none fits, this is the error
+            too_long = exc
+            continue
         except RenderError as exc:
             tried[mode] = str(exc)
         except Exception as exc:  # a template that raises on this mode (e.g. unknown role 'tool')
             tried[mode] = f"{type(exc).__name__}: {exc}"
+    if too_long is not None:
+        raise too_long
     detail = "; ".join(f"{m}: {r}" for m, r in tried.items())
     raise RenderError(f"trajectory {trajectory.id!r}: no rendering locates every message part ({detail})")
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import numpy as np
 
 from attnprobe._version import __version__
 from attnprobe.errors import AttnprobeError
@@ -34,27 +38,48 @@ def _template():
     return template_env("attnprobe.results").get_template("report.html")
 
 
-COUNTERFACTUAL_RECORD = "record.json"  # attnprobe.counterfactual.run.RECORD_FILE (that module needs torch)
+@dataclass(frozen=True)
+class Section:
+    """A part of the report that another study contributes (rendered after the overall numbers):
+    ``parts`` are dicts with ``anchor``, ``name``, ``info`` (rows), ``head`` (column names) and
+    ``tables`` ((title, rows) pairs)."""
+
+    title: str
+    anchor: str
+    legend: str
+    parts: list[dict]
+
+
+@dataclass(frozen=True)
+class ExtraSection:
+    """How a caller adds a study's section without this module knowing the study: a folder holding
+    ``marker`` (a file name) belongs to it and is not read as a capture; ``build(root, folders, skipped)``
+    gets every such folder found below ``root`` and returns the Section (or None: nothing to show),
+    appending (path, reason) to ``skipped`` for anything it cannot read. It must not raise for bad data."""
+
+    marker: str
+    build: Callable[[Path, list[Path], list[tuple[str, str]]], Section | None]
 
 
 def find_results(root: Path, skipped: list[tuple[str, str]] | None = None,
-                 counterfactual_roots: set[Path] | None = None) -> list[Path]:
+                 owned: dict[str, list[Path]] | None = None) -> list[Path]:
     """Every capture folder below root (a folder whose meta.json has a trajectory_id).
 
-    Counterfactual step folders (``<run>/<trajectory>/<policy>/step_*/record.json``) are not entered;
-    their run folder is added to ``counterfactual_roots`` (reported in a section of its own).
+    A folder holding one of the marker files named by ``owned``'s keys (another study's records, see
+    :class:`ExtraSection`) is not entered; it is appended to ``owned[marker]``.
     Dot-folders are not entered (AtomicDir's work folders of an interrupted save, ``.git``); symlinked
     folders are not followed. A meta.json that is unreadable, over :data:`attnprobe.io.MAX_JSON_BYTES`
-    (checked before reading) or not JSON is appended to ``skipped`` as (path, reason) and logged; one
-    that is valid JSON without our keys belongs to another tool and is passed over quietly.
+    (checked before reading), not a regular file or not JSON is appended to ``skipped`` as (path, reason)
+    and logged; one that is valid JSON without our keys belongs to another tool and is passed over quietly.
     """
     out = []
+    owned = owned if owned is not None else {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not is_work_dir(d))
-        if COUNTERFACTUAL_RECORD in filenames:  # a counterfactual step: its two captures are reported there
+        marker = next((m for m in owned if m in filenames), None)
+        if marker is not None:  # another study's folder: its section reads it
             dirnames[:] = []
-            if counterfactual_roots is not None and len(Path(dirpath).relative_to(root).parts) >= 3:
-                counterfactual_roots.add(Path(dirpath).parents[2])
+            owned[marker].append(Path(dirpath))
             continue
         if META_FILE not in filenames:
             continue
@@ -132,61 +157,16 @@ def capture_group(meta: dict, folder: str | None = None) -> tuple[str, str, tupl
     return " · ".join(parts) or "captures", tid, (tid,)
 
 
-CF_QUERIES = (("decision", "at the decision position (the token that predicts the step's action)"),
-              ("reasoning", "at the step's reasoning start (seed 002's query)"))
-CF_LEGEND = ("Per policy, over every step in the folder: the mean share of attention the removed spans held in "
-             "the original context (percent, 95% bootstrap interval over steps), the part of it on observation "
-             "content, where the mass went in the counterfactual (change per destination group, percentage "
-             "points; the changes sum to the removed mass), how often the next action changed (Wilson interval; "
-             "'not run' without --actions), and prompt tokens saved. Steps of one trajectory are not "
-             "independent: with few trajectories read the intervals as descriptive. Definitions: "
-             "docs/counterfactual.md.")
-
-
-def counterfactual_sections(root: Path, runs: set[Path], skipped: list[tuple[str, str]]) -> list[dict]:
-    """One section per counterfactual run folder: the summary tables of :mod:`attnprobe.counterfactual.summary`.
-    A record that cannot be read is added to ``skipped`` and left out of the numbers."""
-    from attnprobe.counterfactual.summary import TABLE_HEAD, summarize, table_rows
-
-    sections = []
-    for i, run in enumerate(sorted(runs)):
-        records = []
-        for path in sorted(run.glob(f"*/*/step_*/{COUNTERFACTUAL_RECORD}")):
-            try:
-                rec = load_json(path)
-                if not isinstance(rec, dict) or "policy" not in rec or "queries" not in rec:
-                    raise AttnprobeError(f"{path}: not a counterfactual step record")
-            except AttnprobeError as exc:
-                log.warning("skipping %s", exc)
-                skipped.append((str(path.parent), str(exc)))
-                continue
-            records.append(rec)
-        if not records:
-            continue
-        try:
-            summary = summarize(records)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("skipping counterfactual run %s: %s", run, exc)
-            skipped.append((str(run), f"records do not summarise: {type(exc).__name__}: {exc}"))
-            continue
-        rel = run.relative_to(root).as_posix()
-        sections.append({
-            "anchor": f"cf{i}", "name": "." if rel == "." else rel, "head": TABLE_HEAD,
-            "info": [("steps", len(records)), ("trajectories", len({r["trajectory_id"] for r in records})),
-                     ("policies", ", ".join(summary))],
-            "tables": [(title, table_rows(summary, q)) for q, title in CF_QUERIES]})
-    return sections
-
-
 def build_report(results: list[CaptureResult], title: str = "attnprobe report",
                  skipped: list[tuple[str, str]] | None = None, folders: list[str] | None = None,
-                 counterfactual: list[dict] | None = None) -> str:
+                 sections: Sequence[Section] = ()) -> str:
     """The HTML page: overall numbers per model variant, then an index of every capture by group
     (:func:`capture_group`) linking to its section; sections are collapsed (``<details>``) so a
     folder of 125 captures stays a page one can scroll. ``skipped``: (folder, reason) of captures
-    that could not be read; listed in a table so a reader knows the overall numbers leave them out.
-    ``folders``: each result's parent folder relative to the report root, for grouping."""
-    if not results and not counterfactual:
+    that could not be read or were left out; listed in a table so a reader knows the overall numbers
+    leave them out. ``folders``: each result's parent folder relative to the report root, for grouping.
+    ``sections``: other studies' parts (:class:`Section`), shown after the overall numbers."""
+    if not results and not sections:
         raise AttnprobeError("no capture results to report on")
     by_model: dict[str, list[CaptureResult]] = {}
     for r in results:
@@ -230,36 +210,68 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
              for gi, (name, items) in enumerate(groups.items())]
     return _template().render(title=title, version=__version__, n_results=len(results), overall=overall,
                               decay_figure=_html(decay, plotlyjs=True) if decay is not None else "", groups=index,
-                              grey_note=HEATMAP_GREY_NOTE, counterfactual=counterfactual or [], cf_legend=CF_LEGEND)
+                              grey_note=HEATMAP_GREY_NOTE, sections=list(sections))
 
 
 def _html(fig, plotlyjs: bool = False) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=plotlyjs)
 
 
-def write_report(root: Path, out: Path | None = None) -> Path:
-    """Report over every capture below ``root``: an unreadable one is skipped (logged, and listed on
-    the page with its reason) instead of aborting the report."""
+def unusable(result: CaptureResult) -> str | None:
+    """Why a capture that loaded cannot enter the numbers, or None: non-finite scores (one NaN would
+    make every overall mean NaN), or scores the analyses cannot use (tried on this capture alone)."""
+    for name in ("segment_attention", "layer_head_attention", "token_attention"):
+        arr = getattr(result, name)
+        if arr is not None and np.issubdtype(np.asarray(arr).dtype, np.floating):
+            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+            if bad:
+                return f"scores.safetensors: {bad} NaN or infinite value{'s' if bad > 1 else ''} in {name}; left out"
+    try:
+        headline([result])
+        decay_curves([result])
+        if any(q.kind == "reasoning" for q in result.queries) and result.num_turns > 1:  # as build_report draws
+            heatmap(result)
+            step_breakdown(result)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        return f"scores do not fit its segments and queries ({type(exc).__name__}: {exc}); left out"
+    return None
+
+
+def write_report(root: Path, out: Path | None = None, extra: Sequence[ExtraSection] = ()) -> Path:
+    """Report over every capture below ``root``: an unreadable or unusable one is skipped (logged, and
+    listed on the page with its reason) instead of aborting the report or blanking its numbers.
+    ``extra``: sections other studies add (:class:`ExtraSection`; the CLI passes the counterfactual one)."""
     root = Path(root)
     if not root.is_dir():
         raise AttnprobeError(f"{root}: not a folder" if root.exists() else f"{root}: folder not found")
     out = Path(out) if out else root / "report.html"
     ensure_writable_file(out, "report file")
     skipped: list[tuple[str, str]] = []
-    results, folders, cf_runs = [], [], set()
-    for folder in find_results(root, skipped, cf_runs):
+    owned: dict[str, list[Path]] = {x.marker: [] for x in extra}
+    results, folders = [], []
+    for folder in find_results(root, skipped, owned):
         try:
-            results.append(CaptureResult.load(folder))
+            result = CaptureResult.load(folder)
         except AttnprobeError as exc:
             log.warning("skipping %s", exc)
             skipped.append((str(folder), str(exc)))
-        else:
-            folders.append(folder.relative_to(root).parent.as_posix())
-    counterfactual = counterfactual_sections(root, cf_runs, skipped)
-    if not results and not counterfactual:
+            continue
+        why = unusable(result)
+        if why is not None:
+            log.warning("skipping %s: %s", folder, why)
+            skipped.append((str(folder), f"{folder}/{why}"))
+            continue
+        results.append(result)
+        folders.append(folder.relative_to(root).parent.as_posix())
+    sections = []
+    for x in extra:
+        section = x.build(root, owned[x.marker], skipped)
+        if section is not None and section.parts:
+            sections.append(section)
+    if not results and not sections:
         why = f"; {len(skipped)} unreadable: {skipped[0][1]}" if skipped else " (run 'attnprobe capture' first)"
         raise AttnprobeError(f"{root}: no readable capture results found{why}")
-    atomic_write_text(out, build_report(results, skipped=skipped, folders=folders, counterfactual=counterfactual))
+    atomic_write_text(out, build_report(results, skipped=skipped, folders=folders, sections=sections))
     if skipped:
         log.warning("report written without %d unreadable capture folder(s), listed in the report", len(skipped))
     return out

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import AtomicDir, finite_json, load_json
+from attnprobe.io import AtomicDir, check_regular_file, finite_json, load_json
 from attnprobe.render.segments import AUTHORS, ROLES, QueryPoint, Segment
 
 FORMAT_VERSION = 1
@@ -185,12 +185,14 @@ class CaptureResult:
         if meta.get("format_version") != FORMAT_VERSION:
             raise AttnprobeError(f"{meta_path}: unsupported format_version {meta.get('format_version')!r}")
         try:
+            check_regular_file(directory / SCORES_FILE)  # safetensors opens it blocking: a FIFO would hang
             arrays = load_file(str(directory / SCORES_FILE))
         except (OSError, SafetensorError, ValueError) as exc:
-            raise AttnprobeError(f"{directory / SCORES_FILE}: cannot read scores ({exc})") from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise AttnprobeError(f"{directory / SCORES_FILE}: cannot read scores ({reason})") from None
         text_path = directory / TEXT_FILE
         text = ""
-        if text_path.is_file():
+        if text_path.exists():  # load_json refuses a folder, a FIFO or a device in its place
             doc = load_json(text_path)
             text = doc.get("text", "") if isinstance(doc, dict) else None
             if not isinstance(text, str):
@@ -207,8 +209,18 @@ class CaptureResult:
                 segment_attention=arrays["segment_attention"], layer_head_attention=arrays["layer_head_attention"],
                 token_attention=arrays["token_attention"], meta=meta, text=text, offsets=arrays.get("offsets"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise AttnprobeError(f"{meta_path}, field '{fld}': malformed ({type(exc).__name__}: {exc})") from None
+        for i, seg in enumerate(segments):  # every later stage indexes by role and author: check them here
+            bad = ("role", seg.role, ROLES) if seg.role not in ROLES else (
+                ("author", seg.author, AUTHORS) if seg.author not in AUTHORS else None)
+            if bad is not None:
+                raise AttnprobeError(f"{meta_path}, field 'segments[{i}].{bad[0]}': unknown {bad[0]} {bad[1]!r} "
+                                     f"(expected one of {', '.join(bad[2])})")
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in
+                       (seg.turn, seg.message_index, seg.start, seg.end)) or not 0 <= seg.start <= seg.end:
+                raise AttnprobeError(f"{meta_path}, field 'segments[{i}]': turn, message_index, start and end must "
+                                     "be integers with 0 <= start <= end")
         n_q, n_s = len(queries), len(segments)
         if (res.segment_attention.shape != (n_q, n_s) or res.layer_head_attention.ndim != 4
                 or res.layer_head_attention.shape[::3] != (n_q, n_s)):

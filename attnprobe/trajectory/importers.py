@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import load_json, read_jsonl
+from attnprobe.io import load_json, loads_strict, read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
 
 FORMATS = ("openai", "masking", "smolagents")
@@ -83,13 +83,15 @@ def _role(raw: Any) -> str:
 def _parse_calls(text: str, where: str, path, line) -> list[dict]:
     body = text.split("Calling tools:", 1)[1].strip() if "Calling tools:" in text else text.strip()
     try:
-        calls = json.loads(body)
+        calls = loads_strict(body)
     except json.JSONDecodeError:
         try:
             calls = ast.literal_eval(body)  # smolagents writes a Python repr of the list
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
             raise TrajectoryError("cannot parse the tool calls of a tool-call message", path=path, line=line,
                                   field=where) from None
+    except (ValueError, RecursionError) as exc:  # valid JSON the strict reader refuses: a duplicate key, NaN
+        raise TrajectoryError(f"tool calls: {str(exc).split(';')[0]}", path=path, line=line, field=where) from None
     out = []
     for j, c in enumerate(calls if isinstance(calls, list) else [calls]):
         fn = c.get("function", c) if isinstance(c, dict) else None
@@ -97,9 +99,13 @@ def _parse_calls(text: str, where: str, path, line) -> list[dict]:
             raise TrajectoryError(f"tool call {j} has no function name (expected {{'function': {{'name': ...}}}})",
                                   path=path, line=line, field=where)
         args = fn.get("arguments", {})
-        out.append({"id": c.get("id"), "type": "function",
-                    "function": {"name": fn["name"],
-                                 "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
+        if not isinstance(args, str):
+            try:
+                args = json.dumps(args, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as exc:  # NaN/inf (from a Python repr), sets, ...: not JSON
+                raise TrajectoryError(f"tool call {j}: arguments are not JSON ({exc})", path=path, line=line,
+                                      field=where) from None
+        out.append({"id": c.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import load_json, read_jsonl, write_jsonl
+from attnprobe.io import load_json, loads_strict, read_jsonl, write_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -135,6 +135,10 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
             fn = tool.get("function") if isinstance(tool, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 _fail("expected {'type': 'function', 'function': {'name': ...}}", path, line, f"tools[{i}]")
+            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+                _fail(f"expected a JSON Schema object, got {type(fn['parameters']).__name__}", path, line,
+                      f"tools[{i}].function.parameters")
+            _check_str(fn.get("description"), f"tools[{i}].function.description", path, line, allow_none=True)
     messages = record.get("messages")
     if messages is None:
         _fail("missing required field", path, line, "messages")
@@ -295,10 +299,11 @@ def call_arguments(call: dict, *, on_error: str = "raise", dict_only: bool = Fal
         if not args.strip():
             return {}
         try:
-            args = json.loads(args)
-        except json.JSONDecodeError as exc:
+            args = loads_strict(args)
+        except (ValueError, RecursionError) as exc:  # not JSON; a duplicate key, NaN, a 5000-digit integer
             if on_error == "raise":
-                raise ArgumentsError(fn.get("name"), exc.msg) from None
+                detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).split(";")[0]
+                raise ArgumentsError(fn.get("name"), detail) from None
             return {"raw": args} if on_error == "raw" else {"input": args} if on_error == "input" else {}
     if dict_only and not isinstance(args, dict):
         return {"input": args} if on_error == "input" else {}

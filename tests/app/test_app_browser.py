@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -46,9 +45,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(app_data):
+def server(app_data, tmp_path_factory):
     port = _free_port()
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    log = open(tmp_path_factory.mktemp("app-log") / "app.log", "w+")  # under pytest's basetemp, not /tmp
     proc = subprocess.Popen([sys.executable, "-m", "attnprobe", "app", "--data", str(app_data), "--port",
                              str(port)], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
                             start_new_session=True)
@@ -73,6 +72,7 @@ def server(app_data):
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
+    log.close()
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +84,12 @@ def shots(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     os.environ.setdefault("SE_OFFLINE", "true")  # never let selenium-manager fetch anything
-    profile = tempfile.mkdtemp(prefix="attnprobe-chromium-")
+    profile = tmp_path_factory.mktemp("chromium-profile")
     opts = Options()
     opts.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,10 +1,20 @@
 """No behaviour change across refactors: the numbers recorded in tests/data/baseline/ (before the
-architecture refactor, see its README) are reproduced.
+architecture refactor, see its README) are reproduced, to the precision float32 promises on any machine.
 
-Captures are compared array by array. They were bit-identical when recorded and re-checked on the
-same machine kind; the test allows 1e-7 (probabilities are <= 1) only so that a CPU with another
-vector ISA, whose float summation order differs, does not fail it. IBIS metrics are compared number
-by number within 1e-7 (statistics moved from hand-written loops to scipy/scikit-learn).
+Why these tolerances (not bit-identity: that pins the test to one CPU):
+
+- **Arrays** (attention probabilities, all <= 1) are compared per array within ``ARRAY_TOL = 1e-5``,
+  the tolerance tests/reference/ already justifies for float32: captured attention equals transformers'
+  eager attention within 1e-5 (test_capture_reference.py, test_models.py). Float32 sums change with the
+  CPU's vector width and the thread count (a reduction split across 1 or 2 threads adds in another
+  order); measured: 4.56e-06 on a second 2-core machine, 0 on the recording one. Integer arrays
+  (token ids, positions, counts) must be equal.
+- **Statistics** in metrics.json and decisions.jsonl are stored rounded (``stats.rounded``: 4 decimals,
+  some 5 or 6). When the unrounded value moves by a float32 amount, its rounded form can still change
+  by one unit in the last place (-0.6138 vs -0.6139). So a reported float is compared within one unit
+  of its reported precision: 1e-4 when it shows at most 4 decimals (``rounded`` drops trailing zeros,
+  so fewer shown digits may still be 4-decimal rounding), else ``ARRAY_TOL`` (5 or more decimals: one
+  unit is at most 1e-5, the capture tolerance itself). Integers, strings, booleans and None are exact.
 """
 
 from __future__ import annotations
@@ -18,14 +28,34 @@ from safetensors.numpy import load_file
 from support.paths import ROOT, TRAJ_DIR
 
 BASE = ROOT / "tests" / "data" / "baseline"
-TOL = 1e-7
+ARRAY_TOL = 1e-5  # float32 capture vs reference, tests/reference/ (see the module docstring)
+REPORTED_TOL = 1e-4  # one unit in the 4th decimal, the coarsest precision a statistic is stored with
 # Fields that legitimately differ between runs: wall times, paths, versions.
 VOLATILE = {"seconds", "capture_seconds", "time", "folder", "items_source", "python", "attnprobe_version",
             "model_path", "hook_seconds", "batch_seconds", "generated_at", "elapsed_seconds"}
 
 
+def reported_tolerance(want: float) -> float:
+    """One unit in the last place ``want`` was reported with (see the module docstring)."""
+    text = repr(float(want))
+    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 99
+    return (REPORTED_TOL if decimals <= 4 else ARRAY_TOL) * (1 + 1e-9)
+
+
+def assert_arrays_match(got: dict, want: dict, name: str) -> None:
+    """Same keys, shapes and dtypes; floats within ARRAY_TOL per array, integers equal."""
+    assert sorted(got) == sorted(want), name
+    for key, arr in want.items():
+        assert got[key].shape == arr.shape and got[key].dtype == arr.dtype, (name, key)
+        if arr.dtype.kind == "f":
+            diff = float(np.max(np.abs(got[key].astype(np.float64) - arr))) if arr.size else 0.0
+            assert diff <= ARRAY_TOL, f"{name}/{key}: max |diff| {diff:.3g} > {ARRAY_TOL:g}"
+        else:
+            np.testing.assert_array_equal(got[key], arr, err_msg=f"{name}/{key}")
+
+
 def _compare(got, want, path="") -> list[str]:
-    """Differences between two JSON values (numbers within TOL)."""
+    """Differences between two JSON values (floats within one unit of their reported precision)."""
     key = path.rsplit("/", 1)[-1]
     if key in VOLATILE:
         return []
@@ -44,14 +74,35 @@ def _compare(got, want, path="") -> list[str]:
     if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
         if math.isnan(want) and math.isnan(got):
             return []
-        return [] if abs(got - want) <= TOL else [f"{path}: {got!r} != {want!r}"]
+        return [] if abs(got - want) <= reported_tolerance(want) else [f"{path}: {got!r} != {want!r}"]
     return [] if got == want else [f"{path}: {got!r} != {want!r}"]
 
 
 def test_compare_finds_differences():
-    assert _compare({"a": [1.0, 2.0], "seconds": 3}, {"a": [1.0, 2.0 + 1e-6], "seconds": 9}) == [
-        "/a[1]: 2.0 != 2.000001"]
+    assert _compare({"a": [1.0, 2.0], "seconds": 3}, {"a": [1.0, 2.0 + 1e-3], "seconds": 9}) == [
+        "/a[1]: 2.0 != 2.001"]
     assert _compare({"a": 1}, {"a": 1, "b": 2}) == ["/b: missing"]
+    assert _compare({"n": 3}, {"n": 4}) == ["/n: 3 != 4"]  # integers exact
+
+
+def test_statistics_are_compared_at_their_reported_precision():
+    """The two differences seen on a second machine are one unit in the 4th decimal: accepted; two
+    units are not. Five-decimal values (forced-choice log-probs) allow one unit of 1e-5."""
+    assert _compare({"ci95": [-0.5, -0.6138]}, {"ci95": [-0.5, -0.6139]}) == []
+    assert _compare({"ci95": [0.0515]}, {"ci95": [0.0514]}) == []
+    assert _compare({"x": 0.0516}, {"x": 0.0514}) == ["/x: 0.0516 != 0.0514"]
+    assert _compare({"lp": -6.70588}, {"lp": -6.70587}) == []
+    assert _compare({"lp": -6.7059}, {"lp": -6.70587}) == ["/lp: -6.7059 != -6.70587"]
+    assert _compare({"x": 0.5001}, {"x": 0.5}) == []  # 0.5 may be 0.5000 rounded to 4 decimals
+
+
+def test_arrays_are_compared_within_the_float32_reference_tolerance():
+    want = {"p": np.array([0.25, 0.75], np.float32), "ids": np.array([1, 2])}
+    assert_arrays_match({"p": want["p"] + np.float32(4.56e-6), "ids": want["ids"]}, want, "x")  # seen on a 2nd machine
+    with pytest.raises(AssertionError, match="max .diff. 3e-05"):
+        assert_arrays_match({"p": want["p"] + np.float32(3e-5), "ids": want["ids"]}, want, "x")
+    with pytest.raises(AssertionError):
+        assert_arrays_match({"p": want["p"], "ids": want["ids"] + 1}, want, "x")
 
 
 @pytest.mark.slow
@@ -64,15 +115,7 @@ def test_captures_of_the_shipped_trajectories_are_unchanged(smol, tmp_path):
     assert len(wanted) == 4
     for ref in wanted:
         name = ref.stem
-        got, want = load_file(str(tmp_path / name / "scores.safetensors")), load_file(str(ref))
-        assert sorted(got) == sorted(want), name
-        for key, arr in want.items():
-            assert got[key].shape == arr.shape and got[key].dtype == arr.dtype, (name, key)
-            if arr.dtype.kind == "f":
-                diff = float(np.max(np.abs(got[key] - arr))) if arr.size else 0.0
-                assert diff <= TOL, f"{name}/{key}: max |diff| {diff:.3g}"
-            else:
-                np.testing.assert_array_equal(got[key], arr, err_msg=f"{name}/{key}")
+        assert_arrays_match(load_file(str(tmp_path / name / "scores.safetensors")), load_file(str(ref)), name)
         meta = json.loads((tmp_path / name / "meta.json").read_text())
         layout = json.loads((BASE / "capture" / f"{name}.json").read_text())
         assert _compare({k: meta[k] for k in layout}, layout) == [], name
@@ -101,6 +144,4 @@ def test_ibis_six_item_run_is_unchanged(smol, tmp_path):
         assert _compare({k: g.get(k) for k in keys}, {k: w.get(k) for k in keys}) == [], (w["item_id"], w["framing"])
     got_att, want_att = load_file(str(folder / "attention.safetensors")), load_file(str(BASE / "ibis" /
                                                                                         "attention.safetensors"))
-    assert sorted(got_att) == sorted(want_att)
-    for key, arr in want_att.items():
-        assert float(np.max(np.abs(got_att[key] - arr))) <= TOL, key
+    assert_arrays_match(got_att, want_att, "ibis/attention")

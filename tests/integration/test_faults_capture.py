@@ -151,7 +151,7 @@ KILLER = textwrap.dedent("""
             return publish(self, tmp)
         if point == "before-rename":  # the new folder is complete under its temporary name
             die()
-        aio._exchange = lambda a, b: False  # two renames, killed between them
+        aio.atomic._exchange = lambda a, b: False  # two renames, killed between them
         real = os.replace
         def replace(a, b):
             real(a, b)

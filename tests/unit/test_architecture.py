@@ -126,19 +126,44 @@ def test_backends_only_through_the_registry():
     assert not offenders, "\n".join(offenders)
 
 
+def _shipped_folders() -> dict[str, Path]:
+    """Every folder a wheel must carry, by its package name: folders with Python modules under the
+    code roots, and folders holding data (templates, shipped trajectories) anywhere under the package dirs."""
+    out = {}
+    for name, folder in PACKAGE_DIR.items():
+        root = ROOT / folder
+        for d in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            rel = d.relative_to(root).parts
+            if any(part.startswith((".", "__")) for part in rel):
+                continue
+            files = [f for f in d.iterdir() if f.is_file() and f.suffix not in (".pyc",)]
+            if files:
+                out[".".join((name, *rel))] = d
+    return out
+
+
 def test_every_package_folder_is_installed():
+    """Every folder with modules or data is a listed package (setuptools warns about, and will drop,
+    data folders that are not), and every listed package exists."""
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    found = {m for m, (_, is_pkg) in modules().items() if is_pkg}
+    found = set(_shipped_folders())
     assert found - listed == set(), f"package folders missing from pyproject.toml: {sorted(found - listed)}"
-    assert listed - found - {"attnprobe_data"} == set(), f"listed but absent: {sorted(listed - found)}"
+    assert listed - found == set(), f"listed but absent: {sorted(listed - found)}"
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    for pkg, folder in _shipped_folders().items():
+        if not (folder / "__init__.py").exists():  # a data folder: its files are package data
+            assert pkg in data, f"{pkg}: a data folder without package-data patterns"
 
 
 def test_shipped_data_is_package_data():
     from attnprobe.resources import SAMPLE_TRAJECTORIES, data_path
 
-    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["attnprobe_data"]
     data_root = ROOT / PACKAGE_DIR["attnprobe_data"]
-    shipped = {p.relative_to(data_root) for pat in patterns for p in data_root.glob(pat)}
+    shipped = set()
+    for pkg, patterns in PYPROJECT["tool"]["setuptools"]["package-data"].items():
+        if pkg == "attnprobe_data" or pkg.startswith("attnprobe_data."):
+            folder = data_root.joinpath(*pkg.split(".")[1:])
+            shipped |= {p.relative_to(data_root) for pat in patterns for p in folder.glob(pat)}
     for name in (*SAMPLE_TRAJECTORIES, "ibis_items.jsonl", "questions.jsonl", "corpus/docs.jsonl"):
         assert Path(name) in shipped, name
         assert data_path(*name.split("/")).is_file()

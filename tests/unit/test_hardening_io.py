@@ -32,7 +32,7 @@ def _kill_inside_save(parent, point: str, exchange: bool) -> None:
 
         point = {point!r}
         if not {exchange!r}:
-            aio._exchange = lambda a, b: False  # a filesystem without renameat2: two renames
+            aio.atomic._exchange = lambda a, b: False  # a filesystem without renameat2: two renames
         if point == "after-exchange":
             aio.shutil.rmtree = die  # the next step after the exchange is removing the old copy
         if point == "between-renames":

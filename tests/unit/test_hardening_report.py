@@ -8,29 +8,16 @@ import json
 import math
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+from support.captures import synthetic
 
 from attnprobe.cli.main import main
 from attnprobe.errors import AttnprobeError
-from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.results.report import find_results, write_report
 from attnprobe.results.result import CaptureResult
-
-
-def synthetic(tid: str, dtype: str = "float32", **meta) -> CaptureResult:
-    """Two reasoning steps over five segments; step 2 gives 0.3 to turn 1's reasoning, 0.4 to its observation."""
-    segs = [Segment("system", "external", 0, 0, 0, 4), Segment("task", "external", 0, 1, 4, 8),
-            Segment("reasoning", "self", 1, 2, 8, 12), Segment("observation", "external", 1, 3, 12, 16),
-            Segment("reasoning", "self", 2, 4, 16, 20)]
-    queries = [QueryPoint(8, "reasoning", 1, 2), QueryPoint(16, "reasoning", 2, 4)]
-    seg_att = np.array([[0.5, 0.5, 0, 0, 0], [0.1, 0.2, 0.3, 0.4, 0]], dtype=np.float32)
-    lh = np.repeat(np.repeat(seg_att[:, None, None, :], 2, 1), 3, 2)
-    return CaptureResult(tid, np.arange(20), segs, queries, [0, 1], seg_att, lh, np.zeros((2, 20), np.float32),
-                         meta={"model": "M", "dtype": dtype, "backend": "transformers",
-                               "weights_hash": "abcdef0123456789", **meta},
-                         text="ab" * 20, offsets=np.array([[2 * i, 2 * i + 2] for i in range(20)]))
 
 
 def test_report_skips_and_lists_unreadable_captures(tmp_path, caplog, monkeypatch):
@@ -50,8 +37,15 @@ def test_report_skips_and_lists_unreadable_captures(tmp_path, caplog, monkeypatc
     (root / "other").mkdir()
     (root / "other" / "meta.json").write_text('{"name": "another tool"}')  # not ours: passed over quietly
     read = []
-    real = type(root).read_bytes
-    monkeypatch.setattr(type(root), "read_bytes", lambda self: read.append(self.parent.name) or real(self))
+    import attnprobe.io.json as iojson
+    real = iojson.read_regular_bytes
+
+    def reading(path, *args):  # records the folders whose meta.json was actually read
+        data = real(path, *args)
+        read.append(Path(path).parent.name)
+        return data
+
+    monkeypatch.setattr(iojson, "read_regular_bytes", reading)
     with caplog.at_level("WARNING"):
         out = write_report(root)
     assert "huge" not in read and {"good-1", "good-2", "corrupt", "noscores"} <= set(read)

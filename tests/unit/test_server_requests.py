@@ -76,7 +76,17 @@ def test_valid_request_fields():
     ({"messages": USER, "max_tokens": True}, "max_tokens", "got True"),
     ({"messages": USER, "temperature": -0.1}, "temperature", "number >= 0"),
     ({"messages": USER, "temperature": "hot"}, "temperature", "number >= 0"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature", "got nan"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None, "NaN is not a JSON number"),
+    # issue 22: an oversized integer was a dropped connection; a non-string model, non-object tool
+    # parameters and duplicate keys were accepted
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": ' + b"9" * 5000 + b"}", None,
+     "not valid JSON (Exceeds the limit (4300 digits)"),
+    ({"messages": USER, "model": ["a", "b"]}, "model", "model must be a string, got list"),
+    ({"messages": USER, "model": 7}, "model", "model must be a string, got int"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "tools[0].function.parameters", "expected a JSON Schema object, got str"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "max_tokens": 7}', None,
+     "duplicate key 'max_tokens'"),
 ])
 def test_refused_requests_name_the_field(body, param, words):
     err = refused(body)
@@ -240,3 +250,15 @@ def test_oversized_body_gets_413_not_a_reset(tok):
     assert body["error"]["message"] == ("body of 20000000 bytes is over the limit of 1048576 bytes "
                                         "(attnprobe serve --max-body-bytes)")
     assert loaded.model.runs == []
+
+
+def test_a_port_in_use_is_one_line_naming_host_and_port_before_the_model_loads():
+    from attnprobe.generation.server import check_port_free
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AttnprobeError, match=rf"^127\.0\.0\.1:{port}: address already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", 0)  # any free port: nothing to check

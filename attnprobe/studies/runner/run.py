@@ -15,7 +15,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import append_jsonl, atomic_write_text, located_error, read_jsonl, read_records, run_resumable
+from attnprobe.io import (
+    append_jsonl,
+    atomic_write_text,
+    ensure_writable_file,
+    finite_json,
+    hold_file_lock,
+    located_error,
+    read_jsonl,
+    read_records,
+    run_resumable,
+)
 from attnprobe.studies.runner.answers import is_correct, normalize  # noqa: F401  (normalize: public API)
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
@@ -165,20 +175,39 @@ def token_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """Refuse an output that cannot be used, before any model is loaded: a folder, a read-only place, or
+    records already there without --resume/--force. (The lock is taken by the caller.)"""
+    out = ensure_writable_file(Path(out), "output file (--out)")
+    if resume and overwrite:
+        raise AttnprobeError("--resume and --force exclude each other")
+    if ((out.exists() and out.stat().st_size) or results_path(out).exists()) and not (resume or overwrite):
+        raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --overwrite to "
+                             "start again")
+    return out
+
+
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
                   search: SearchBackend | None = None, resume: bool = False, overwrite: bool = False,
                   progress: bool = False) -> dict:
-    """Run every question; returns {"summary": ..., "results": [...], "skipped": n}."""
+    """Run every question; returns {"summary": ..., "results": [...], "skipped": n}.
+
+    The output is locked for the whole run (:func:`attnprobe.io.hold_file_lock`): a second run into the
+    same ``out`` is refused in one line naming the first one's PID, so the resume check below and the
+    appends that follow it can never race another process (which would duplicate records)."""
     out = Path(out)
+    with hold_file_lock(out, "output of attnprobe run"):
+        return _run_locked(chat, list(questions), settings, out, search=search, resume=resume,
+                           overwrite=overwrite, progress=progress)
+
+
+def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *, search, resume: bool,
+                overwrite: bool, progress: bool) -> dict:
     rpath = results_path(out)
-    questions = list(questions)
-    if (out.exists() and out.stat().st_size) or rpath.exists():
-        if overwrite:
-            for p in (out, rpath, summary_path(out)):
-                p.unlink(missing_ok=True)
-        elif not resume:
-            raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --overwrite to "
-                                 "start again")
+    check_output(out, resume=resume, overwrite=overwrite)
+    if overwrite:
+        for p in (out, rpath, summary_path(out)):
+            p.unlink(missing_ok=True)
     search = search or make_search("bm25")
     done = {r["run_id"]: r for r in read_records(rpath, torn_tail="skip", missing_ok=True)}
     for r in done.values():
@@ -193,8 +222,8 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
 
     def write_summary() -> None:
         rows = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
-        atomic_write_text(summary_path(out), json.dumps(
-            {"setting": settings.name, "settings": settings.to_dict(), **summarize(rows)}, indent=2))
+        atomic_write_text(summary_path(out), json.dumps(finite_json(
+            {"setting": settings.name, "settings": settings.to_dict(), **summarize(rows)}), indent=2))
 
     def work(batch: list[dict], progress) -> None:
         for q in batch:
@@ -214,6 +243,6 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
     skipped = counts["done_before"]
     results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
-    atomic_write_text(summary_path(out), json.dumps({"setting": settings.name, "settings": settings.to_dict(),
-                                                     **summary}, indent=2))
+    atomic_write_text(summary_path(out), json.dumps(finite_json({"setting": settings.name,
+                                                                 "settings": settings.to_dict(), **summary}), indent=2))
     return {"summary": summary, "results": results, "skipped": skipped}

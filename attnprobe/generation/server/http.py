@@ -1,160 +1,26 @@
-"""A small OpenAI-compatible server for a transformers model (loopback by default).
-
-Lets the OpenAI-compatible code paths (runner, IBIS) be exercised against a real server process
-serving the bundled model when vLLM is not installed. Endpoints: GET /v1/models, GET /health,
-POST /v1/chat/completions (non-streaming; tool calls parsed from the generated text by the same
-:class:`~attnprobe.generation.transformers_chat.TransformersChat` the in-process backends use, without
-stop-at-call, so a reply is the full greedy generation).
-
-    python -m attnprobe.generation.server [--model default] [--dtype float32] [--host 127.0.0.1] [--port 0]
-    attnprobe serve [...]   (the same, default port 8000)
-
-Once it accepts connections it prints ONE line on stdout (port 0 = any free port):
-``{"event": "listening", "url": "http://127.0.0.1:PORT/v1", "model": NAME}``; it then serves until
-SIGTERM or SIGINT and shuts down cleanly.
-
-It is built for one trusted user, so it is deliberately plain (stdlib ``http.server``, HTTP/1.0, one
-connection per request) but it never hangs or crashes on a bad request:
-
-- one generation at a time (the model is not re-entrant); other requests wait their turn;
-- every failure is a JSON ``{"error": {"message", "type", "param", "code"}}`` body with its status:
-  400 malformed JSON / not UTF-8 / not an object / bad Content-Length / a message the trajectory schema
-  refuses (unknown role, image or other non-text parts, ...) / ``stream: true`` (not implemented) /
-  prompt longer than ``--max-prompt-tokens`` (code ``context_length_exceeded``); 401 missing or wrong
-  bearer token (with ``--api-key-env``); 411 no Content-Length (chunked bodies are not read); 413 body
-  over ``--max-body-bytes``, refused before any of it is read; 408 a client that stops sending
-  (``--read-timeout`` per socket read: a garbage request line, a short body; ``--request-timeout`` for
-  the whole request line, headers and body, so a client that trickles a byte at a time cannot hold a
-  connection open either); 503 generation over
-  ``--max-seconds``;
-- a generation stops (between tokens; a prefill runs to its end) when the client disconnects (a
-  client that half-closes its socket after sending counts as gone), and so does a request still
-  waiting for its turn.
-"""
+"""HTTP handling of ``attnprobe serve``: the request clock, body limits, authorisation, one generation
+at a time, and stopping a generation whose client left or whose time ran out (see the package docstring)."""
 
 from __future__ import annotations
 
-import argparse
 import hmac
-import ipaddress
 import json
-import math
-import os
 import re
 import select
-import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from attnprobe.errors import AttnprobeError, TrajectoryError
+from attnprobe.generation.server.protocol import Limits, RequestError, context_length, parse_chat_request
 from attnprobe.generation.transformers_chat import TransformersChat
 
-READY_EVENT = "listening"
-DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any prompt a context window holds
-DEFAULT_READ_TIMEOUT = 30.0  # seconds per socket read
-DEFAULT_REQUEST_TIMEOUT = 120.0  # seconds to receive a whole request (line, headers, body)
-DEFAULT_CONTEXT = 8192  # prompt-token limit when the model config names no context length
-DEFAULT_MAX_TOKENS = 256
 _CHECK_EVERY_S = 0.2  # how often a running generation looks at the client socket and the clock
 _DRAIN_S = 2.0  # after refusing a body unread, how long its bytes are still received and dropped
 
 
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` and an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        kind = "authentication_error" if self.status == 401 else (
-            "invalid_request_error" if self.status < 500 else "server_error")
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may cost. ``max_prompt_tokens`` None = the model's context length."""
-
-    max_prompt_tokens: int | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    read_timeout: float = DEFAULT_READ_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    max_seconds: float | None = None
-    api_key: str | None = None
-
-
-def context_length(loaded) -> int:
-    """The model's context window from its config (``max_position_embeddings``), else DEFAULT_CONTEXT."""
-    n = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else DEFAULT_CONTEXT
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
-
-
-def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
-    """The validated fields of a /v1/chat/completions body, or a RequestError(400) naming the problem.
-
-    Messages and tools go through the trajectory schema (:func:`~attnprobe.trajectory.schema.validate_record`),
-    the one place that says what a message may hold, so the server accepts exactly what capture can render.
-    """
-    from attnprobe.trajectory.schema import validate_record
-
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(400, f"body is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        req = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestError(400, f"body is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
-                           ) from None
-    except RecursionError:
-        raise RequestError(400, "body JSON is nested too deeply") from None
-    if not isinstance(req, dict):
-        raise RequestError(400, f"body must be a JSON object, got {type(req).__name__}")
-    if req.get("stream"):
-        raise RequestError(400, "stream=true is not supported by attnprobe serve: send the request without "
-                                "'stream' (the whole reply comes in one response)", param="stream")
-    if req.get("n") not in (None, 1):
-        raise RequestError(400, "only n=1 is supported", param="n")
-    if "messages" not in req:
-        raise RequestError(400, "missing required field 'messages'", param="messages")
-    try:
-        validate_record({"id": "request", "messages": req["messages"], "tools": req.get("tools")})
-    except TrajectoryError as exc:
-        raise RequestError(400, f"{exc.field}: {exc.reason}" if exc.field else exc.reason, param=exc.field) from None
-    max_tokens = req.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = req.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_tokens_cap)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= max_tokens_cap:
-        raise RequestError(400, f"max_tokens must be an integer from 1 to {max_tokens_cap}, got {max_tokens!r}",
-                           param="max_tokens")
-    temperature = req.get("temperature")
-    if temperature is None:
-        temperature = 0.0
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-            math.isfinite(temperature) and temperature >= 0):
-        raise RequestError(400, f"temperature must be a number >= 0, got {temperature!r}", param="temperature")
-    model = req.get("model")
-    return {"messages": req["messages"], "tools": req.get("tools") or None, "max_tokens": max_tokens,
-            "temperature": float(temperature), "model": model if isinstance(model, str) else None}
-
-
-def _client_gone(sock: socket.socket) -> bool:
+def client_gone(sock: socket.socket) -> bool:
     """True when the peer has closed its end (readable with nothing to read) or the socket broke."""
     try:
         readable, _, _ = select.select([sock], [], [], 0)
@@ -361,7 +227,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
         def _complete(self, req: dict):
             sock = self.connection
             while not lock.acquire(timeout=_CHECK_EVERY_S):  # wait our turn; give up if the client leaves
-                if _client_gone(sock):
+                if client_gone(sock):
                     raise _ClientGone("it left while waiting for its turn; nothing generated")
             try:
                 try:
@@ -380,7 +246,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
                     if now < state["next"]:
                         return False
                     state["next"] = now + _CHECK_EVERY_S
-                    if _client_gone(sock):
+                    if client_gone(sock):
                         state["reason"] = "gone"
                     elif deadline is not None and now > deadline:
                         state["reason"] = "time"
@@ -418,108 +284,4 @@ class _Server(ThreadingHTTPServer):
                   file=sys.stderr, flush=True)
 
 
-def serve(model_spec: str = "default", *, dtype: str = "float32", host: str = "127.0.0.1", port: int = 0,
-          announce: bool = True, device: str | None = None, limits: Limits | None = None) -> int:
-    """Load ``model_spec`` (``dtype``, ``device``), bind ``host:port`` (0 = any free port), print the readiness line (when
-    ``announce``) and serve until SIGTERM/SIGINT; returns 0 after a clean shutdown."""
-    from attnprobe.capture.models import load_model
-
-    limits = limits or Limits()
-    loaded = load_model(model_spec, dtype=dtype, device=device)
-    server = make_server(loaded, host=host, port=port, limits=limits)
-    bound_host, bound_port = server.server_address[:2]
-    stopping = threading.Event()
-
-    def _stop(signum, frame):  # serve_forever runs in this thread: shut it down from another one
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, _stop)
-    try:
-        if not is_loopback(host):
-            print(f"attnprobe serve: WARNING: listening on {host}, beyond this machine; plain HTTP, "
-                  + ("bearer token required (--api-key-env)" if limits.api_key else
-                     "NO authentication: anyone who reaches the port can use the model (set --api-key-env)"),
-                  file=sys.stderr, flush=True)
-        if announce:
-            print(json.dumps({"event": READY_EVENT, "url": f"http://{bound_host}:{bound_port}/v1",
-                              "model": loaded.name}), flush=True)
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        server.server_close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
-
-
-def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
-    """The "server" option group of ``attnprobe serve`` and ``python -m attnprobe.generation.server``."""
-    g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1, loopback only; any other prints a warning)")
-    g.add_argument("--port", type=_port, default=default_port, help=f"port (default {default_port}; 0 = any free port)")
-    g.add_argument("--api-key-env", default=None, metavar="NAME",
-                   help="require 'Authorization: Bearer <key>' with the key read from environment variable NAME "
-                        "(default: no authentication)")
-    g.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="refuse longer prompts with HTTP 400 (default: the model's context length)")
-    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help=f"refuse larger request bodies with HTTP 413 before reading them (default {DEFAULT_MAX_BODY_BYTES})")
-    g.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
-                   help=f"seconds a socket read may wait before the connection is dropped (default {DEFAULT_READ_TIMEOUT:g})")
-    g.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
-                   help="seconds to receive a whole request (line, headers, body) before answering HTTP 408 "
-                        f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
-    g.add_argument("--max-seconds", type=float, default=None,
-                   help="stop a generation that runs longer and answer HTTP 503 (default: no limit)")
-    return g
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port 0-65535 (checked before the model loads)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0-65535, got {v}")
-    return v
-
-
-def limits_from_args(args) -> Limits:
-    """Limits from the parsed server options; the API key is read from the named variable here."""
-    key = None
-    if args.api_key_env:
-        key = os.environ.get(args.api_key_env, "")
-        if not key:
-            raise AttnprobeError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-    for name in ("max_prompt_tokens", "max_body_bytes", "read_timeout", "request_timeout", "max_seconds"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            raise AttnprobeError(f"--{name.replace('_', '-')} must be positive, got {v}")
-    return Limits(max_prompt_tokens=args.max_prompt_tokens, max_body_bytes=args.max_body_bytes,
-                  read_timeout=args.read_timeout, request_timeout=args.request_timeout, max_seconds=args.max_seconds, api_key=key)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m attnprobe.generation.server``: the same server as ``attnprobe serve`` (default port 0)."""
-    p = argparse.ArgumentParser(prog="python -m attnprobe.generation.server",
-                                description="Serve a transformers model on an OpenAI-compatible endpoint.")
-    p.add_argument("--model", default="default", help="model spec (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=None, help="torch device (default cpu)")
-    add_server_options(p, default_port=0)
-    args = p.parse_args(argv)
-    try:
-        limits = limits_from_args(args)
-    except AttnprobeError as exc:
-        p.error(str(exc))
-    return serve(args.model, dtype=args.dtype, device=args.device, host=args.host, port=args.port, limits=limits)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+_client_gone = client_gone  # the old private name (tests)

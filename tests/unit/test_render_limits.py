@@ -1,0 +1,39 @@
+"""A trajectory too long to fit is refused before it is tokenized (issue 22: a 10 MB observation took
+2.8 GB and 48 s to tokenize just to be refused)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from attnprobe.errors import TooLongError
+from attnprobe.render.rendering import check_length, longest_token_chars, render
+from attnprobe.trajectory.schema import Trajectory
+
+
+def test_longest_token_bounds_every_token(smol):
+    tok = smol.tokenizer
+    longest = longest_token_chars(tok)
+    assert 1 < longest < 1000
+    text = "The quick brown fox " * 50 + "<|im_start|>assistant\n" + " " * 300 + "https://example.org/" * 20
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert max(b - a for a, b in enc["offset_mapping"]) <= longest  # the bound the early check relies on
+    assert len(text) <= len(enc["input_ids"]) * longest
+
+
+def test_a_10mb_observation_is_refused_quickly(smol):
+    tok = smol.tokenizer
+    traj = Trajectory.from_dict({"id": "huge", "messages": [
+        {"role": "user", "content": "find it"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "word " * 2_000_000}]})
+    t0 = time.perf_counter()
+    with pytest.raises(TooLongError, match=r"trajectory 'huge' renders to 1000\d{4} characters, more than 8192 "
+                                           r"tokens can hold .*refused before tokenizing"):
+        render(traj, tok, max_tokens=8192)
+    assert time.perf_counter() - t0 < 10  # tokenizing it took 48 s and 2.8 GB
+    short = Trajectory.from_dict({"id": "s", "messages": [{"role": "user", "content": "hi"}]})
+    assert len(render(short, tok, max_tokens=8192).input_ids) > 0  # what fits is rendered as before
+    check_length("x" * 10, tok, None, "anything")  # no limit: no check
