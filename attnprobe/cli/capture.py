@@ -35,12 +35,19 @@ def run_capture_files(args, files: list[Path], out: Path) -> int:
     existing result is checked against this run's settings and weights (a mismatch is refused
     unless --force, so variants are never mixed in one folder).
     """
-    from attnprobe.capture.job import CaptureJob
-    from attnprobe.io import ensure_writable_dir, recover_atomic_dirs
+    from attnprobe.io import ensure_writable_dir, hold_dir_lock
     from attnprobe.trajectory.schema import load_files
 
     trajs = load_files(files)  # validate everything before the slow part
     ensure_writable_dir(out)
+    with hold_dir_lock(out):  # one run per output folder: a second is refused, naming the first's PID
+        return _capture_locked(args, trajs, out)
+
+
+def _capture_locked(args, trajs, out: Path) -> int:
+    from attnprobe.capture.job import CaptureJob
+    from attnprobe.io import recover_atomic_dirs
+
     recover_atomic_dirs(out)
     model = model_options(args)
     job = CaptureJob(out, trajs, capture_options(args), model=model.spec, backend=model.backend, dtype=model.dtype,

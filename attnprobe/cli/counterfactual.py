@@ -55,7 +55,7 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
     from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
-    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json
+    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
     from attnprobe.trajectory.schema import load_files
 
     specs = list(args.policies or ["mask:5"])
@@ -63,7 +63,7 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     names, steps = plan_steps(trajs, specs, min_past=args.min_past, include_actions=args.include_actions,
                               turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
     ensure_writable_dir(out)
-    with executor(args) as ex:
+    with hold_dir_lock(out), executor(args) as ex:
         opts = run_options(args)
         settings = ex.call(counterfactual_settings, names, run_options(args, progress=False))
         job = CounterfactualJob(out, steps, specs, settings, opts, batch_size=args.batch_size, force=args.force)

@@ -272,16 +272,19 @@ def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = Tru
 
 # ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
+    from attnprobe.io import hold_dir_lock
+
     items, target = _items(args), _target(args)
-    with _generation_executor(args) as ex:
+    with hold_dir_lock(target.folder, "IBIS model folder"), _generation_executor(args) as ex:
         return _stage_run(args, target, items, ex)
 
 
 def cmd_capture(args) -> int:
     from attnprobe.cli.options import executor
+    from attnprobe.io import hold_dir_lock
 
     items, target = _items(args), _target(args)
-    with executor(args) as ex:
+    with hold_dir_lock(target.folder, "IBIS model folder"), executor(args) as ex:
         return _stage_capture(args, target, items, ex)
 
 
@@ -300,11 +303,18 @@ def cmd_all(args) -> int:
     """Behaviour and capture item group by item group (so an interrupted run has both for every
     finished item), then aggregate and report. One executor per stage for the whole command, so a
     model (or each Ray replica) loads once."""
+    from attnprobe.io import hold_dir_lock
+
+    items, target = _items(args), _target(args)
+    with hold_dir_lock(target.folder, "IBIS model folder"):
+        return _all_locked(args, items, target)
+
+
+def _all_locked(args, items, target: Target) -> int:
     from attnprobe.cli.options import executor
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import update_run
 
-    items, target = _items(args), _target(args)
     if args.backend == "openai":
         print("ibis all: generating through the endpoint, capturing with the in-process model given by --model",
               file=sys.stderr)

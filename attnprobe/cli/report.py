@@ -8,9 +8,10 @@ from attnprobe.cli.options import add_output_options
 
 
 def cmd_report(args) -> int:
+    from attnprobe.counterfactual.report import SECTION
     from attnprobe.results.report import write_report
 
-    path = write_report(Path(args.results), Path(args.out) if args.out else None)
+    path = write_report(Path(args.results), Path(args.out) if args.out else None, extra=[SECTION])
     print(f"report written to {path}")
     return 0
 

@@ -55,6 +55,7 @@ def test_report_has_a_counterfactual_section_with_the_summary_tables(tmp_path):
     and left out of the numbers."""
     import json
 
+    from attnprobe.counterfactual.report import SECTION
     from attnprobe.results.report import write_report
 
     recs = [record("mask:5", "a", 0.1, 0.1, 100, False, {"past_reasoning": 0.06, "placeholder": 0.04}),
@@ -68,7 +69,7 @@ def test_report_has_a_counterfactual_section_with_the_summary_tables(tmp_path):
     bad = run / "a" / "mask_5" / "step_0099"
     bad.mkdir()
     (bad / "record.json").write_text("{not json")
-    html = write_report(tmp_path).read_text(encoding="utf-8")
+    html = write_report(tmp_path, extra=[SECTION]).read_text(encoding="utf-8")
     assert "<h2 id=\"counterfactual\">Counterfactuals</h2>" in html and "<h3 id=\"cf0\">runs/cf</h3>" in html
     assert "Attention at the decision position" in html and "Attention at the step&#39;s reasoning start" in html
     want = summarize(recs)

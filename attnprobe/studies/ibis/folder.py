@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from attnprobe.io import atomic_write_text, dumps_line, write_jsonl
+from attnprobe.io import atomic_write_text, dumps_line, safe_name, write_jsonl
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing
 from attnprobe.studies.ibis.items import IbisItem, load_items
 from attnprobe.studies.ibis.metrics import read_run
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "model"
 
 
 def model_name(spec: str, *, served_model: str | None = None) -> str:
@@ -37,7 +32,7 @@ def model_name(spec: str, *, served_model: str | None = None) -> str:
 
 
 def model_folder(results: Path, name: str, *, dtype: str = "float32", protocol: str = "paper") -> Path:
-    return Path(results) / (slug(name) + ("" if dtype in (None, "float32") else f"__{dtype}")
+    return Path(results) / (safe_name(name, "model") + ("" if dtype in (None, "float32") else f"__{dtype}")
                             + ("" if protocol == "paper" else f"__{protocol}"))
 
 
