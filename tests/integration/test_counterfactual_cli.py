@@ -64,7 +64,7 @@ def test_resume_redoes_damaged_stale_and_half_built_steps(smol, tmp_path, caplog
     path, src = _small(tmp_path)
     out = tmp_path / "cf"
     argv = ["counterfactual", str(path), "--policy", "mask:1", "--min-past", "2", "--max-steps", "1", "--out",
-            str(out), "--no-progress", "-q"]
+            str(out), "--no-progress"]
 
     def run():
         args = parse(argv)

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import attnprobe.cli.options as options
+from attnprobe.capture.models import ModelSpec
 from attnprobe.cli.main import main
 
 
@@ -32,7 +33,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kw):
         raise AssertionError("the model must not be loaded for options that are refused")
 
-    monkeypatch.setattr(options, "load_for_capture", refuse)
+    monkeypatch.setattr(ModelSpec, "load", refuse)
     monkeypatch.setattr(options, "make_generator", refuse)
 
 
