@@ -9,7 +9,11 @@ prompt and the task stay as they were); they edit only assistant turns and tool 
 Seed 002, section 2.2 (observation masking): "Observation masking replaces older observation content
 with fixed placeholders while retaining tool-call structure and exempting tool-call errors. The
 retention window K preserves the most recent observations; error observations remain available for
-adaptive debugging. Placeholders preserve which tool was called and its arguments."
+adaptive debugging. Placeholders preserve which tool was called and its arguments." Its limitations
+call it a "minimal turn-based observation masking policy" and its agents make parallel calls, so the
+window is offered both ways: :func:`mask_observations` (``mask:K``, K observations) and
+:func:`mask_turns` (``mask-turns:K``, the observations of K turns; docs/counterfactual.md says which
+the seed means).
 
 Seed 004, section 3.2 (context interference, on the history state s_i = [x, a_0..a_{i-1}, o_1..o_i]
 with a_i = (p_i thought, q_i query)): "IRCoT-o (w/o o_{:-1}) only incorporates the latest observation
