@@ -273,7 +273,6 @@ def test_recency_uniform_masses_and_both_aggregations():
 def test_pooled_and_mean_of_ratios_differ_when_role_totals_differ():
     T = 6
     msgs = trajectory(T)
-    steps = (5, 5)
 
     def rows(k, texts, labels):
         row = np.zeros(len(texts))
