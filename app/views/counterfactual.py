@@ -4,10 +4,12 @@ where the removed mass went, and the original token strip with the removed spans
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import streamlit as st
 
+from attnprobe.counterfactual.records import record_problem
 from attnprobe.results import counterfactual_figures as CF
 from attnprobe_app import common as C
 from attnprobe_app import data as D
@@ -16,21 +18,39 @@ RECORD, MASSES = "record.json", "masses.safetensors"
 MAX_STEPS = 5000
 
 
-def find_steps(root: Path) -> list[str]:
-    """Step folders (``.../<trajectory>/<policy>/step_*`` with a record) inside the data directory."""
-    out = []
-    for p in sorted(root.glob(f"**/step_*/{RECORD}")):
-        out.append(D.rel_to(root, p.parent))
-        if len(out) >= MAX_STEPS:
-            break
-    return out
+def find_steps(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """(step folders ``.../<trajectory>/<policy>/step_*`` with a record inside the data directory,
+    problems). Symlinked folders are not followed; a symlinked step folder is listed as a problem."""
+    root = Path(root)
+    out: list[str] = []
+    problems: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        for d in sorted(dirnames):
+            if d.startswith("step_") and (here / d).is_symlink():
+                problems.append((D.rel_to(root, here) + "/" + d if here != root else d,
+                                 "a symlinked step folder (not followed)"))
+        dirnames.sort()
+        if here.name.startswith("step_") and RECORD in filenames:
+            out.append(D.rel_to(root, here))
+            if len(out) >= MAX_STEPS:
+                break
+    return sorted(out), problems
+
+
+def _skipped(problems: list[tuple[str, str]]) -> None:
+    if problems:
+        with st.expander(f"Skipped: {len(problems)} step folder{'s' if len(problems) > 1 else ''}"):
+            for where, why in problems:
+                st.markdown(f"- `{where}`: {why}")
 
 
 def render(root, inventory) -> None:
     st.title("Context counterfactual")
     root = Path(root)
-    steps = find_steps(root)
+    steps, problems = find_steps(root)
     if not steps:
+        _skipped(problems)
         C.no_data("counterfactual runs", "Run `attnprobe counterfactual TRAJECTORIES.jsonl --policy mask:5 "
                                          "--policy ircot:oq --out DIR/counterfactual`.")
         return
@@ -38,14 +58,28 @@ def render(root, inventory) -> None:
         st.markdown("### Counterfactual")
         rel = st.selectbox("step (trajectory / policy / step)", steps, key="cf_step")
         query = st.radio("query", ["decision", "reasoning"], key="cf_query", horizontal=True)
+    _skipped(problems)
     try:
         record = D.read_json(root, Path(rel) / RECORD)
+        problem = record_problem(record, app=True)
+        if problem:
+            raise D.DataError(f"{rel}/{RECORD}: {problem}")
         arrays = D.read_safetensors(root, Path(rel) / MASSES)
+        missing = [k for k in ("mass_original", "mass_counterfactual", "removed_tokens") if k not in arrays]
+        if missing:
+            raise D.DataError(f"{rel}/{MASSES}: missing {', '.join(missing)}")
         original = C.capture(root, str(Path(rel) / "original"))
         views = C.capture_views(root, str(Path(rel) / "original"))
     except D.DataError as exc:
         st.error(f"Cannot show `{rel}`: {exc}")
         return
+    try:
+        show(record, arrays, original, views, rel, query)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a record that passed the check but not the plot
+        st.error(f"Cannot show `{rel}`: {type(exc).__name__}: {exc}")
+
+
+def show(record: dict, arrays: dict, original, views: dict, rel: str, query: str) -> None:
     qi = 0 if query == "decision" else 1
     q = record["queries"][query]
     tok = record["tokens"]
@@ -57,7 +91,7 @@ def render(root, inventory) -> None:
     k2.metric("of it on observations", f"{100 * q['removed_observation_mass']:.1f}%")
     k3.metric("tokens saved", f"{tok['saved']} ({100 * tok['saved_share']:.0f}%)")
     act = record.get("action")
-    k4.metric("next action", "changed" if act and act["changed"] else ("same" if act else "not run"),
+    k4.metric("next action", "changed" if act and act.get("changed") else ("same" if act else "not run"),
               help=(f"original: {act['original']['decision']} · counterfactual: {act['counterfactual']['decision']}"
                     if act else "run with --actions"))
     roles = record["roles"]
@@ -79,8 +113,17 @@ def render(root, inventory) -> None:
         st.json(changed or {"(nothing)": "every message kept"})
     if act:
         with st.expander("Next action in both contexts"):
+            own = act.get("own") if isinstance(act.get("own"), dict) else None
+            if own:
+                st.caption(f"own tools: {own['original'].get('action')} → {own['counterfactual'].get('action')}"
+                           + ("" if own.get("parseable_both") else " (not parseable on both sides: no change counted)"))
             c1, c2 = st.columns(2)
             c1.markdown("**original**")
             c1.text(act["original"]["text"])
             c2.markdown("**counterfactual**")
             c2.text(act["counterfactual"]["text"])
+    lp = record.get("logprob")
+    if lp:
+        st.caption(f"log p of the recorded step (teacher-forced, per token): original {lp['original']['mean']:.3f}, "
+                   f"counterfactual {lp['counterfactual']['mean']:.3f} "
+                   f"({lp['counterfactual']['mean'] - lp['original']['mean']:+.3f})")

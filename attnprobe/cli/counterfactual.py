@@ -18,23 +18,29 @@ from attnprobe.cli.options import (
 
 log = logging.getLogger(__name__)
 
-POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking, keep the last K), "
-               "ircot:o | ircot:oq | ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (extractive refiner of "
-               "the latest observation, keep N sentences), refine:openai:BASE_URL:MODEL")
+POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking: keep the K most recent "
+               "observations), mask-turns:K (keep the observations of the K most recent turns), ircot:o | ircot:oq "
+               "| ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (seed 004 section 3.3: every round's "
+               "observation refined with its own query, keep N sentences), refine-latest:bm25[:N] (the latest "
+               "observation only), refine:openai:BASE_URL:MODEL; errors are never masked")
 
 
 def add_counterfactual_options(p) -> None:
     """Policies, steps and capture options of a counterfactual run (also used by ``study masking``)."""
     g = p.add_argument_group("counterfactual")
     g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
-    g.add_argument("--min-past", type=int, default=5,
-                   help="steps with at least this many past turns (default 5, seed 002 E.5)")
+    g.add_argument("--min-past", type=int, default=None,
+                   help="steps with at least this many past turns (default per policy family: 5 for masking, "
+                        "seed 002 E.5; 1 for IRCoT and refiners, seed 004; the smallest when families are mixed)")
     g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
     g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
     g.add_argument("--actions", action="store_true",
                    help="also generate the next action (greedy) in both contexts and compare (transformers)")
     g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
+    g.add_argument("--logprob", action="store_true",
+                   help="also the teacher-forced log-probability of the recorded step in both contexts "
+                        "(one forward pass each; transformers)")
     g.add_argument("--batch-size", type=positive_int, default=1,
                    help="steps per backend call (vLLM batches all their contexts in one generate)")
     add_capture_options(p, only=("layers", "rendering", "max_tokens"))
@@ -46,13 +52,14 @@ def run_options(args, progress: bool = True):
 
     return RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
-                      progress=progress and not args.no_progress)
+                      logprob=args.logprob, progress=progress and not args.no_progress)
 
 
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     """Plan, run resumably on the executor the options choose, write OUT/summary.json and
     OUT/summary.md; (exit code, summary)."""
     from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
+    from attnprobe.counterfactual.policies import default_min_past
     from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
@@ -60,17 +67,26 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
 
     specs = list(args.policies or ["mask:5"])
     trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
-    names, steps = plan_steps(trajs, specs, min_past=args.min_past, include_actions=args.include_actions,
+    min_past = args.min_past if args.min_past is not None else default_min_past(specs)
+    names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=args.include_actions,
                               turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
+    log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
+             "" if args.min_past is not None else " (the default for these policies)")
     ensure_writable_dir(out)
     with hold_dir_lock(out), executor(args) as ex:
         opts = run_options(args)
         settings = ex.call(counterfactual_settings, names, run_options(args, progress=False))
         job = CounterfactualJob(out, steps, specs, settings, opts, batch_size=args.batch_size, force=args.force)
         counts = ex.run(job)
-    summary = summarize_dir(out)
+    skipped: list = []
+    summary = summarize_dir(out, skipped=skipped)
+    for where, why in skipped:
+        log.warning("summary: skipped %s: %s", where, why)
     atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
-    md = "\n".join(f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning"))
+    notes = [f"Steps with >= {min_past} past turns.", ""]
+    notes += [f"Skipped {len(skipped)} unreadable step record(s): " + "; ".join(f"{w}: {r}" for w, r in skipped), ""] \
+        if skipped else []
+    md = "\n".join(notes + [f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning")])
     atomic_write_text(out / "summary.md", md)
     log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
              counts["done"], counts["done_before"], counts["failed"], out / "summary.md")

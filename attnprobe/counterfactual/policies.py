@@ -9,15 +9,22 @@ prompt and the task stay as they were); they edit only assistant turns and tool 
 Seed 002, section 2.2 (observation masking): "Observation masking replaces older observation content
 with fixed placeholders while retaining tool-call structure and exempting tool-call errors. The
 retention window K preserves the most recent observations; error observations remain available for
-adaptive debugging. Placeholders preserve which tool was called and its arguments."
+adaptive debugging. Placeholders preserve which tool was called and its arguments." Its limitations
+call it a "minimal turn-based observation masking policy" and its agents make parallel calls, so the
+window is offered both ways: :func:`mask_observations` (``mask:K``, K observations) and
+:func:`mask_turns` (``mask-turns:K``, the observations of K turns; docs/counterfactual.md says which
+the seed means).
 
 Seed 004, section 3.2 (context interference, on the history state s_i = [x, a_0..a_{i-1}, o_1..o_i]
 with a_i = (p_i thought, q_i query)): "IRCoT-o (w/o o_{:-1}) only incorporates the latest observation
 o_i"; "IRCoT-oq (w/o o_{:-1}, q_{:-1}) with context [x, p_0, p_1, ..., p_{i-1}, q_{i-1}, o_i]";
 "IRCoT-oqp (w/o o_{:-1}, q_{:-1}, p_{:-1}) relies exclusively on the latest thinking, search query,
-and observation as context [x, p_{i-1}, q_{i-1}, o_i]". Section 3.3 (refinement): a refiner F keeps
-"the most relevant information d~_i = F(q_{i-1}, d_i) to search query q_{i-1} from the latest
-retrieved documents d_i", and d~_i is served as the observation o_i.
+and observation as context [x, p_{i-1}, q_{i-1}, o_i]". Section 3.3 (refinement): a refiner F, "in each
+round i, refine[s] the context to preserve the most relevant information d~_i = F(q_{i-1}, d_i) to
+search query q_{i-1} from the latest retrieved documents d_i. d~_i is served as the i-th observation o_i
+and then appended to s_i": every observation the model sees was refined in its own round, so
+:func:`refine_rounds` (``refine:...``) refines each observation with the query that produced it, and
+:func:`refine_latest` (``refine-latest:...``) only the latest round's.
 
 Mapping onto OpenAI-format trajectories: a thought p is an assistant message's text (``content``
 and ``reasoning_content``), a query q its ``tool_calls``, an observation o a ``tool`` message; "the
@@ -111,19 +118,24 @@ def make_policy(name: str, edits_fn: Callable[[Sequence[dict]], Mapping[int, Edi
 
 def compose(*policies: Policy, name: str | None = None) -> Policy:
     """Apply policies in order; changes are mapped back onto the original indices (a later policy's
-    status wins over ``kept``; a removed message stays removed)."""
+    status wins over ``kept``; a removed message stays removed). ``details["refined"]`` entries are
+    mapped back too and kept for messages whose final status is ``refined``."""
 
     def policy(messages: Sequence[dict]) -> Counterfactual:
         msgs, source = list(messages), list(range(len(messages)))
         changes = {i: "kept" for i in range(len(messages))}
+        refined: dict[str, dict] = {}
         for p in policies:
             cf = p(msgs)
             for k, status in cf.changes.items():
                 if status != "kept":
                     changes[source[k]] = status
+            for k, v in (cf.details.get("refined") or {}).items():
+                refined[str(source[int(k)])] = v
             source = [source[k] for k in cf.source]
             msgs = cf.messages
-        return Counterfactual(msgs, source, changes, policy.name)
+        refined = {k: v for k, v in refined.items() if changes[int(k)] == "refined"}
+        return Counterfactual(msgs, source, changes, policy.name, {"refined": refined} if refined else {})
 
     policy.name = name or "+".join(getattr(p, "name", "policy") for p in policies)  # type: ignore[attr-defined]
     return policy
@@ -163,35 +175,70 @@ def _latest_turn(messages: Sequence[dict]) -> tuple[int | None, list[int]]:
 
 
 # ------------------------------------------------------------------ seed 002: observation masking
+def _turns_of_observations(messages: Sequence[dict]) -> dict[int, int]:
+    """Tool message index -> index of the assistant message it answers (the last assistant message
+    before it; -1 for a tool message before any). Parallel calls of one assistant message share it."""
+    out, last = {}, -1
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            last = i
+        elif m["role"] == "tool":
+            out[i] = last
+    return out
+
+
+def _placeholder_edit(messages: Sequence[dict], i: int, placeholder: str, calls: dict[str, dict]) -> Edit:
+    msg = messages[i]
+    call = calls.get(msg.get("tool_call_id") or "")
+    name = (call or {}).get("function", {}).get("name") or msg.get("name") or "unknown"
+    text = message_text(msg.get("content"))
+    new = {k: v for k, v in msg.items() if k not in ("annotations",)}
+    new["content"] = placeholder.format(name=name, arguments=_arguments_text(call),
+                                        tool_call_id=msg.get("tool_call_id") or "", chars=len(text),
+                                        lines=text.count("\n") + 1 if text else 0)
+    return ("placeholder", new)
+
+
 def mask_observations(keep_last: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, keep_errors: bool = True,
                       is_error: Callable[[dict], bool] = default_is_error) -> Policy:
-    """Seed 002 observation masking: keep the last ``keep_last`` tool observations; replace the
-    content of older ones by ``placeholder`` (formatted with the call's tool name and arguments);
-    with ``keep_errors`` an observation that reports a failed call is never masked. Every tool
-    message counts as one observation (parallel calls give several)."""
+    """Seed 002 observation masking, window counted in observations (``mask:K``): the last
+    ``keep_last`` tool observations stay; older ones get ``placeholder`` (formatted with the call's
+    tool name and arguments). Every tool message is one observation (parallel calls give several).
+    With ``keep_errors`` an observation that reports a failed call is never masked and does not use
+    up a window slot (the window holds the K most recent non-error observations)."""
     if keep_last < 0:
         raise ValueError("mask_observations: keep_last must be >= 0")
 
     def edits(messages: Sequence[dict]) -> dict[int, Edit]:
         calls = _calls_by_id(messages)
-        tools = [i for i, m in enumerate(messages) if m["role"] == "tool"]
-        older = tools[: max(0, len(tools) - keep_last)]
-        out: dict[int, Edit] = {}
-        for i in older:
-            msg = messages[i]
-            if keep_errors and is_error(msg):
-                continue
-            call = calls.get(msg.get("tool_call_id") or "")
-            name = (call or {}).get("function", {}).get("name") or msg.get("name") or "unknown"
-            text = message_text(msg.get("content"))
-            new = {k: v for k, v in msg.items() if k not in ("annotations",)}
-            new["content"] = placeholder.format(name=name, arguments=_arguments_text(call),
-                                                tool_call_id=msg.get("tool_call_id") or "", chars=len(text),
-                                                lines=text.count("\n") + 1 if text else 0)
-            out[i] = ("placeholder", new)
-        return out
+        counted = [i for i, m in enumerate(messages)
+                   if m["role"] == "tool" and not (keep_errors and is_error(m))]
+        older = counted[: max(0, len(counted) - keep_last)]
+        return {i: _placeholder_edit(messages, i, placeholder, calls) for i in older}
 
     return make_policy(f"mask:{keep_last}", edits)
+
+
+def mask_turns(keep_turns: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, keep_errors: bool = True,
+               is_error: Callable[[dict], bool] = default_is_error) -> Policy:
+    """Seed 002 observation masking, window counted in turns (``mask-turns:K``; the seed's "minimal
+    turn-based observation masking policy", its limitations): the observations of the K most recent
+    turns stay, all parallel observations of one turn (the tool messages answering one assistant
+    message) together; older turns' observations get ``placeholder``. With ``keep_errors`` error
+    observations are never masked and a turn whose observations are all errors uses no slot."""
+    if keep_turns < 0:
+        raise ValueError("mask_turns: keep_turns must be >= 0")
+
+    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
+        calls = _calls_by_id(messages)
+        counted = {i: t for i, t in _turns_of_observations(messages).items()
+                   if not (keep_errors and is_error(messages[i]))}
+        turns = sorted(set(counted.values()))
+        kept_turns = set(turns[max(0, len(turns) - keep_turns):]) if keep_turns else set()
+        return {i: _placeholder_edit(messages, i, placeholder, calls) for i, t in counted.items()
+                if t not in kept_turns}
+
+    return make_policy(f"mask-turns:{keep_turns}", edits)
 
 
 # ------------------------------------------------------------------ seed 004: IRCoT variants
@@ -227,14 +274,15 @@ def ircot(variant: str = "o") -> Policy:
     return make_policy(f"ircot:{variant}", edits)
 
 
-# ------------------------------------------------------------------ seed 004: refine the latest observation
+# ------------------------------------------------------------------ seed 004: refiners
 Refiner = Callable[[str, str], str]
 """``refiner(query, document) -> refined document`` (seed 004's F(q_{i-1}, d_i))."""
 
 
 def refine_query(messages: Sequence[dict], last: int, observation: dict) -> str:
-    """The query a refiner selects against: the ``query`` argument of the call this observation
-    answers, else every argument value plus the latest thought (a visit_page URL alone says little)."""
+    """The query a refiner selects against for an observation answering assistant message ``last``:
+    the ``query`` argument of the call it answers, else every argument value plus that message's
+    thought (a visit_page URL alone says little)."""
     calls = _calls_by_id(messages)
     call = calls.get(observation.get("tool_call_id") or "")
     if call is None:
@@ -251,56 +299,139 @@ def refine_query(messages: Sequence[dict], last: int, observation: dict) -> str:
     return f"{values} {thought}".strip()
 
 
-def refine_latest(refiner: Refiner, *, name: str = "refine") -> Policy:
-    """Seed 004 section 3.3: replace each latest observation d_i by ``refiner(q_{i-1}, d_i)``
-    (status ``refined``; ``kept`` when the refiner returns the text unchanged)."""
+def extractive_selection(original: str, refined: str) -> dict:
+    """Which sentences of ``original`` (:func:`attnprobe.counterfactual.refiners.split_sentences`)
+    the refined text consists of: ``{"extractive": True, "sentences": [...], "kept": [indices]}``
+    when every refined sentence is an original one (matched in order, each used once), else
+    ``{"extractive": False}``. With it the analysis can split the original attention on a refined
+    observation into the text the refiner dropped and the text it kept (``counterfactual.refined``)."""
+    from attnprobe.counterfactual.refiners import split_sentences
 
-    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
-        last, latest_obs = _latest_turn(messages)
+    sents, out = split_sentences(original), split_sentences(refined)
+    kept: list[int] = []
+    for r in out:
+        j = next((j for j in range(kept[-1] + 1 if kept else 0, len(sents)) if sents[j] == r), None)
+        if j is None:
+            j = next((j for j in range(len(sents)) if sents[j] == r and j not in kept), None)
+        if j is None:
+            return {"extractive": False}
+        kept.append(j)
+    return {"extractive": True, "sentences": sents, "kept": sorted(kept)}
+
+
+def refine_rounds(refiner: Refiner, *, name: str = "refine", latest_only: bool = False) -> Policy:
+    """Seed 004 section 3.3: every observation d_i is replaced by ``refiner(q_{i-1}, d_i)``, with the
+    query of the call that produced it (status ``refined``; ``kept`` when the refiner returns the
+    text unchanged). ``latest_only``: only the observations answering the last assistant message
+    (the old behaviour, ``refine-latest:...``). ``details["refined"][str(i)]`` records, per refined
+    message, the query and :func:`extractive_selection` (which original sentences were kept)."""
+
+    def policy(messages: Sequence[dict]) -> Counterfactual:
+        answers = _turns_of_observations(messages)
+        last, _ = _latest_turn(messages)
         out: dict[int, Edit] = {}
-        for i in latest_obs:
+        info: dict[str, dict] = {}
+        for i, a in answers.items():
+            if a < 0 or (latest_only and a != last):
+                continue
             msg = messages[i]
             text = message_text(msg.get("content"))
-            new_text = refiner(refine_query(messages, last, msg), text)
+            query = refine_query(messages, a, msg)
+            new_text = refiner(query, text)
             if not isinstance(new_text, str):
                 raise TypeError(f"refiner returned {type(new_text).__name__}, expected str")
             if new_text != text:
                 new = {k: v for k, v in msg.items() if k != "annotations"}
                 new["content"] = new_text
                 out[i] = ("refined", new)
-        return out
+                info[str(i)] = {"query": query, **extractive_selection(text, new_text)}
+        return apply_edits(messages, out, policy=name, details={"refined": info} if info else {})
 
-    return make_policy(name, edits)
+    policy.name = name  # type: ignore[attr-defined]
+    return policy
+
+
+def refine_latest(refiner: Refiner, *, name: str = "refine-latest") -> Policy:
+    """:func:`refine_rounds` on the latest round only: the observations answering the last assistant
+    message (``refine-latest:...``; not the seed's protocol, kept for comparison)."""
+    return refine_rounds(refiner, name=name, latest_only=True)
 
 
 # ------------------------------------------------------------------ the CLI's policy names
+POLICY_SPECS = ("mask:K", "mask-turns:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
+                "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
+
+
+def _int_arg(spec: str, value: str, what: str, example: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"--policy {spec!r}: {what} must be an integer, e.g. {example}") from None
+    if n < 0:
+        raise ValueError(f"--policy {spec!r}: {what} must be >= 0")
+    return n
+
+
 def parse_policy(spec: str) -> Policy:
-    """``mask:K`` | ``ircot:o`` | ``ircot:oq`` | ``ircot:oqp`` | ``refine:bm25[:N]`` (keep the N best
-    sentences, default 3) | ``refine:openai:BASE_URL:MODEL`` (an OpenAI-compatible refiner)."""
+    """``mask:K`` (the K most recent observations) | ``mask-turns:K`` (the observations of the K most
+    recent turns) | ``ircot:o`` | ``ircot:oq`` | ``ircot:oqp`` | ``refine:bm25[:N]`` (every observation
+    refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
+    (an OpenAI-compatible refiner) | ``refine-latest:...`` (the same, latest observations only).
+    A bad spec raises ValueError naming the ``--policy`` value."""
     from attnprobe.counterfactual.refiners import bm25_refiner, openai_refiner
 
     kind, _, arg = spec.partition(":")
-    if kind == "mask":
-        try:
-            k = int(arg)
-        except ValueError:
-            raise ValueError(f"policy {spec!r}: mask needs a number, e.g. mask:5") from None
-        return mask_observations(k)
+    if kind in ("mask", "mask-turns"):
+        k = _int_arg(spec, arg, "K", f"{kind}:5")
+        return mask_observations(k) if kind == "mask" else mask_turns(k)
     if kind == "ircot":
+        if arg not in IRCOT_VARIANTS:
+            raise ValueError(f"--policy {spec!r}: the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
         return ircot(arg)
-    if kind == "refine":
+    if kind in ("refine", "refine-latest"):
+        latest = kind == "refine-latest"
         sub, _, rest = arg.partition(":")
         if sub == "bm25":
-            n = int(rest) if rest else 3
-            return refine_latest(bm25_refiner(n), name=f"refine:bm25:{n}")
+            n = _int_arg(spec, rest, "N", f"{kind}:bm25:3") if rest else 3
+            if n < 1:
+                raise ValueError(f"--policy {spec!r}: N must be >= 1")
+            return refine_rounds(bm25_refiner(n), name=f"{kind}:bm25:{n}", latest_only=latest)
         if sub == "openai":
             base, _, model = rest.rpartition(":")
             if not base or not model:
-                raise ValueError(f"policy {spec!r}: use refine:openai:BASE_URL:MODEL")
-            return refine_latest(openai_refiner(base, model), name=f"refine:openai:{model}")
-    raise ValueError(f"unknown policy {spec!r}: use mask:K, ircot:o|oq|oqp, refine:bm25[:N] or "
-                     f"refine:openai:BASE_URL:MODEL")
+                raise ValueError(f"--policy {spec!r}: use {kind}:openai:BASE_URL:MODEL")
+            return refine_rounds(openai_refiner(base, model), name=f"{kind}:openai:{model}", latest_only=latest)
+        raise ValueError(f"--policy {spec!r}: unknown refiner {sub!r}; use {kind}:bm25[:N] or "
+                         f"{kind}:openai:BASE_URL:MODEL")
+    raise ValueError(f"--policy {spec!r}: unknown policy; use one of {', '.join(POLICY_SPECS)}")
 
 
 def policy_name(policy: Policy) -> str:
     return getattr(policy, "name", None) or getattr(policy, "__name__", "policy")
+
+
+# ------------------------------------------------------------------ which steps a policy is measured at
+MIN_PAST = {"mask": 5, "mask-turns": 5, "ircot": 1, "refine": 1, "refine-latest": 1}
+"""Default ``--min-past`` per policy family. Masking: seed 002 E.5 ("using only reasoning steps with at
+least five past turns"; with K = 5 an earlier step has nothing to mask). IRCoT and refiners: 1, since
+seed 004's agents make 1.1-3.4 retrievals per question (Table 1, ART), so a step with one past turn is
+already a round with an earlier observation (IRCoT) or an observation to refine."""
+
+
+def default_min_past(policies: Policy | str | Sequence[Policy | str]) -> int:
+    """The default minimum number of past turns for a run of ``policies`` (specs or policy objects):
+    :data:`MIN_PAST` by family (the part of the name before ``:``; a composed ``a+b`` counts each
+    part; a user-named policy counts as masking, 5, the old default). One run has one step set, so
+    for several families the rule is the **smallest** default: no policy loses a step it would get in
+    a run of its own; a masking policy then also meets steps with fewer than 5 past turns, where it
+    usually changes nothing (those steps count in ``steps`` but not in ``steps_changed``); run masking
+    on its own for seed 002's step set exactly."""
+    items = [policies] if isinstance(policies, str) or callable(policies) else list(policies)
+    if not items:
+        raise ValueError("default_min_past: no policy given")
+    vals = []
+    for p in items:
+        name = p if isinstance(p, str) else policy_name(p)
+        for part in name.split("+"):
+            vals.append(MIN_PAST.get(part.partition(":")[0], 5))
+    return min(vals)

@@ -1,4 +1,4 @@
-"""Refiners for :func:`attnprobe.counterfactual.policies.refine_latest`: ``(query, document) -> text``.
+"""Refiners for :func:`attnprobe.counterfactual.policies.refine_rounds`: ``(query, document) -> text``.
 
 Seed 004 section 3.3 distils its refiner from a strong LLM; here the shipped refiner is a
 deterministic extractive one (BM25 sentence selection with ``bm25s``), so a counterfactual run is
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-Refiner = Callable[[str, str], str]  # (query, document) -> refined text; the type policies.refine_latest takes
+Refiner = Callable[[str, str], str]  # (query, document) -> refined text; the type policies.refine_rounds takes
 
 _SENTENCE = re.compile(r"(?<=[^\d\s][.!?])\s+(?=[A-Z0-9\[(])|\n+")  # "1. [title]" is not a sentence end
 

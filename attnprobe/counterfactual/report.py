@@ -51,14 +51,10 @@ def build_section(root: Path, steps: list[Path], skipped: list[tuple[str, str]])
             runs.setdefault(step.parents[2], []).append(step)
     parts = []
     for i, run in enumerate(sorted(runs)):
-        records = [r for r in (_read(s, skipped) for s in sorted(runs[run])) if r is not None]
-        if not records:
-            continue
-        try:
-            summary = summarize(records)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("skipping counterfactual run %s: %s", run, exc)
-            skipped.append((str(run), f"records do not summarise: {type(exc).__name__}: {exc}"))
+        pairs = [(str(s), r) for s in sorted(runs[run]) if (r := _read(s, skipped)) is not None]
+        summary = summarize(pairs, skipped=skipped)  # a malformed record is listed and left out
+        records = [r for _, r in pairs if r.get("policy") in summary]
+        if not summary:
             continue
         rel = run.relative_to(root).as_posix()
         parts.append({

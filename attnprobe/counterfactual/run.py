@@ -37,8 +37,10 @@ import numpy as np
 from attnprobe._version import __version__
 from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, weights_hash
 from attnprobe.capture.models import LoadedModel
+from attnprobe.counterfactual.actions import classify_action, tool_vocabulary
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS, step_analysis
 from attnprobe.counterfactual.contexts import Context, build_context
+from attnprobe.counterfactual.extras import extra_fields
 from attnprobe.counterfactual.policies import Counterfactual, Policy, policy_name
 from attnprobe.counterfactual.steps import Step
 from attnprobe.counterfactual.store import step_dir, step_done, write_step
@@ -48,23 +50,27 @@ from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import call_arguments
 
+# What a step's numbers mean, in its resume settings: 2 = refiners per round (seed 004 §3.3), errors
+# exempt from masking windows, actions named by the trajectory's own tools. Folders of 1 are redone.
+SEMANTICS = 2
+
 
 # ------------------------------------------------------------------ next action
-def next_action(chat, messages: list[dict], tools, max_tokens: int) -> dict:
-    """Greedy next action parsed with the IBIS parser (decision) plus the exact first tool call."""
-    from attnprobe.studies.ibis.behaviour import classify_reply
-
+def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: Sequence[str]) -> dict:
+    """Greedy next action, named by the trajectory's own tools or seed 004's tags
+    (:func:`attnprobe.counterfactual.actions.classify_action`: ``decision``, ``method`` = its kind),
+    plus the exact first structured tool call and the reply text."""
     reply = chat.complete(messages, tools, max_tokens=max_tokens, temperature=0.0)
-    prompt_text = reply.prompt.text if reply.prompt is not None else ""
-    parsed = classify_reply(reply.raw_text or reply.content, reply.tool_calls, prompt_text)
+    text = reply.raw_text or reply.content or ""
+    parsed = classify_action(text, reply.tool_calls, vocabulary)
     call = None
     if reply.tool_calls:
         fn = reply.tool_calls[0]["function"]
         args = fn.get("arguments")
         call = {"name": fn.get("name"), "arguments": call_arguments(fn, on_error="raw") if isinstance(args, str)
                 else args}
-    return {"decision": parsed["decision"], "method": parsed["method"], "call": call,
-            "text": (reply.raw_text or reply.content)[:2000], "output_tokens": reply.output_tokens}
+    return {"decision": parsed["action"], "method": parsed["kind"], "call": call, "text": text[:2000],
+            "output_tokens": reply.output_tokens}
 
 
 def actions_chat(model: LoadedModel):
@@ -88,6 +94,7 @@ class RunOptions:
     chunk_size: int | None = None
     actions: bool = False
     max_new_tokens: int = 96
+    logprob: bool = False  # teacher-forced log p of the recorded step in both contexts (one forward each)
     progress: bool = False
 
 
@@ -99,7 +106,8 @@ def settings_dict(model: LoadedModel, policy: str, opts: RunOptions) -> dict:
         "policy": policy,
         "rendering": opts.rendering, "layers": None if opts.layers is None else list(opts.layers),
         "chunk_size": opts.chunk_size or model.default_chunk_size, "actions": opts.actions,
-        "max_new_tokens": opts.max_new_tokens if opts.actions else None,
+        "max_new_tokens": opts.max_new_tokens if opts.actions else None, "logprob": opts.logprob,
+        "semantics": SEMANTICS,
     }))
 
 
@@ -174,6 +182,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
                          seconds=(time.perf_counter() - t0) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
     results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]
     actions_orig: dict[tuple[str, int], dict] = {}
+    logprob_orig: dict[tuple[str, int], dict] = {}
     for s, _p, n in todo:
         traj = s.trajectory
         ci, rows, points, oc = orig_slot[(traj.id, s.message_index)]
@@ -192,14 +201,20 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
             "queries": queries, "settings": settings[n], "attnprobe_version": __version__,
             "rendering": {"original": oc.rendered.rendering, "counterfactual": cctx.rendered.rendering},
         }
+        key = (traj.id, s.message_index)
         if opts.actions and chat is not None:
-            key = (traj.id, s.message_index)
+            vocab = tool_vocabulary(traj.tools, traj.messages[: s.message_index])
             if key not in actions_orig:
                 actions_orig[key] = next_action(chat, traj.messages[: s.message_index], traj.tools,
-                                                opts.max_new_tokens)
+                                                opts.max_new_tokens, vocab)
             a_o = actions_orig[key]
-            a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens)
+            a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens, vocab)
             record["action"] = {"original": a_o, "counterfactual": a_c,
                                 "changed": a_o["decision"] != a_c["decision"],
                                 "call_changed": a_o["call"] != a_c["call"]}
+        extra_fields(record, original, cfx, traj, s.message_index, model=model if opts.logprob else None,
+                     rendering=oc.rendered.rendering, max_tokens=opts.max_tokens,
+                     original_logprob=logprob_orig.get(key))
+        if "logprob" in record:
+            logprob_orig[key] = record["logprob"]["original"]
         write_step(step_dir(out, s, n), record, arrays, original, cres)

@@ -1,25 +1,38 @@
 """Summaries of counterfactual runs across steps and trajectories, with confidence intervals.
 
 Per policy and query (decision / reasoning start): the mean share of attention the removed spans
-held, where that mass goes (mean change per destination group), the action-change rate (Wilson
-interval), tokens saved, and seed 002's check "removed observations held little attention"
-(section 5.3.1: "supporting masking of observations the model largely stops reading") as the mean
-attention mass on the removed observation content. Means carry percentile bootstrap intervals over
+held, where that mass goes (mean change per destination group), tokens saved, and seed 002's check
+"removed observations held little attention" (section 5.3.1: "supporting masking of observations the
+model largely stops reading") as the mean attention mass on the removed observation content. For
+refiners, the original mass on refined messages split into the sentences the refiner dropped and
+those it kept (``refined_split``, :mod:`attnprobe.counterfactual.refined`). Next action, when run:
+the change rate of the next action over all steps (an unparseable reply on both sides counts as
+unchanged), the change rate of the action
+read against the trajectory's own tools over the steps parseable on both sides with that count
+(:mod:`attnprobe.counterfactual.actions`), and the mean difference (counterfactual - original) of
+the recorded step's teacher-forced log-probability. Means carry percentile bootstrap intervals over
 steps (:func:`attnprobe.stats.bootstrap_mean_ci`); steps of one trajectory are not
 independent, so with few trajectories read the intervals as descriptive.
+
+A record that cannot be summarised (:func:`attnprobe.counterfactual.records.record_problem`) is
+skipped and listed with its reason in ``skipped``; it never stops the summary.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
-from attnprobe.counterfactual.store import iter_records
+from attnprobe.counterfactual.records import iter_record_files, record_problem
+from attnprobe.counterfactual.refined import PARTS
 from attnprobe.results.formatting import format_ci
 from attnprobe.stats import bootstrap_mean_ci, wilson_ci
+
+log = logging.getLogger(__name__)
 
 
 def _mean_ci(values: list[float], n_boot: int) -> dict:
@@ -30,30 +43,84 @@ def _mean_ci(values: list[float], n_boot: int) -> dict:
     return {"mean": float(x.mean()), "lo": float(lo), "hi": float(hi), "n": int(len(x))}
 
 
-def summarize(records: Iterable[dict], *, n_boot: int = 2000) -> dict:
-    """``{policy: {"steps", "trajectories", "tokens_saved", "tokens_saved_share", "action", per query:
-    {"removed_mass", "removed_observation_mass", "removed_share_of_observations", "redistribution":
-    {group: ci}, "conservation_error"}}}``."""
+def _usable(records: Iterable, skipped: list | None) -> list[dict]:
+    """Records (dicts, or ``(where, dict)`` pairs) that :func:`record_problem` accepts; the rest go
+    to ``skipped`` as ``(where, reason)``."""
+    out = []
+    for k, item in enumerate(records):
+        where, r = (str(item[0]), item[1]) if isinstance(item, tuple) and len(item) == 2 else (f"record {k}", item)
+        problem = record_problem(r)
+        if problem:
+            log.warning("skipping counterfactual record %s: %s", where, problem)
+            if skipped is not None:
+                skipped.append((where, problem))
+            continue
+        out.append(r)
+    return out
+
+
+def _action_stats(recs: list[dict]) -> dict | None:
+    acts = [r["action"] for r in recs if isinstance(r.get("action"), dict)]
+    if not acts:
+        return None
+    k, kc, n = sum(bool(a.get("changed")) for a in acts), sum(bool(a.get("call_changed")) for a in acts), len(acts)
+    kt = sum(a["original"]["text"] != a["counterfactual"]["text"] for a in acts)
+    return {"n": n, "changed": k, "rate": k / n, "ci": wilson_ci(k, n),
+            "call_changed": kc, "call_rate": kc / n, "call_ci": wilson_ci(kc, n),
+            "text_changed": kt, "text_rate": kt / n, "text_ci": wilson_ci(kt, n),
+            "unparseable": sum(a[c]["decision"] == "unparseable" for a in acts for c in ("original", "counterfactual"))}
+
+
+def _own_action_stats(recs: list[dict]) -> dict | None:
+    from attnprobe.counterfactual.actions import change_rate
+
+    blocks = [r["action"]["own"] for r in recs if isinstance(r.get("action"), dict)
+              and isinstance(r["action"].get("own"), dict)]
+    return change_rate(blocks) if blocks else None
+
+
+def _logprob_stats(recs: list[dict], n_boot: int) -> dict | None:
+    lps = [r["logprob"] for r in recs if isinstance(r.get("logprob"), dict)]
+    if not lps:
+        return None
+    diff = {k: [lp["counterfactual"][k] - lp["original"][k] for lp in lps] for k in ("sum", "mean")}
+    return {"n": len(lps), "diff_sum": _mean_ci(diff["sum"], n_boot), "diff_mean": _mean_ci(diff["mean"], n_boot),
+            "original_mean": _mean_ci([lp["original"]["mean"] for lp in lps], n_boot)}
+
+
+def _refined_split_stats(qs: list[dict], n_boot: int) -> dict | None:
+    splits = [x["refined_split"] for x in qs if isinstance(x.get("refined_split"), dict)
+              and x["refined_split"].get("split_messages")]
+    if not splits:
+        return None
+    return {p: _mean_ci([float(sp[p]) for sp in splits], n_boot) for p in PARTS}
+
+
+def summarize(records: Iterable, *, n_boot: int = 2000, skipped: list | None = None) -> dict:
+    """``{policy: {"steps", "trajectories", "steps_changed", "tokens_saved", "tokens_saved_share",
+    "action" (own-tool action, over all steps), "action_own" (own tools, over steps parseable on both sides), "logprob",
+    per query: {"removed_mass", "removed_observation_mass", "removed_share_of_observations",
+    "redistribution": {group: ci}, "original", "counterfactual", "refined_split", "conservation_error"}}}``.
+
+    ``records``: dicts or ``(where, dict)`` pairs; malformed ones are appended to ``skipped`` as
+    ``(where, reason)`` and left out. ``conservation_error`` checks normalisation only: both rows sum
+    to 1, so redistribution sums to the removed mass by identity."""
     by_policy: dict[str, list[dict]] = {}
-    for r in records:
+    for r in _usable(records, skipped):
         by_policy.setdefault(r["policy"], []).append(r)
     out = {}
     for policy, recs in sorted(by_policy.items()):
+        exact = [r.get("decision_exact") for r in recs]
         s: dict = {"steps": len(recs), "trajectories": len({r["trajectory_id"] for r in recs}),
-                   "steps_changed": sum(bool(r["changed"]) for r in recs),
+                   "steps_changed": sum(bool(r.get("changed")) for r in recs),
                    "tokens_saved": _mean_ci([r["tokens"]["saved"] for r in recs], n_boot),
                    "tokens_saved_share": _mean_ci([r["tokens"]["saved_share"] for r in recs], n_boot),
-                   "decision_exact": all(r["decision_exact"]["original"] and r["decision_exact"]["counterfactual"]
-                                         for r in recs)}
-        acts = [r["action"] for r in recs if "action" in r]
-        if acts:
-            k, kc, n = sum(a["changed"] for a in acts), sum(a["call_changed"] for a in acts), len(acts)
-            kt = sum(a["original"]["text"] != a["counterfactual"]["text"] for a in acts)
-            s["action"] = {"n": n, "changed": k, "rate": k / n, "ci": wilson_ci(k, n),
-                           "call_changed": kc, "call_rate": kc / n, "call_ci": wilson_ci(kc, n),
-                           "text_changed": kt, "text_rate": kt / n, "text_ci": wilson_ci(kt, n),
-                           "unparseable": sum(a[c]["decision"] == "unparseable" for a in acts
-                                              for c in ("original", "counterfactual"))}
+                   "decision_exact": all(isinstance(e, dict) and e.get("original") and e.get("counterfactual")
+                                         for e in exact)}
+        for key, value in (("action", _action_stats(recs)), ("action_own", _own_action_stats(recs)),
+                           ("logprob", _logprob_stats(recs, n_boot))):
+            if value is not None:
+                s[key] = value
         for q in QUERY_NAMES:
             qs = [r["queries"][q] for r in recs]
             share_obs = [x["removed_observation_mass"] / x["original"]["past_observation"] for x in qs
@@ -68,12 +135,25 @@ def summarize(records: Iterable[dict], *, n_boot: int = 2000) -> dict:
                 "conservation_error": float(max((abs(sum(x["redistribution"].values()) - x["removed_mass"])
                                                  for x in qs), default=0.0)),
             }
+            split = _refined_split_stats(qs, n_boot)
+            if split is not None:
+                s[q]["refined_split"] = split
         out[policy] = s
     return out
 
 
-def summarize_dir(root: str | Path, **kw) -> dict:
-    return summarize(iter_records(root), **kw)
+def summarize_dir(root: str | Path, *, skipped: list | None = None, **kw) -> dict:
+    """:func:`summarize` over every step record under ``root``; unreadable or malformed ones (and
+    symlinked step folders) are appended to ``skipped`` as ``(path, reason)``."""
+    items = []
+    for path, record, problem in iter_record_files(root):
+        if record is None:
+            log.warning("skipping counterfactual record %s: %s", path, problem)
+            if skipped is not None:
+                skipped.append((str(path), problem))
+            continue
+        items.append((str(path), record))
+    return summarize(items, skipped=skipped, **kw)
 
 
 def _ci(d: dict) -> str:
@@ -84,13 +164,15 @@ def _ci(d: dict) -> str:
 
 
 TABLE_HEAD = ("policy", "steps", "removed mass %", "removed obs. mass %", "where it went (pp)", "action changed",
-              "reply changed", "tokens saved")
+              "reply changed", "tokens saved", "action changed, own tools (parseable both / steps)",
+              "Δ log p recorded step (per token)", "refined: dropped / kept again %")
 
 
 def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
     """One row per policy (columns :data:`TABLE_HEAD`): removed mass, where it went (largest changes),
-    action change (IBIS decision), reply text change, tokens saved. Shared by the markdown table and
-    the HTML report."""
+    action change (own-tool action, over all steps), reply text change, tokens saved, the own-tool action
+    change over the steps parseable on both sides, the recorded step's log-probability change, and the
+    refined messages' dropped / kept-again mass. Shared by the markdown table and the HTML report."""
     rows = []
     for policy, s in summary.items():
         q = s[query]
@@ -106,8 +188,31 @@ def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
         tok = s["tokens_saved"]
         saved = f"{tok['mean']:.0f} ({100 * s['tokens_saved_share']['mean']:.0f}%)"
         rows.append((policy, str(s["steps"]), _ci(q["removed_mass"]), _ci(q["removed_observation_mass"]), where, act,
-                     txt, saved))
+                     txt, saved, _own_cell(s.get("action_own")), _logprob_cell(s.get("logprob")),
+                     _split_cell(q.get("refined_split"))))
     return rows
+
+
+def _own_cell(a: dict | None) -> str:
+    if a is None:
+        return "not run"
+    if not a["parseable_both"]:
+        return f"0 parseable of {a['steps']}"
+    return (f"{a['changed']}/{a['parseable_both']} of {a['steps']} ({100 * a['rate']:.0f}% "
+            f"[{100 * a['ci'][0]:.0f}, {100 * a['ci'][1]:.0f}])")
+
+
+def _logprob_cell(lp: dict | None) -> str:
+    if lp is None:
+        return "not run"
+    d = lp["diff_mean"]
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']})"
+
+
+def _split_cell(split: dict | None) -> str:
+    if split is None:
+        return "-"
+    return f"{100 * split['dropped']['mean']:.1f} / {100 * split['kept_again']['mean']:.1f} (n = {split['dropped']['n']})"
 
 
 def markdown_table(summary: dict, query: str = "decision") -> str:

@@ -183,12 +183,28 @@ def decay_curves(results: Iterable[CaptureResult], *, bins: int = 20, min_past: 
             "counts": counts, "num_steps": n_steps, "bins": bins, "min_past": min_past, "convention": convention}
 
 
-def _within_role_from_newest(past: np.ndarray, t: int, bins: int, newest_bins: int) -> float | None:
-    """Share of a role's past-turn attention that lies in the newest ``newest_bins`` bins."""
-    total = past.sum()
-    if total <= 0:
-        return None
-    return float(past[_past_bins(t, bins) >= bins - newest_bins].sum() / total)
+def window_weights(t: int, fraction: float) -> np.ndarray:
+    """Share of each past turn j < t inside the newest ``fraction`` of past turns.
+
+    Turn j occupies the fractional interval [j/t, (j+1)/t) of the normalised past (0 oldest, 1
+    newest); its weight is the part of that interval inside [1 - fraction, 1], as a share of the
+    interval (in [0, 1]). At t = 5 the newest 10% is half of the latest turn; the weights sum to
+    ``fraction * t`` turns."""
+    j = np.arange(t, dtype=np.float64)
+    lo = np.maximum(j / t, 1.0 - fraction)
+    return np.clip(((j + 1) / t - lo) * t, 0.0, 1.0)
+
+
+def _bins_window(t: int, bins: int, newest_bins: int) -> np.ndarray:
+    """The old reading (kept for comparison): 1 for past turns whose 20-bin position x = j/(t-1)
+    falls in the newest ``newest_bins`` bins, else 0."""
+    return (_past_bins(t, bins) >= bins - newest_bins).astype(np.float64)
+
+
+RECENCY = {"recent10_observation": ("observation", None), "midpoint_observation": ("observation", 0.5),
+           "midpoint_reasoning": ("reasoning", 0.5)}
+"""Within-role recency shares: (role, window fraction; None = ``recent_fraction``)."""
+RECENCY_AGGREGATIONS = {"": "mean of per-step ratios", "_pooled": "ratio of aggregated mass"}
 
 
 def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: str = "seed002", min_past: int = 5,
@@ -199,18 +215,26 @@ def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: st
     ``steps``: reasoning steps with >= ``min_past`` past turns (tool-call-only action steps too when
     ``include_actions``). Per step, the attention mass to system, user, past reasoning, past tool
     calls, past observations and the current step (plus ``template`` under "separate") sums to 1;
-    the ``*_share`` values are their means over the steps. Within-role shares accumulate a role's
-    past-turn attention from the newest turn back over normalised position (20 bins, as the decay
-    curves): ``recent10_observation_share`` = newest 10% of past turns, ``midpoint_*`` = newest half;
-    means over the steps where the role has any past attention.
+    the ``*_share`` values are their means over the steps.
+
+    Within-role recency (``recent10_observation``: the newest ``recent_fraction`` of past turns;
+    ``midpoint_*``: the newest half), over steps where the role has any past attention. Each past
+    turn j of step t covers [j/t, (j+1)/t) and counts with the part of it inside the window
+    (:func:`window_weights`). Two aggregations: ``<name>_share`` = mean over steps of the per-step
+    ratio window mass / role mass (the primary: every step weighs the same, as in the other shares);
+    ``<name>_share_pooled`` = summed window mass / summed role mass (steps weighted by their role
+    mass; what a cumulative curve of the aggregated mass reads). ``<name>_share_bins``: the old
+    reading from the 20-bin positions x = j/(t-1), for comparison; ``window_turns_bins``: the mean
+    share of past turns that reading counted (the nominal share is the fraction itself).
     """
     if isinstance(results, CaptureResult):
         results = [results]
     kinds = ("reasoning", "action") if include_actions else STEP_KINDS
     keys = ("system", "user", "past_reasoning", "past_tool_call", "past_observation", "current_step", "template")
     per: dict[str, list[float]] = {k: [] for k in keys}
-    recent_o, mid_o, mid_r = [], [], []
-    newest_recent = max(1, math.ceil(recent_fraction * bins))
+    fracs = {name: recent_fraction if f is None else f for name, (_, f) in RECENCY.items()}
+    win: dict[str, list[tuple[float, float, float]]] = {name: [] for name in RECENCY}  # (window, total, bins window)
+    coverage: dict[str, list[float]] = {name: [] for name in RECENCY}
     for res in results:
         turns, tr = step_masses(res, convention=convention, kinds=kinds, layer=layer, head=head)
         for t, row in zip(turns, tr):
@@ -224,14 +248,16 @@ def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: st
             per["past_observation"].append(row[:t, R["observation"]].sum())
             per["current_step"].append(row[t:, [R["reasoning"], R["tool_call"], R["observation"]]].sum())
             per["template"].append(row[:, R["template"]].sum())
-            for acc, role, k in ((recent_o, "observation", newest_recent), (mid_o, "observation", bins // 2),
-                                 (mid_r, "reasoning", bins // 2)):
-                v = _within_role_from_newest(row[:t, R[role]], t, bins, k)
-                if v is not None:
-                    acc.append(v)
+            for name, (role, _) in RECENCY.items():
+                past = np.asarray(row[:t, R[role]], dtype=np.float64)
+                old = _bins_window(t, bins, max(1, math.ceil(fracs[name] * bins)))
+                coverage[name].append(float(old.mean()))
+                if past.sum() > 0:
+                    win[name].append((float(past @ window_weights(t, fracs[name])), float(past.sum()),
+                                      float(past @ old)))
 
     def mean(v):
-        return float(np.mean(v)) if v else float("nan")
+        return float(np.mean(v)) if len(v) else float("nan")
 
     out = {"steps": len(per["system"]), "convention": convention, "min_past": min_past,
            "include_actions": include_actions}
@@ -239,11 +265,17 @@ def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: st
         if k == "template" and convention == "seed002":
             continue
         out[f"{k}_share"] = mean(per[k])
+    for name, v in win.items():
+        w, tot, old = (np.asarray(x) for x in zip(*v)) if v else (np.zeros(0),) * 3
+        out[f"{name}_share"] = mean(w / tot) if len(tot) else float("nan")
+        out[f"{name}_share_pooled"] = float(w.sum() / tot.sum()) if len(tot) else float("nan")
+        out[f"{name}_share_bins"] = mean(old / tot) if len(tot) else float("nan")
     out.update({
-        "recent10_observation_share": mean(recent_o), "midpoint_observation_share": mean(mid_o),
-        "midpoint_reasoning_share": mean(mid_r),
-        "within_role_steps": {"recent10_observation": len(recent_o), "midpoint_observation": len(mid_o),
-                              "midpoint_reasoning": len(mid_r)},
+        "within_role_steps": {name: len(v) for name, v in win.items()},
+        "window_turns_bins": {name: mean(v) for name, v in coverage.items()},
+        "recency": {"positions": "fractional: past turn j of step t covers [j/t, (j+1)/t)",
+                    "aggregation": RECENCY_AGGREGATIONS[""], "pooled": RECENCY_AGGREGATIONS["_pooled"],
+                    "fractions": fracs},
         "recent_fraction": recent_fraction, "bins": bins,
     })
     pr, po = out["past_reasoning_share"], out["past_observation_share"]

@@ -150,12 +150,16 @@ def test_headline_shares_by_hand():
         total = sum(v for k, v in h.items() if k.endswith("_share") and k.startswith(
             ("system", "user", "past_", "current", "template")))
         assert total == pytest.approx(1.0)
-        # Within-role from the newest turn back (20 bins, x = j / (t - 1)):
-        # observations: 0.2 on the newest past turn (x = 1), 0.1 on turn 1 (x = 1/4 or 1/5: older half).
-        assert h["recent10_observation_share"] == pytest.approx(2 / 3)
+        # Within-role from the newest turn back, turn j of step t on [j/t, (j+1)/t): observations 0.2 on
+        # the newest past turn, 0.1 on turn 1 (older half). Newest 10%: half of turn 4 at t = 5 (0.1 / 0.3),
+        # 0.6 of turn 5 at t = 6 (0.12 / 0.3); the same totals, so both aggregations agree.
+        assert h["recent10_observation_share"] == pytest.approx((1 / 3 + 0.4) / 2)
+        assert h["recent10_observation_share_pooled"] == pytest.approx(0.22 / 0.6)
+        assert h["recent10_observation_share_bins"] == pytest.approx(2 / 3)  # old: the whole newest turn
         assert h["midpoint_observation_share"] == pytest.approx(2 / 3)
         # reasoning: 0.1 on the newest past turn, 0.3 on turn 0: 0.25 by midpoint.
         assert h["midpoint_reasoning_share"] == pytest.approx(0.25)
+        assert h["recency"]["aggregation"] == "mean of per-step ratios"
         assert h["reasoning_vs_observation"] == pytest.approx(0.4 / 0.7)
 
 
@@ -229,3 +233,63 @@ def test_heatmap_by_hand_and_layer_head_views():
     for row in analysis.step_breakdown(res)["steps"]:
         assert sum(v for k, v in row.items() if k != "turn") == pytest.approx(1.0)
         assert row["template"] == 0.0
+
+
+def test_window_weights_are_the_fractional_overlap():
+    np.testing.assert_allclose(analysis.window_weights(5, 0.1), [0, 0, 0, 0, 0.5])  # half of the latest turn
+    np.testing.assert_allclose(analysis.window_weights(3, 0.5), [0, 0.5, 1])
+    np.testing.assert_allclose(analysis.window_weights(20, 0.1), [0] * 18 + [1, 1])
+    np.testing.assert_allclose(analysis.window_weights(4, 1.0), [1, 1, 1, 1])
+    for t in range(1, 40):
+        for f in (0.1, 0.5):
+            assert analysis.window_weights(t, f).sum() == pytest.approx(f * t)
+
+
+def test_recency_uniform_masses_and_both_aggregations():
+    # Uniform rows: every token up to the query gets the same mass, so each past turn's observation
+    # (3 tokens) holds the same mass; the share in a window is then its nominal fraction of past turns.
+    T = 9
+    msgs = trajectory(T)
+    steps = (5, 8)
+    positions = {}
+
+    def rows(k, texts, labels):
+        positions[k] = next(i for i, (r, tt) in enumerate(labels) if r == "reasoning" and tt == steps[k])
+        return uniform_rows(k, texts, labels, positions)
+
+    res = chatml(msgs, [("reasoning", 2 + 2 * t) for t in steps], rows)
+    h = analysis.headline(res)
+    assert h["recent10_observation_share"] == pytest.approx(0.1)
+    assert h["recent10_observation_share_pooled"] == pytest.approx(0.1)
+    assert h["midpoint_observation_share"] == pytest.approx(0.5)
+    assert h["midpoint_reasoning_share"] == pytest.approx(0.5)
+    # The old 20-bin reading counts the whole newest turn at t = 5 (1 of 5) and t = 8 (1 of 8) as "10%",
+    # and turns with x = j/(t-1) >= 0.5 as the half (3 of 5: j = 2, 3, 4; 4 of 8: j = 4..7).
+    assert h["recent10_observation_share_bins"] == pytest.approx((1 / 5 + 1 / 8) / 2)
+    assert h["midpoint_observation_share_bins"] == pytest.approx((3 / 5 + 4 / 8) / 2)
+    assert h["window_turns_bins"]["recent10_observation"] == pytest.approx((1 / 5 + 1 / 8) / 2)
+
+
+def test_pooled_and_mean_of_ratios_differ_when_role_totals_differ():
+    T = 6
+    msgs = trajectory(T)
+
+    def rows(k, texts, labels):
+        row = np.zeros(len(texts))
+        q = next(i for i, (r, tt) in enumerate(labels) if r == "reasoning" and tt == 5)
+
+        def put(role, turn, w):
+            idx = [i for i, (r, tt) in enumerate(labels) if r == role and tt == turn]
+            row[idx] += w / len(idx)
+        # step 0: observation mass 0.1 all on turn 4; step 1: 0.4 all on turn 0. Newest half of t = 5:
+        # turns 3 and 4 whole, turn 2 half.
+        put("observation", 4 if k == 0 else 0, 0.1 if k == 0 else 0.4)
+        row[q] += 1 - row.sum()
+        return row
+
+    res = chatml(msgs, [("reasoning", 2 + 2 * 5), ("reasoning", 2 + 2 * 5)], rows)
+    h = analysis.headline(res)
+    assert h["midpoint_observation_share"] == pytest.approx(0.5)  # ratios 1 and 0
+    assert h["midpoint_observation_share_pooled"] == pytest.approx(0.1 / 0.5)
+    assert h["recent10_observation_share"] == pytest.approx(0.25)  # ratios 0.5 and 0
+    assert h["recent10_observation_share_pooled"] == pytest.approx(0.05 / 0.5)

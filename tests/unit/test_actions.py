@@ -1,0 +1,115 @@
+"""Issue 19 item 4: the next action read against the trajectory's own tools and tags, the change rate over
+steps parseable on both sides, and the teacher-forced log-probability of the recorded step (against a
+brute-force computation on the bundled model)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from support.messages import call
+
+from attnprobe.counterfactual.actions import (
+    change_rate,
+    classify_action,
+    classify_stored,
+    compare_actions,
+    logprob_block,
+    recorded_logprob,
+    step_span,
+    tool_vocabulary,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "web_search", "parameters": {}}},
+         {"type": "function", "function": {"name": "final_answer", "parameters": {}}}]
+HISTORY = [{"role": "assistant", "content": "x", "tool_calls": [call("c0", "find_in_page", pattern="born")]}]
+VOCAB = tool_vocabulary(TOOLS, HISTORY)
+
+
+def test_vocabulary_joins_declared_tools_and_history_calls():
+    assert VOCAB == ["final_answer", "find_in_page", "web_search"]
+    assert tool_vocabulary([{"name": "open"}], []) == ["open"]
+    assert tool_vocabulary(None, [{"role": "user", "content": "hi"}]) == []
+
+
+@pytest.mark.parametrize("text, calls, want", [
+    ("", [call("c1", "find_in_page", pattern="1970")], ("find_in_page", "call", {"pattern": "1970"})),
+    ("", [call("c1", "browse", url="u")], ("?browse", "unknown_tool", {"url": "u"})),
+    ('I look. <tool_call>{"name": "find_in_page", "arguments": {"pattern": "son"}}</tool_call>', None,
+     ("find_in_page", "call", {"pattern": "son"})),
+    ('Next: web_search(query="Ulf von Euler")', None, ("web_search", "call", {"query": "Ulf von Euler"})),
+    ("<think>hm</think><search> holmium discoverer </search>", None, ("<search>", "tag",
+                                                                      {"search": "holmium discoverer"})),
+    ("So <answer>1970</answer>", None, ("<answer>", "tag", {"answer": "1970"})),
+    ("I will use find_in_page to look for the name.", None, ("unparseable", "unparseable", {})),  # prose
+    ('{"name": "visit_page", "arguments": {"url": "x"}}', None, ("unparseable", "unparseable", {})),  # not its tool
+])
+def test_classify_action(text, calls, want):
+    got = classify_action(text, calls, VOCAB)
+    assert (got["action"], got["kind"], got["arguments"]) == want
+
+
+def test_compare_and_change_rate_over_steps_parseable_on_both_sides():
+    def act(text, c=None):
+        return {"text": text, "call": c}
+
+    same = compare_actions(act("<search>a</search>"), act("<search>b</search>"), VOCAB)
+    assert same["parseable_both"] and same["changed"] is False and same["call_changed"] is True
+    changed = compare_actions(act("", {"name": "web_search", "arguments": {"query": "q"}}),
+                              act('find_in_page(pattern="x")'), VOCAB)
+    assert changed["changed"] is True and changed["original"]["action"] == "web_search"
+    one_side = compare_actions(act("prose"), act("<answer>1</answer>"), VOCAB)
+    assert one_side["parseable_both"] is False and one_side["changed"] is None
+    neither = compare_actions(act("prose"), act("more prose"), VOCAB)
+    r = change_rate([same, changed, one_side, neither])
+    assert (r["steps"], r["parseable_both"], r["changed"], r["rate"]) == (4, 2, 1, 0.5)
+    assert r["ci"] == pytest.approx((0.0945, 0.9055), abs=1e-4)  # Wilson, 1 of 2
+    empty = change_rate([neither])
+    assert empty["parseable_both"] == 0 and np.isnan(empty["rate"])
+    assert classify_stored({"text": "", "call": {"name": "final_answer", "arguments": "{\"a\": 1}"}},
+                           VOCAB)["arguments"] == {"a": 1}
+    block = logprob_block({"sum": -10.0, "mean": -2.0, "tokens": 5}, {"sum": -7.5, "mean": -1.5, "tokens": 5})
+    assert block["diff_sum"] == 2.5 and block["diff_mean"] == 0.5
+
+
+TINY = [
+    {"role": "system", "content": "You are a search agent. Use the tools."},
+    {"role": "user", "content": "Task: who named holmium?"},
+    {"role": "assistant", "content": "I will search.", "tool_calls": [call("c0", "web_search", query="holmium")]},
+    {"role": "tool", "tool_call_id": "c0", "content": "Holmium was named by Per Teodor Cleve in 1879."},
+]
+STEP = {"role": "assistant", "content": "Cleve named it; I will confirm the year.",
+        "tool_calls": [call("c1", "web_search", query="Cleve holmium 1879")]}
+
+
+def test_recorded_logprob_matches_a_brute_force_forward_per_token(smol):
+    import torch
+
+    r, start, end, exact = step_span(smol, TINY, STEP)
+    assert exact
+    cont = r.text[int(r.offsets[start][0]):int(r.offsets[end - 1][1])]
+    assert cont.startswith(STEP["content"]) and "Cleve holmium 1879" in cont
+    assert "<|im_end|>" not in cont and r.text[int(r.offsets[end][0]):].startswith("<|im_end|>")
+    got = recorded_logprob(smol, TINY, STEP)
+    ids = [int(x) for x in r.input_ids]
+    from attnprobe.generation.transformers_chat import _accepts_cache_kw
+
+    kw = "cache" if _accepts_cache_kw(smol.model) else "past_key_values"
+    want = []
+    with torch.inference_mode():
+        # Token by token through the KV cache (another code path than the one full forward scored):
+        # the prefix once, then each continuation token scored from the logits before it.
+        out = smol.model(torch.tensor([ids[:start]]), use_cache=True)
+        for p in range(start, end):
+            logp = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
+            want.append(float(logp[ids[p]]))
+            cache = out["cache"] if "cache" in out.keys() else out.past_key_values
+            out = smol.model(torch.tensor([[ids[p]]]), use_cache=True, **{kw: cache})
+    assert got["tokens"] == end - start == len(want) > 10
+    assert got["sum"] == pytest.approx(sum(want), abs=1e-4)
+    assert got["mean"] == pytest.approx(np.mean(want), abs=1e-4)
+    # A context with another observation changes the probability of the same recorded step.
+    other = recorded_logprob(smol, TINY[:3] + [{**TINY[3], "content": "No results."}], STEP)
+    assert other["tokens"] == got["tokens"] and other["sum"] != pytest.approx(got["sum"], abs=1e-3)
+    json.dumps(logprob_block(got, other))  # JSON-ready
