@@ -38,6 +38,9 @@ def _option(parser: argparse.ArgumentParser, flag: str):
 COMMANDS = {" ".join(path): sub for path, sub in _commands(build_parser())}
 
 
+# slow: three captures of ~1.6k tokens, four resumes and a plotly report (the longest test of this file: 1070 s
+# of 1663 s for 244 tests in 20 files at load 20 on 2 cores); .ci/run runs it once, after the main suite
+@pytest.mark.slow
 def test_capture_resume_and_report(smol, tmp_path, capsys):
     out = tmp_path / "caps"
     args = ["capture", REASONING, "--out", str(out), "--chunk-size", "256"]

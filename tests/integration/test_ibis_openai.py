@@ -26,6 +26,8 @@ def server():
         yield info
 
 
+# slow: a second model load in the server process, as in test_serve_hardening.py; .ci/run runs it once
+@pytest.mark.slow
 def test_openai_backend_against_real_server(server, smol, tmp_path, capsys):
     folder = tmp_path / "served"
     rc = main(["ibis", "run", "--generator", "openai", "--base-url", server["url"], "--served-model", server["model"],
@@ -53,6 +55,7 @@ def test_openai_unreachable_endpoint_is_logged_not_dropped(tmp_path):
     assert not (folder / "decisions.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_openai_client_reply_equals_in_process_chat(server, smol):
     """One prompt with tools: the client against the real server returns the reply the in-process
     chat returns (the server generates without stop-at-call, so compare with that)."""
