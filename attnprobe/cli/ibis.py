@@ -19,6 +19,7 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
     cluster_free,
+    positive_int,
 )
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
@@ -31,7 +32,7 @@ def _add_items(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("items")
     g.add_argument("--items", type=Path, default=None,
                    help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
-    g.add_argument("--limit", type=int, default=None, help="use only the first N items")
+    g.add_argument("--limit", type=positive_int, default=None, help="use only the first N items")
     g.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
     g.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS,
                    help="framings to run (default: all of them)")

@@ -223,7 +223,8 @@ class RayExecutor:
         if counts["done_before"]:
             log.info("%s: %d of %d already done, skipped", job.stage, counts["done_before"], len(items))
         if not todo:
-            self._write_record(out, {**record, **counts, "shards": 0, "replicas": [], "wall_seconds": 0.0})
+            self._write_record(out, {**record, **counts, "shards": 0, "replicas": [], "wall_seconds": 0.0,
+                                     "recovered_work_folders": job.finish()})
             return counts
         job_start = fs_now(out)
         self._connect()

@@ -55,6 +55,7 @@ class LocalExecutor:
         if counts["done_before"]:
             log.info("%s: %d of %d already done, skipped", job.stage, counts["done_before"], len(items))
         if not todo:
+            job.finish()
             return counts
         state = job.prepare(self.model)
         groups = batches(todo, job.batch_size)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import TrajectoryError
-from attnprobe.io import load_json, loads_strict, read_jsonl, write_jsonl
+from attnprobe.io import load_json, loads_strict, read_jsonl, unique_names, write_jsonl
 
 ROLES = ("system", "user", "assistant", "tool")
 KNOWN_KEYS = ("id", "task", "model", "framing", "tools", "messages", "labels", "meta")
@@ -319,6 +319,7 @@ def load_files(paths: Iterable[str | Path]) -> list[Trajectory]:
     if not trajs:
         raise TrajectoryError("no trajectories in the given files")
     check_unique_ids(trajs)
+    unique_names(t.id for t in trajs)  # one output folder each, never shared (a hash collision is refused)
     return trajs
 
 

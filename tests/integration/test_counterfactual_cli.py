@@ -22,7 +22,7 @@ def parse(argv):
 def test_cli_runs_and_resumes(smol, tmp_path, capsys):
     out = tmp_path / "cf"
     argv = ["counterfactual", str(TRAJ_DIR / "long_research.jsonl"), "--policy", "ircot:oqp", "--policy", "mask:3",
-            "--max-steps", "1", "--out", str(out), "--no-progress"]
+            "--min-past", "5", "--max-steps", "1", "--out", str(out), "--no-progress"]
     args = parse(argv)
     assert args.func(args) == 0
     steps = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("*/*/step_*/record.json"))
