@@ -234,3 +234,19 @@ def test_tag_log_import(tmp_path):
     with pytest.raises(Exception) as exc:
         list(iter_import(bad, "tags"))
     assert "line 1" in str(exc.value) and "response" in str(exc.value)
+
+
+def test_judge_sends_the_f5_prompt_and_reads_its_verdict():
+    from attnprobe.studies.loop.prompts import JUDGE_PROMPT
+    from attnprobe.studies.loop.scoring import Scorer
+
+    judge = Scorer("openai:http://127.0.0.1:9/v1:grader")
+    judge._chat = ScriptedChat(lambda m, t: "extracted_final_answer: 1970\nreasoning: same year\n**correct: yes**\n"
+                                            "confidence: 85%")
+    v = judge("Q?", "Exact Answer: 1970", "1970", ["1970", "nineteen seventy"])
+    assert judge._chat.sent == [[{"role": "user", "content": JUDGE_PROMPT.format(
+        question="Q?", response="Exact Answer: 1970", correct_answer="1970")}]]
+    assert (v.correct, v.scorer, v.extracted, v.confidence) == (True, "judge:grader", "1970", 85)
+    judge._chat = ScriptedChat(lambda m, t: "correct: no")
+    v = judge("Q?", "x", "x", ["1970"])
+    assert v.correct is False and v.confidence == 100  # F.5: 100 when no confidence is given

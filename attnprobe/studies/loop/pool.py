@@ -139,8 +139,8 @@ class Browser:
         if name == "search":
             return self.search(arg(args, "query", "q"))
         if name in ("open", "find"):
-            ident = str(args.get("id", args.get("cursor", args.get("url", "")))).strip() if any(
-                k in args for k in ("id", "cursor", "url")) else arg(args, "id")
+            key = next((k for k in ("id", "cursor", "url") if k in args), None)
+            ident = str(args[key]).strip() if key else arg(args, "id")
             if name == "open":
                 try:
                     loc = int(args.get("loc", 0) or 0)
