@@ -250,3 +250,15 @@ def test_judge_sends_the_f5_prompt_and_reads_its_verdict():
     judge._chat = ScriptedChat(lambda m, t: "correct: no")
     v = judge("Q?", "x", "x", ["1970"])
     assert v.correct is False and v.confidence == 100  # F.5: 100 when no confidence is given
+
+
+def test_by_type_columns():
+    rs = [dict(R("a", True, 2), type="single-hop"), dict(R("b", False, 4), type="multi-hop"),
+          dict(R("c", True, 2), type="multi-hop")]
+    full = summarize({"none": rs}, "none", n_boot=50)
+    assert full["by_type"]["none"] == {"single-hop": {"questions": 1, "accuracy": 1.0, "art": 2.0},
+                                       "multi-hop": {"questions": 2, "accuracy": 0.5, "art": 3.0}}
+    from attnprobe.studies.loop.metrics import markdown
+
+    md = markdown(full, scaffold="ircot", scorer="em")
+    assert "| none | 50.0 / 3.00 | 100.0 / 2.00 |" in md

@@ -86,6 +86,13 @@ def paired(base: dict[str, dict], other: dict[str, dict], *, n_boot: int = 2000,
             "mcnemar_p": mcnemar_exact(len(fixed), len(broken))}
 
 
+def _groups(results: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in results:
+        out.setdefault(r.get("type") or "untyped", []).append(r)
+    return out
+
+
 def summarize(by_setting: dict[str, list[dict]], baseline: str, *, n_boot: int = 2000, seed: int = 0) -> dict:
     """Every setting's summary, its paired comparison with ``baseline`` and, per question, each setting's
     outcome and which settings fixed or broke it."""
@@ -104,7 +111,12 @@ def summarize(by_setting: dict[str, list[dict]], baseline: str, *, n_boot: int =
             questions[qid]["fixed_by"].append(s)
         for qid in c["broken"]:
             questions[qid]["broken_by"].append(s)
-    return {"baseline": baseline, "settings": settings, "paired": comparisons, "questions": questions,
+    by_type = {s: {t: {"questions": len(g), "accuracy": _mean([float(r["correct"]) for r in g
+                                                                if r.get("correct") is not None]),
+                       "art": _mean([r["retrievals"] for r in g])}
+                   for t, g in _groups(rs).items()} for s, rs in by_setting.items()}
+    return {"baseline": baseline, "settings": settings, "by_type": by_type, "paired": comparisons,
+            "questions": questions,
             "bootstrap": {"resamples": n_boot, "seed": seed, "level": 0.95}}
 
 
@@ -131,6 +143,14 @@ def markdown(summary: dict, *, scaffold: str, scorer: str, model: str | None = N
         acc = _fmt(m["accuracy"], m["accuracy_ci"], pct=True)
         cells = [_fmt(m[k], m[f"{k}_ci"], digits=2 if k == "art" else 1) for k, _, _ in MEASURES]
         lines.append(f"| {s} | {m['questions']} | {acc} | " + " | ".join(cells) + f" | {m['no_answer']} |")
+    types = sorted({t for d in summary["by_type"].values() for t in d})
+    if len(types) > 1:  # seed 004's layout: one EM / ART column per question type (its datasets)
+        lines += ["", "## By question type (EM % / ART)", "", "| setting | " + " | ".join(types) + " |",
+                  "|---" * (len(types) + 1) + "|"]
+        for s, d in summary["by_type"].items():
+            cells = [f"{_fmt(d[t]['accuracy'], pct=True)} / {_fmt(d[t]['art'], digits=2)}" if t in d else "–"
+                     for t in types]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
     if summary["paired"]:
         lines += ["", f"## Against {summary['baseline']} (same questions)", "",
                   "| setting | fixed | broken | diff (points) | McNemar exact p |", "|---|---|---|---|---|"]
