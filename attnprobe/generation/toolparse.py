@@ -147,8 +147,7 @@ def _py_args(src: str) -> dict | None:
 
 
 # ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)
-_TAG = {name: re.compile(rf"<{name}>(.*?)(?:</{name}>|$)", re.S) for name in ("think", "search", "answer",
-                                                                             "information")}
+_TAG = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.S) for name in ("think", "search", "answer", "information")}
 
 
 @dataclass
@@ -166,10 +165,10 @@ class TagAction:
 
 
 def parse_tags(text: str) -> TagAction:
-    """Parse ``<think>``, ``<search>`` and ``<answer>`` spans out of a tag-format reply. Only what comes
-    before the first closed ``</search>`` or ``</answer>`` counts (text a model writes after it, e.g. an
-    invented ``<information>`` block, is dropped); an unclosed last tag runs to the end of the text.
-    Empty spans are ignored."""
+    """Parse ``<think>``, ``<search>`` and ``<answer>`` spans out of a tag-format reply. Only closed spans
+    count, as in Search-R1 (``<(search|answer)>(.*?)</\\1>``): a reply cut off inside ``<search>`` is no
+    query. Only what comes before the first ``</search>`` or ``</answer>`` counts (text a model writes after
+    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored."""
     ends = [m.end() for m in (re.search(r"</search>", text), re.search(r"</answer>", text)) if m]
     cut = text[: min(ends)] if ends else text
     spans = {name: [s.strip() for s in pat.findall(cut) if s.strip()] for name, pat in _TAG.items()}

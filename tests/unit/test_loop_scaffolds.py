@@ -267,3 +267,16 @@ def test_bad_settings_are_refused():
         with pytest.raises(ValueError):
             parse_setting(bad)
     assert parse_setting("none").view is None and parse_setting("none").refine is None
+
+
+def test_parse_tags():
+    from attnprobe.generation.toolparse import parse_tags
+
+    a = parse_tags("<think>a</think> <search> holmium </search><information>made up</information><answer>x</answer>")
+    assert (a.thoughts, a.queries, a.answer) == (["a"], ["holmium"], None)
+    assert a.text == "<think>a</think> <search> holmium </search>"  # cut after the query
+    b = parse_tags("<think>b</think><answer> 67 </answer> and more")
+    assert (b.queries, b.answer, b.text) == ([], "67", "<think>b</think><answer> 67 </answer>")
+    c = parse_tags("<think>c</think><search>cut off by max tok")  # unclosed: no query (Search-R1)
+    assert (c.queries, c.answer, c.text) == ([], None, "<think>c</think><search>cut off by max tok")
+    assert parse_tags("<search> </search><answer>y</answer>").queries == []  # empty spans ignored
