@@ -262,3 +262,18 @@ def test_by_type_columns():
 
     md = markdown(full, scaffold="ircot", scorer="em")
     assert "| none | 50.0 / 3.00 | 100.0 / 2.00 |" in md
+
+
+def test_tag_log_import_cli(tmp_path, capsys):
+    import attnprobe
+    from attnprobe.cli.main import main
+
+    src = _write(tmp_path / "sr1.jsonl", [{"id": "a", "prompt": "Q?", "response": "<search>x</search>"
+                                           "<information>Doc 1(Title: X) y</information><answer>y</answer>"}])
+    out = tmp_path / "out.jsonl"
+    assert main(["import", str(src), "--format", "tags", "--out", str(out)]) == 0
+    (t,) = attnprobe.load_trajectories(out)
+    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    assert main(["import", str(_write(tmp_path / "bad.jsonl", ["[]"])), "--format", "tags", "--out",
+                 str(tmp_path / "o2.jsonl")]) == 2
+    assert "line 1" in capsys.readouterr().err
