@@ -48,7 +48,7 @@ def register(studies) -> None:
     g = p.add_argument_group("study")
     g.add_argument("--scaffold", choices=("ircot", "seed002"), default="ircot",
                    help="ircot: seed 004's tag agent (default); seed002: seed 002's search/open/find agent")
-    g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
+    g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
                    help="a setting to run (repeatable; default: none plus the scaffold's seed settings)")
     g.add_argument("--baseline", default=None, help="the setting the others are compared with (default: the first)")
     g.add_argument("--max-turns", type=positive_int, default=None,
