@@ -165,7 +165,12 @@ def test_context_length_and_tokens_are_the_means_and_sums_of_what_was_sent():
 
 
 # ------------------------------------------------------------------ seed 002
-SYS = {"role": "system", "content": f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}"}
+SYS = {"role": "system", "content": (
+    f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}\n\nTools:\n"
+    "- search(query): Search for pages; returns results with their cursor numbers, titles, URLs and snippets.\n"
+    "- open(id, loc): Open a page by cursor number or URL; returns its numbered lines from line loc on.\n"
+    "- find(id, pattern): Find the lines of a page that contain a pattern (exact text, case-insensitive).\n"
+    'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')}
 TASK = {"role": "user", "content": SEED002_TASK.format(question=Q["question"])}
 FINAL = "Explanation: it says so [2].\nExact Answer: 42\nConfidence: 90%"
 

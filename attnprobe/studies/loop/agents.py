@@ -38,10 +38,10 @@ from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
     IRCOT_PROMPT,
-    SEED002_PARALLEL,
-    SEED002_SYSTEM,
     SEED002_TASK,
     ircot_passages,
+    prompts_hash,
+    seed002_system,
 )
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.studies.runner.search import SearchBackend
@@ -77,7 +77,7 @@ class LoopConfig:
             raise ValueError("max_turns, top_k, max_tokens and open_lines must be at least 1")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "prompts": prompts_hash(self.scaffold)}
 
 
 @dataclass
@@ -161,7 +161,7 @@ class Loop:
     def _seed002(self) -> None:
         ep = self.ep
         browser = self.browser = Browser(self.search, top_k=self.config.top_k, open_lines=self.config.open_lines)
-        ep.append({"role": "system", "content": f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}"})
+        ep.append({"role": "system", "content": seed002_system(TOOLS)})
         ep.append({"role": "user", "content": SEED002_TASK.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
             cf = self.setting.sees(ep.work)

@@ -7,6 +7,10 @@ text is ours. docs/methods.md ("Policies in the loop") lists which is which.
 
 from __future__ import annotations
 
+import hashlib
+
+from attnprobe.studies.runner.tools import tool_lines
+
 # Seed 004 §2: "Following Jin et al. (2025), LLMs are instructed to encapsulate their search queries,
 # retrieved documents, and final answer between specially designated tokens". This is Search-R1's
 # (Jin et al. 2025) published instruction, verbatim (its "base" template), with the question appended.
@@ -39,6 +43,15 @@ SEED002_SYSTEM = (
     "call them many times, and several independent calls may go in one reply. Pages you have seen stay in a "
     "page pool: open or find them again by their cursor number. Older tool results may be replaced by a short "
     "note; reopen the page if you need it again.")
+
+
+def seed002_system(tools: list[dict]) -> str:
+    """The system prompt with the tools listed and one call shown (ours): chat templates that ignore the
+    ``tools`` argument (SmolLM2's) would otherwise never show the model its tools; with a native tool
+    template the list is shown twice, which costs tokens but changes no tool."""
+    return (f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}\n\nTools:\n{tool_lines(tools)}\n"
+            + 'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')
+
 
 SEED002_TASK = (
     "{question}\n\n"
@@ -82,3 +95,9 @@ ambiguity, non-equivalency, or if the extracted answer is incorrect.
 
 confidence: The extracted confidence score between 0% and 100% from [response]. Put 100 if there is no \
 confidence score available."""
+
+
+def prompts_hash(scaffold: str) -> str:
+    """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
+    texts = (IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot" else (SEED002_SYSTEM, SEED002_PARALLEL, SEED002_TASK)
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
