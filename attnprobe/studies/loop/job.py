@@ -9,7 +9,8 @@ the result last (its presence means the item is finished):
   ``meta.history`` points into it;
 - ``results/<qid>.json``  the outcome (answer, correctness, ART, tool calls, tokens, context length, time)
   with the settings that made it: an item is done when that file exists with the same setting and
-  loop config (a changed option reruns it; ``--force`` reruns everything).
+  loop config, which includes a fingerprint of the scaffold's prompt templates (a changed option or
+  template reruns it; ``--force`` reruns everything). The model is not compared: use another OUT per model.
 """
 
 from __future__ import annotations
