@@ -78,7 +78,7 @@ class InterferenceJob(JobBase):
     def items(self) -> list[WorkItem]:
         return [WorkItem(key=f"{slug(s)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,
                          describe={"setting": s, "question_id": q["id"]}, data=(s, q))
-                for s in self.settings for q in self.questions]
+                for q in self.questions for s in self.settings]  # question-major: a partial study is paired
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         spec, q = item.data
