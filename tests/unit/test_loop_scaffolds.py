@@ -152,8 +152,8 @@ def test_ircot_invalid_turn_gets_search_r1_feedback_and_no_answer_is_wrong():
 def test_as_tags_drops_a_turn_left_empty():
     msgs = [U, {"role": "assistant", "content": "", "tool_calls": [tool_call("c1", "search", query="x")],
                 "tag_text": "<search>x</search>"}]
-    assert as_tags(msgs) == [U, A("<search>x</search>")]
-    assert as_tags([U, {"role": "assistant", "content": ""}]) == [U]
+    assert as_tags(msgs) == ([U, A("<search>x</search>")], [0, 1])
+    assert as_tags([U, {"role": "assistant", "content": ""}, info("d")]) == ([U, info("d")], [0, 2])
 
 
 def test_context_length_and_tokens_are_the_means_and_sums_of_what_was_sent():

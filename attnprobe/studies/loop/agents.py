@@ -118,7 +118,8 @@ class Loop:
         self.ep = Episode()
 
     # ------------------------------------------------------------------ one model call
-    def _call(self, sent: list[dict], cf, tools: list[dict] | None) -> ChatReply:
+    def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
+        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call."""
         ep = self.ep
         reply = self.chat.complete(copy.deepcopy(sent), copy.deepcopy(tools) if tools else None,
                                    max_tokens=self.config.max_tokens, temperature=self.config.temperature)
@@ -134,7 +135,8 @@ class Loop:
                       "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": self.setting.spec,
                       "question_id": self.question["id"], "step": step,
                       "history": {"id": f"{self.run_id}/history", "messages": len(ep.full),
-                                  "source": list(cf.source), "changes": changes,
+                                  "source": [cf.source[k] for k in (range(len(cf.source)) if kept is None
+                                                                    else kept)], "changes": changes,
                                   "refined": [i for i in cf.source if i in ep.refined]},
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
                       "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
@@ -197,7 +199,8 @@ class Loop:
         ep.append({"role": "user", "content": IRCOT_PROMPT.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
             cf = self.setting.sees(ep.work)
-            reply = self._call(as_tags(cf.messages), cf, None)
+            sent, kept = as_tags(cf.messages)
+            reply = self._call(sent, cf, None, kept)
             act = parse_tags(reply.content or reply.raw_text or "")
             if act.answer is not None:
                 ep.append({"role": "assistant", "content": act.text})
@@ -229,20 +232,23 @@ class Loop:
         return browser.pool.to_dict() if browser is not None else None
 
 
-def as_tags(messages: list[dict]) -> list[dict]:
+def as_tags(messages: list[dict]) -> tuple[list[dict], list[int]]:
     """The IRCoT scaffold's history as the model is sent it: assistant turns as their tag text (without the
-    ``<search>`` span when a policy removed the query), observations as ``<information>`` user messages."""
-    out = []
-    for m in messages:
+    ``<search>`` span when a policy removed the query), observations as ``<information>`` user messages.
+    Returns the messages and, for each, the index of the message of ``messages`` it renders."""
+    out, kept = [], []
+    for i, m in enumerate(messages):
         if m["role"] == "assistant":
             text = m.get("tag_text") if m.get("tool_calls") else m.get("content")
-            if text:  # a turn with nothing left is not sent
-                out.append({"role": "assistant", "content": text})
+            if not text:  # a turn with nothing left is not sent
+                continue
+            out.append({"role": "assistant", "content": text})
         elif m["role"] == "tool":
             out.append({"role": "user", "content": f"<information>{message_text(m.get('content'))}</information>"})
         else:
             out.append({"role": m["role"], "content": m.get("content")})
-    return out
+        kept.append(i)
+    return out, kept
 
 
 def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConfig, question: dict, *,
