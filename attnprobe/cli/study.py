@@ -90,3 +90,6 @@ def register(sub) -> None:
     add_counterfactual_options(m)
     add_output_options(m, out_required=True, out_help="study folder (captures/, counterfactual/, study.md)")
     m.set_defaults(func=cmd_study_masking)
+    from attnprobe.cli.loop import register as register_interference
+
+    register_interference(studies)

@@ -138,3 +138,34 @@ def _py_args(src: str) -> dict | None:
     except (ValueError, SyntaxError):
         return None
     return args
+
+
+# ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)
+_TAG = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.S) for name in ("think", "search", "answer", "information")}
+
+
+@dataclass
+class TagAction:
+    """One reply of a tag-format agent (seed 004 §2, "Following Jin et al. (2025), LLMs are instructed to
+    encapsulate their search queries, retrieved documents, and final answer between specially designated
+    tokens"): the thoughts (``<think>``), the queries (``<search>``), the answer (``<answer>``, None when
+    absent) and ``text``: the reply cut after the first closed ``</search>`` or ``</answer>``, which is
+    what a tag agent keeps in its context (Search-R1 stops generating there)."""
+
+    thoughts: list[str] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
+    answer: str | None = None
+    text: str = ""
+
+
+def parse_tags(text: str) -> TagAction:
+    """Parse ``<think>``, ``<search>`` and ``<answer>`` spans out of a tag-format reply. Only closed spans
+    count, as in Search-R1 (``<(search|answer)>(.*?)</\\1>``): a reply cut off inside ``<search>`` is no
+    query. Only what comes before the first ``</search>`` or ``</answer>`` counts (text a model writes after
+    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored."""
+    ends = [m.end() for m in (re.search(r"</search>", text), re.search(r"</answer>", text)) if m]
+    cut = text[: min(ends)] if ends else text
+    spans = {name: [s.strip() for s in pat.findall(cut) if s.strip()] for name, pat in _TAG.items()}
+    answers = spans["answer"]
+    return TagAction(thoughts=spans["think"], queries=spans["search"], answer=answers[0] if answers else None,
+                     text=cut.strip())

@@ -1,8 +1,9 @@
 """Convert other agents' logs into attnprobe trajectories (validated like any other input).
 
 Supported: plain OpenAI message lists, observation-masking style records
-(``qid``/``question``/``full_messages``) and smolagents memory messages (``tool-call`` /
-``tool-response`` roles with ``Calling tools:`` and ``Call id: ... Observation:`` text).
+(``qid``/``question``/``full_messages``), smolagents memory messages (``tool-call`` /
+``tool-response`` roles with ``Calling tools:`` and ``Call id: ... Observation:`` text) and tag-format
+agent logs (Search-R1 / IRCoT: ``<search>``, ``<information>``, ``<answer>`` spans in one text).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from attnprobe.errors import TrajectoryError
 from attnprobe.io import load_json, loads_strict, read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
 
-FORMATS = ("openai", "masking", "smolagents")
+FORMATS = ("openai", "masking", "smolagents", "tags")
 
 
 def _text(content: Any, path, line, field: str) -> str:
@@ -169,6 +170,8 @@ def _import_one(path: Path, fmt: str, n: int, lineno: int | None, rec: Any) -> T
     where = str(path)
     if fmt == "masking":
         return from_masking_record(rec, path=where, line=lineno)
+    if fmt == "tags":
+        return from_tag_log(rec, default_id=default_id, path=where, line=lineno)
     messages = rec.get("messages") if isinstance(rec, dict) else rec
     if not isinstance(messages, list):
         raise TrajectoryError("expected a list of messages or an object with 'messages'", path=where,
@@ -183,3 +186,66 @@ def _import_one(path: Path, fmt: str, n: int, lineno: int | None, rec: Any) -> T
         if exc.path is None:
             raise TrajectoryError(exc.reason, path=where, line=lineno, field=exc.field) from None
         raise
+
+
+# ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)
+_TAG_TEXT_FIELDS = ("response", "output", "completion", "text", "trajectory")
+_TAG_PROMPT_FIELDS = ("prompt", "question", "query", "input")
+_TAG_SPAN = re.compile(r"<search>(.*?)</search>\s*(?:<information>(.*?)(?:</information>|$))?", re.S)
+
+
+def split_tag_text(text: str) -> list[dict]:
+    """One tag-format agent text as OpenAI messages: each ``<search>q</search>`` ends an assistant turn (its
+    text before the span, plus a ``search`` call with ``{"query": q}``) and the ``<information>`` block after it
+    becomes that call's tool message; what follows the last block (``<answer>``...) is the last assistant turn.
+    Queries and documents become calls and observations, so context policies apply to them."""
+    out, pos, n = [], 0, 0
+    for m in _TAG_SPAN.finditer(text):
+        n += 1
+        call = {"id": f"call{n}", "type": "function",
+                "function": {"name": "search", "arguments": json.dumps({"query": m.group(1).strip()},
+                                                                        ensure_ascii=False)}}
+        out.append({"role": "assistant", "content": text[pos:m.start()].strip(), "tool_calls": [call]})
+        out.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
+                    "content": (m.group(2) or "").strip()})
+        pos = m.end()
+    tail = text[pos:].strip()
+    if tail:
+        out.append({"role": "assistant", "content": tail})
+    return out
+
+
+def from_tag_log(record: Any, *, default_id: str, path: str | None = None, line: int | None = None) -> Trajectory:
+    """A tag-format agent log: ``{"id", "prompt"|"question", "response"|"output"|...}`` (the prompt and one
+    generated text with ``<search>``/``<information>``/``<answer>`` spans), or ``{"messages": [...]}`` whose
+    assistant texts hold the spans. Other fields go to ``meta`` (``answer``, ``golden_answers`` and
+    ``correct``/``score`` to ``labels``)."""
+    if not isinstance(record, dict):
+        raise TrajectoryError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
+    rid = _id(record.get("id", default_id), path, line, "id")
+    if isinstance(record.get("messages"), list):
+        messages = []
+        for i, msg in enumerate(record["messages"]):
+            if not isinstance(msg, dict):
+                raise TrajectoryError("a message must be a JSON object", path=path, line=line, field=f"messages[{i}]")
+            text = _text(msg.get("content"), path, line, f"messages[{i}].content")
+            if msg.get("role") == "assistant":
+                messages += split_tag_text(text)
+            else:
+                messages.append({"role": msg.get("role"), "content": text})
+        used = {"messages"}
+    else:
+        tf = next((f for f in _TAG_TEXT_FIELDS if f in record), None)
+        if tf is None:
+            raise TrajectoryError(f"missing the agent's text (one of {', '.join(_TAG_TEXT_FIELDS)}) or 'messages'",
+                                  path=path, line=line, field="response")
+        pf = next((f for f in _TAG_PROMPT_FIELDS if f in record), None)
+        messages = ([{"role": "user", "content": _text(record[pf], path, line, pf)}] if pf else []) + \
+            split_tag_text(_text(record[tf], path, line, tf))
+        used = {tf, pf}
+    labels = {k: record[k] for k in ("answer", "golden_answers", "correct", "score") if k in record}
+    meta = {k: v for k, v in record.items() if k not in used | {"id"} | set(labels)}
+    meta["source"] = "tags"
+    task = next((m["content"] for m in messages if m["role"] == "user"), None)
+    return Trajectory.from_dict({"id": rid, "task": task, "framing": "trace", "messages": messages,
+                                 "labels": labels, "meta": meta}, path=path, line=line)

@@ -1,0 +1,286 @@
+"""The two scaffolds of the seeds, run with a context policy applied inside the loop.
+
+Both keep the history in OpenAI form (assistant turns with ``tool_calls``, ``tool`` observations), so the
+context policies of :mod:`attnprobe.counterfactual.policies` apply to it unchanged, and keep two copies:
+``full`` (every observation as the tool returned it) and ``work`` (observations replaced by the refiner's
+output, when the setting has one). At every step the setting's view of ``work`` is what the model is sent.
+
+- ``seed002`` (seed 002 §2.2-2.3, §3.2, appendix C): one agent with ``search`` / ``open`` / ``find`` over an
+  append-only page pool (:mod:`.pool`), native tool calls, several calls per reply run in order and each
+  answered by its own observation. A reply without a tool call is the final response; its ``Exact Answer:``
+  line is the answer.
+- ``ircot`` (seed 004 §2, §3.1): the model writes ``<think>``, ``<search>`` and ``<answer>`` tags (parsed by
+  :func:`attnprobe.generation.toolparse.parse_tags`); each query retrieves ``top_k`` passages (seed 004:
+  "The number of retrieved passages K is set to 3"). The model is sent the history *as tag text*: an
+  assistant turn is its own text up to ``</search>``, an observation a user message
+  ``<information>...</information>``; a turn whose query a policy removed (IRCoT-oq) is sent without its
+  ``<search>`` span. The first query of a reply is run (Search-R1 stops generating at ``</search>``).
+
+Every model call is recorded as a trajectory holding exactly the messages sent plus the reply
+(``capture`` and ``counterfactual`` read it as is); ``meta.history`` links it to the full history:
+how many of its messages existed at that step and, for every message sent, the full-history message it
+came from (``source``) and what the policy did to each (``changes``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from attnprobe.generation.chat import ChatReply
+from attnprobe.generation.toolparse import parse_tags
+from attnprobe.studies.loop.context import Setting
+from attnprobe.studies.loop.pool import TOOLS, Browser
+from attnprobe.studies.loop.prompts import (
+    IRCOT_INVALID,
+    IRCOT_PROMPT,
+    SEED002_TASK,
+    ircot_passages,
+    prompts_hash,
+    seed002_system,
+)
+from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
+from attnprobe.studies.runner.search import SearchBackend
+from attnprobe.trajectory.schema import message_text
+
+SCAFFOLDS = ("ircot", "seed002")
+# per scaffold: (turn limit, passages or results per search). seed 004: K = 3; seed 002 (appendix C):
+# "Default search top-k is 15"; the seed's 500-turn limit is far beyond what a small model uses.
+DEFAULTS = {"ircot": (4, 3), "seed002": (10, 15)}
+
+
+@dataclass
+class LoopConfig:
+    """Everything besides the setting that decides a run (a finished run is reused only when equal)."""
+
+    scaffold: str = "ircot"
+    max_turns: int | None = None
+    top_k: int | None = None
+    open_lines: int = 50          # seed 002 appendix C: "default open lines is 50"
+    max_tokens: int = 128
+    temperature: float = 0.0
+    judge: str = "exact"
+    search: str = "bm25"
+    corpus: str | None = None
+
+    def __post_init__(self):
+        if self.scaffold not in SCAFFOLDS:
+            raise ValueError(f"scaffold must be one of {', '.join(SCAFFOLDS)}, not {self.scaffold!r}")
+        turns, k = DEFAULTS[self.scaffold]
+        self.max_turns = turns if self.max_turns is None else self.max_turns
+        self.top_k = k if self.top_k is None else self.top_k
+        if self.max_turns < 1 or self.top_k < 1 or self.max_tokens < 1 or self.open_lines < 1:
+            raise ValueError("max_turns, top_k, max_tokens and open_lines must be at least 1")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+
+
+@dataclass
+class Episode:
+    """One question under one setting: the recorded calls, the full history and the counts."""
+
+    calls: list[dict] = field(default_factory=list)
+    full: list[dict] = field(default_factory=list)
+    work: list[dict] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    refined: dict[int, str] = field(default_factory=dict)
+    response: str | None = None
+    answer: str | None = None
+    retrievals: int = 0
+    tool_calls: int = 0
+    refiner_calls: int = 0
+    input_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    context_chars: list[int] = field(default_factory=list)
+
+    def append(self, msg: dict) -> None:
+        self.full.append(copy.deepcopy(msg))
+        self.work.append(copy.deepcopy(msg))
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(message_text(m.get("content"))) + sum(len(json.dumps(c.get("function", {})))
+                                                          for c in m.get("tool_calls") or []) for m in messages)
+
+
+class Loop:
+    """Runs one question; ``run`` returns the :class:`Episode`."""
+
+    def __init__(self, chat, search: SearchBackend, setting: Setting, config: LoopConfig, *, run_id: str,
+                 question: dict):
+        self.chat, self.search, self.setting, self.config = chat, search, setting, config
+        self.run_id, self.question = run_id, question
+        self.ep = Episode()
+
+    # ------------------------------------------------------------------ one model call
+    def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
+        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call."""
+        ep = self.ep
+        reply = self.chat.complete(copy.deepcopy(sent), copy.deepcopy(tools) if tools else None,
+                                   max_tokens=self.config.max_tokens, temperature=self.config.temperature)
+        step = len(ep.calls) + 1
+        msg: dict[str, Any] = reply.as_message()
+        if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
+            msg["content"] = "(empty reply)"
+        changes = {str(i): s for i, s in sorted(cf.changes.items()) if s != "kept"}
+        call_id = f"{self.run_id}/step-{step}"
+        record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
+                  "framing": "trace", "messages": copy.deepcopy(sent) + [msg],
+                  "labels": {}, "meta": {
+                      "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": self.setting.spec,
+                      "question_id": self.question["id"], "step": step,
+                      "history": {"id": f"{self.run_id}/history", "messages": len(ep.full),
+                                  "source": [cf.source[k] for k in (range(len(cf.source)) if kept is None
+                                                                    else kept)], "changes": changes,
+                                  "refined": [i for i in cf.source if i in ep.refined]},
+                      "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+                      "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
+                      "raw_text": reply.raw_text}}
+        if tools:
+            record["tools"] = tools
+        ep.calls.append(record)
+        ep.steps.append({"step": step, "call_id": call_id, "messages": len(ep.full)})
+        ep.input_tokens.append(reply.input_tokens)
+        ep.output_tokens.append(reply.output_tokens)
+        ep.context_chars.append(_chars(sent))
+        return reply
+
+    def _refine(self) -> None:
+        before = [m.get("content") for m in self.ep.work]
+        self.ep.work, refined = self.setting.refine_round(self.ep.work)
+        if self.setting.refine is not None:
+            self.ep.refiner_calls += 1
+        for i in refined:
+            if self.ep.work[i].get("content") != before[i]:
+                self.ep.refined[i] = self.ep.work[i]["content"]
+
+    # ------------------------------------------------------------------ seed 002
+    def _seed002(self) -> None:
+        ep = self.ep
+        browser = self.browser = Browser(self.search, top_k=self.config.top_k, open_lines=self.config.open_lines)
+        ep.append({"role": "system", "content": seed002_system(TOOLS)})
+        ep.append({"role": "user", "content": SEED002_TASK.format(question=self.question["question"])})
+        for _ in range(self.config.max_turns):
+            cf = self.setting.sees(ep.work)
+            reply = self._call(cf.messages, cf, TOOLS)
+            if not reply.tool_calls:
+                ep.append({"role": "assistant", "content": reply.content or "(empty reply)"})
+                ep.response = reply.content or ""
+                ep.answer = extract_answer(ep.response)
+                return
+            calls = []
+            for c in reply.tool_calls:  # ids numbered over the history, whatever the backend called them
+                ep.tool_calls += 1
+                calls.append({"id": f"call{ep.tool_calls}", "type": "function", "function": dict(c["function"])})
+            ep.append({"role": "assistant", "content": reply.content or "", "tool_calls": calls})
+            for c in calls:
+                ep.retrievals += c["function"]["name"] == "search"
+                ep.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
+                           "content": browser.execute(c)})
+            self._refine()
+
+    # ------------------------------------------------------------------ IRCoT
+    def _passages(self, query: str) -> list[tuple[str, str]]:
+        out = []
+        for r in self.search.search(query, self.config.top_k):
+            text = self.search.fetch(r.url) or r.snippet
+            if text.startswith(f"{r.title}\n\n"):
+                text = text[len(r.title) + 2:]
+            out.append((r.title, " ".join(text.split())))
+        return out
+
+    def _ircot(self) -> None:
+        ep = self.ep
+        ep.append({"role": "user", "content": IRCOT_PROMPT.format(question=self.question["question"])})
+        for _ in range(self.config.max_turns):
+            cf = self.setting.sees(ep.work)
+            sent, kept = as_tags(cf.messages)
+            reply = self._call(sent, cf, None, kept)
+            act = parse_tags(reply.content or reply.raw_text or "")
+            if act.answer is not None:
+                ep.append({"role": "assistant", "content": act.text})
+                ep.response, ep.answer = act.text, act.answer
+                return
+            if not act.queries:
+                ep.append({"role": "assistant", "content": act.text or reply.content or "(empty reply)"})
+                ep.append({"role": "user", "content": IRCOT_INVALID})
+                continue
+            query = act.queries[0]
+            ep.tool_calls += 1
+            ep.retrievals += 1
+            thought = re.sub(r"<search>.*?(?:</search>|$)", "", act.text, flags=re.S).strip()
+            call = {"id": f"call{ep.tool_calls}", "type": "function",
+                    "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
+            ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": act.text})
+            ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
+                       "content": ircot_passages(self._passages(query)).rstrip("\n")})
+            self._refine()
+
+    def run(self) -> Episode:
+        (self._ircot if self.config.scaffold == "ircot" else self._seed002)()
+        return self.ep
+
+    @property
+    def pool(self) -> list[dict] | None:
+        """The seed-002 page pool at the end of the run (None for IRCoT)."""
+        browser = getattr(self, "browser", None)
+        return browser.pool.to_dict() if browser is not None else None
+
+
+def as_tags(messages: list[dict]) -> tuple[list[dict], list[int]]:
+    """The IRCoT scaffold's history as the model is sent it: assistant turns as their tag text (without the
+    ``<search>`` span when a policy removed the query), observations as ``<information>`` user messages.
+    Returns the messages and, for each, the index of the message of ``messages`` it renders."""
+    out, kept = [], []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            text = m.get("tag_text") if m.get("tool_calls") else m.get("content")
+            if not text:  # a turn with nothing left is not sent
+                continue
+            out.append({"role": "assistant", "content": text})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"<information>{message_text(m.get('content'))}</information>"})
+        else:
+            out.append({"role": m["role"], "content": m.get("content")})
+        kept.append(i)
+    return out, kept
+
+
+def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConfig, question: dict, *,
+                 run_id: str, scorer) -> tuple[dict, list[dict], dict]:
+    """Run one question: returns (result record, recorded calls, full-history trajectory)."""
+    t0 = time.perf_counter()
+    loop = Loop(chat, search, setting, config, run_id=run_id, question=question)
+    ep = loop.run()
+    seconds = time.perf_counter() - t0
+    verdict = scorer(question["question"], ep.response, ep.answer, question.get("answers") or [])
+    n = len(ep.calls)
+    history = {"id": f"{run_id}/history", "task": question["question"], "model": getattr(chat, "name", None),
+               "framing": "trace", "messages": [{k: v for k, v in m.items() if k != "tag_text"} for m in ep.full],
+               "labels": {} if verdict.correct is None else {"correct": verdict.correct},
+               "meta": {"runner": f"loop-{config.scaffold}", "kind": "full-history", "run_id": run_id,
+                        "setting": setting.spec, "question_id": question["id"], "steps": ep.steps,
+                        "refined": {str(i): t for i, t in sorted(ep.refined.items())},
+                        **({"page_pool": loop.pool} if loop.pool is not None else {})}}
+    if config.scaffold == "seed002":
+        history["tools"] = TOOLS
+    result = {
+        "run_id": run_id, "question_id": question["id"], "question": question["question"],
+        "answers": question.get("answers") or [], "type": question.get("type"), "setting": setting.spec,
+        "config": config.to_dict(), "model": getattr(chat, "name", None),
+        "answer": ep.answer, "response": ep.response, "no_answer": ep.answer is None,
+        "correct": verdict.correct, "verdict": verdict.to_dict(),
+        "confidence": extract_confidence(ep.response or "") if config.scaffold == "seed002" else None,
+        "retrievals": ep.retrievals, "tool_calls": ep.tool_calls, "model_calls": n,
+        "refiner_calls": ep.refiner_calls,
+        "input_tokens": sum(ep.input_tokens), "output_tokens": sum(ep.output_tokens),
+        "context_tokens": round(sum(ep.input_tokens) / n, 2) if n else 0.0,
+        "context_chars": round(sum(ep.context_chars) / n, 2) if n else 0.0,
+        "seconds": round(seconds, 3),
+    }
+    return result, ep.calls, history

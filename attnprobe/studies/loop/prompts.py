@@ -1,0 +1,103 @@
+"""Prompt templates of the two scaffolds and the judge, with where each comes from.
+
+Neither seed prints its templates in the text we have (seed 002 describes appendix F, seed 004 points to
+its appendix F); where a template is published by the work the seed follows, we quote that one, else the
+text is ours. docs/methods.md ("Policies in the loop") lists which is which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from attnprobe.studies.runner.tools import tool_lines
+
+# Seed 004 §2: "Following Jin et al. (2025), LLMs are instructed to encapsulate their search queries,
+# retrieved documents, and final answer between specially designated tokens". This is Search-R1's
+# (Jin et al. 2025) published instruction, verbatim (its "base" template), with the question appended.
+IRCOT_PROMPT = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
+    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
+
+# Search-R1's reply to a turn with neither a query nor an answer (verbatim).
+IRCOT_INVALID = ("My previous action is invalid. If I want to search, I should put the query between <search> "
+                 "and </search>. If I want to give the final answer, I should put the answer between <answer> "
+                 "and </answer>. Let me try again.")
+
+
+def ircot_passages(passages: list[tuple[str, str]]) -> str:
+    """Search-R1's passage format: ``Doc i(Title: title) text`` one per line."""
+    return "".join(f"Doc {i}(Title: {title}) {text}\n" for i, (title, text) in enumerate(passages, 1))
+
+
+# Seed 002, "System Prompt" (p. 22): "The agent prompt requests interleaved search and reasoning, cited
+# explanations, exact answers, and confidence". The seed does not print it; this text is ours, written
+# to that description in the shape of the BrowseComp-Plus agent prompt.
+SEED002_SYSTEM = (
+    "You are a deep research agent. Answer the user's question by interacting with a search engine through "
+    "the tools search, open and find. Reason and use the tools step by step, in an interleaved manner; you may "
+    "call them many times, and several independent calls may go in one reply. Pages you have seen stay in a "
+    "page pool: open or find them again by their cursor number. Older tool results may be replaced by a short "
+    "note; reopen the page if you need it again.")
+
+
+def seed002_system(tools: list[dict]) -> str:
+    """The system prompt with the tools listed and one call shown (ours): chat templates that ignore the
+    ``tools`` argument (SmolLM2's) would otherwise never show the model its tools; with a native tool
+    template the list is shown twice, which costs tokens but changes no tool."""
+    return (f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}\n\nTools:\n{tool_lines(tools)}\n"
+            + 'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')
+
+
+SEED002_TASK = (
+    "{question}\n\n"
+    "Your response should be in the following format:\n"
+    "Explanation: {{your explanation for your final answer, citing the cursors of your evidence pages in square "
+    "brackets, e.g. [3]}}\n"
+    "Exact Answer: {{your succinct, final answer}}\n"
+    "Confidence: {{your confidence score between 0% and 100% for your answer}}")
+
+# Seed 002 §F.4 (parallel tool-call instruction): "Independent calls can appear as consecutive tool-call
+# blocks in one response." Ours, to that description.
+SEED002_PARALLEL = "You may call several tools at once: put each call in its own tool-call block in one reply."
+
+# Seed 002 §F.5 (LLM-as-judge): "The judge permits a small numerical margin of error but rejects
+# inconsistency, ambiguity, or non-equivalence. It extracts reported confidence and defaults to 100 when
+# confidence is absent." The seed does not print it; this is the BrowseComp grader template
+# (openai/simple-evals, used by BrowseComp-Plus), which is exactly that description.
+JUDGE_PROMPT = """Judge whether the following [response] to [question] is correct or not based on the precise and \
+unambiguous [correct_answer] below.
+
+[question]: {question}
+
+[response]: {response}
+
+Your judgement must be in the format and criteria specified below:
+
+extracted_final_answer: The final exact answer extracted from the [response]. Put the extracted answer as 'None' \
+if there is no exact, final answer to extract from the response.
+
+[correct_answer]: {correct_answer}
+
+reasoning: Explain why the extracted_final_answer is correct or incorrect based on [correct_answer], focusing only \
+on if there are meaningful differences between [correct_answer] and the extracted_final_answer. Do not comment on \
+any background to the problem, do not attempt to solve the problem, do not argue for any answer different than \
+[correct_answer], focus only on whether the answers match.
+
+correct: Answer 'yes' if extracted_final_answer matches the [correct_answer] given above, or is within a small \
+margin of error for numerical problems. Answer 'no' otherwise, i.e. if there if there is any inconsistency, \
+ambiguity, non-equivalency, or if the extracted answer is incorrect.
+
+
+confidence: The extracted confidence score between 0% and 100% from [response]. Put 100 if there is no \
+confidence score available."""
+
+
+def prompts_hash(scaffold: str) -> str:
+    """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
+    texts = (IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot" else (SEED002_SYSTEM, SEED002_PARALLEL, SEED002_TASK)
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]

@@ -1,0 +1,106 @@
+"""Question sets in the formats users already have: one reader for QA-style JSON Lines.
+
+Accepted field names (the first present one wins):
+
+- question: ``question`` (NQ, HotpotQA, 2Wiki, MuSiQue, FlashRAG), ``Question`` (Bamboogle), ``query``
+  (BrowseComp-Plus), ``problem``, ``task`` (attnprobe's own questions file);
+- answers: ``golden_answers`` (FlashRAG), ``answers``, ``answer`` (a string, a list, or TriviaQA's
+  ``{"value", "aliases"}``), ``Answer`` (Bamboogle), ``possible_answers`` (PopQA: a list or a JSON string);
+  aliases from ``answer_aliases`` (MuSiQue) and ``aliases`` are added;
+- id: ``id``, ``_id`` (HotpotQA, 2Wiki), ``qid``, ``query_id`` (BrowseComp-Plus), ``question_id``;
+  default ``q<line>``;
+- hops/type, kept for the per-type tables: ``type`` (HotpotQA/2Wiki), ``metadata.type`` (FlashRAG), ``hops``.
+
+Every error names the file, the line and the field, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.io import located_error, read_jsonl
+
+QUESTION_FIELDS = ("question", "Question", "query", "problem", "task")
+ANSWER_FIELDS = ("golden_answers", "answers", "answer", "Answer", "possible_answers")
+ALIAS_FIELDS = ("answer_aliases", "aliases")
+ID_FIELDS = ("id", "_id", "qid", "query_id", "question_id")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+class QuestionsError(AttnprobeError, ValueError):
+    """A questions file that cannot be read (names file, line and field)."""
+
+
+def _bad(path: Path, line: int, field: str, message: str) -> QuestionsError:
+    return QuestionsError(f"{path}, line {line}: field '{field}': {message}")
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v).strip() != ""
+
+
+def _answer_list(value: Any, path: Path, line: int, field: str) -> list[str]:
+    if field == "possible_answers" and isinstance(value, str) and value.strip().startswith("["):
+        try:  # PopQA stores the list as a JSON string
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _bad(path, line, field, "a string that starts with '[' but is not a JSON list") from None
+    if isinstance(value, dict):  # TriviaQA: {"value": ..., "aliases": [...]}
+        items = [value.get("value"), *(value.get("aliases") or [])]
+        items = [x for x in items if _scalar(x)]
+        if not items:
+            raise _bad(path, line, field, "an answer object needs 'value' or 'aliases'")
+        return [str(x).strip() for x in items]
+    if _scalar(value):
+        return [str(value).strip()]
+    if isinstance(value, list) and value and all(_scalar(x) for x in value):
+        return [str(x).strip() for x in value]
+    what = "an empty list" if value == [] else "a list with a non-string item" if isinstance(value, list) \
+        else type(value).__name__
+    raise _bad(path, line, field, f"expected a string or number or a non-empty list of them, got {what}")
+
+
+def _first(rec: dict, fields: tuple[str, ...]) -> str | None:
+    return next((f for f in fields if f in rec), None)
+
+
+def read_questions(path: str | Path) -> list[dict]:
+    """Questions as ``{"id", "question", "answers": [...], "type"}`` (``answers`` empty when the file has
+    none: such questions are run but not scored)."""
+    path = Path(path)
+    if not path.is_file():
+        raise QuestionsError(f"questions file not found: {path}")
+    out, seen = [], set()
+    for line, rec in read_jsonl(path, error=located_error(QuestionsError)):
+        if not isinstance(rec, dict):
+            raise QuestionsError(f"{path}, line {line}: expected a JSON object, got {type(rec).__name__}")
+        qf = _first(rec, QUESTION_FIELDS)
+        if qf is None:
+            raise _bad(path, line, "question", f"missing (looked for {', '.join(QUESTION_FIELDS)})")
+        q = rec[qf]
+        if not isinstance(q, str) or not q.strip():
+            raise _bad(path, line, qf, "must be a non-empty string")
+        idf = _first(rec, ID_FIELDS)
+        qid = rec[idf] if idf else f"q{line:03d}"
+        if not _scalar(qid) or not _SAFE_ID.fullmatch(str(qid)):
+            raise _bad(path, line, idf or "id", "use letters, digits, '.', '_' or '-'")
+        qid = str(qid)
+        if qid in seen:
+            raise _bad(path, line, idf or "id", f"duplicate id {qid!r}")
+        seen.add(qid)
+        af = _first(rec, ANSWER_FIELDS)
+        answers = _answer_list(rec[af], path, line, af) if af and rec[af] is not None else []
+        for alias_field in ALIAS_FIELDS:
+            if alias_field in rec and rec[alias_field] not in (None, []):
+                answers += [a for a in _answer_list(rec[alias_field], path, line, alias_field) if a not in answers]
+        meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
+        kind = rec.get("type", meta.get("type", rec.get("hops")))
+        out.append({"id": qid, "question": q.strip(), "answers": answers,
+                    "type": str(kind) if kind is not None else None})
+    if not out:
+        raise QuestionsError(f"{path}: no questions")
+    return out
