@@ -44,9 +44,9 @@ def main() -> None:
         return
 
     import attnprobe
+    from attnprobe.agents.policies import parse_policy, policy_name
     from attnprobe.counterfactual.extras import augment_step_folder, steps_of
     from attnprobe.counterfactual.job import run_counterfactuals
-    from attnprobe.counterfactual.policies import parse_policy, policy_name
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.generation.transformers_chat import TransformersChat
@@ -96,9 +96,9 @@ def from_baseline(specs: list[str]) -> None:
     from transformers import AutoTokenizer
 
     import attnprobe
+    from attnprobe.agents.policies import parse_policy
     from attnprobe.capture.models import default_gguf_path
     from attnprobe.counterfactual.analysis import REMOVING, token_messages
-    from attnprobe.counterfactual.policies import parse_policy
     from attnprobe.counterfactual.refined import refined_mass_split
     from attnprobe.counterfactual.steps import choose_steps
     from attnprobe.render.rendering import render

@@ -72,8 +72,8 @@ def measure(model, n: int, chunk: int, repeats: int = 1) -> dict:
     import torch
     from capture_overhead import long_trajectory
 
+    from attnprobe.agents.policies import mask_observations
     from attnprobe.counterfactual.contexts import build_context
-    from attnprobe.counterfactual.policies import mask_observations
     from attnprobe.counterfactual.run import RunOptions, run_batch
     from attnprobe.counterfactual.steps import choose_steps
     from attnprobe_hooks.transformers.backend import chunked_prefill

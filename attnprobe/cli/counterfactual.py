@@ -58,8 +58,8 @@ def run_options(args, progress: bool = True):
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     """Plan, run resumably on the executor the options choose, write OUT/summary.json and
     OUT/summary.md; (exit code, summary)."""
+    from attnprobe.agents.policies import default_min_past
     from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
-    from attnprobe.counterfactual.policies import default_min_past
     from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock

@@ -93,12 +93,12 @@ def _executor(args):
 
 
 def cmd_interference(args) -> int:
+    from attnprobe.agents.search import make_search
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.context import parse_setting
     from attnprobe.studies.loop.questions import read_questions
     from attnprobe.studies.loop.scoring import Scorer
     from attnprobe.studies.loop.study import run_study
-    from attnprobe.studies.runner.search import make_search
 
     settings = list(dict.fromkeys(args.policies or DEFAULT_SETTINGS[args.scaffold]))
     for s in settings:

@@ -80,9 +80,9 @@ def make_chat(args):
 
 
 def cmd_run(args) -> int:
+    from attnprobe.agents.search import make_search
     from attnprobe.io import hold_file_lock
     from attnprobe.studies.runner.run import check_output, load_questions, run_questions, token_table
-    from attnprobe.studies.runner.search import make_search
 
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
     settings = RunSettings.preset(

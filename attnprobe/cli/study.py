@@ -46,9 +46,9 @@ def study_markdown(head: dict, summary: dict) -> str:
 
 
 def cmd_study_masking(args) -> int:
+    from attnprobe.agents.policies import parse_policy
     from attnprobe.cli.capture import run_capture_files
     from attnprobe.cli.counterfactual import execute
-    from attnprobe.counterfactual.policies import parse_policy
     from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.results.analysis import decay_curves, headline
     from attnprobe.results.report import find_results

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnprobe.counterfactual.policies import Counterfactual
+from attnprobe.agents.policies import Counterfactual
 from attnprobe.counterfactual.steps import Step
 from attnprobe.render.segments import ROLES
 from attnprobe.results.analysis import token_owners

@@ -13,8 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from attnprobe.agents.policies import Counterfactual, Policy
 from attnprobe.counterfactual.actions import compare_actions, logprob_block, recorded_logprob, tool_vocabulary
-from attnprobe.counterfactual.policies import Counterfactual, Policy
 from attnprobe.counterfactual.records import QUERY_NAMES, RECORD_FILE
 from attnprobe.counterfactual.refined import refined_mass_split
 from attnprobe.results.result import CaptureResult

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attnprobe.agents.policies import Policy, parse_policy, policy_name
 from attnprobe.capture.models import LoadedModel
-from attnprobe.counterfactual.policies import Policy, parse_policy, policy_name
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
 from attnprobe.counterfactual.steps import Step, plan_steps
 from attnprobe.counterfactual.store import clear_steps, step_dir, step_done

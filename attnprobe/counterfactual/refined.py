@@ -9,7 +9,7 @@ sentences) says how much attention the refiner really took away. The three sum t
 on the message (every token it owns, markers included, as in the removed mass).
 
 Input: the original :class:`CaptureResult` and the policy's ``details["refined"]``
-(:func:`attnprobe.counterfactual.policies.extractive_selection`: the original sentences and the kept
+(:func:`attnprobe.agents.policies.extractive_selection`: the original sentences and the kept
 indices). Pure numpy on stored scores.
 """
 

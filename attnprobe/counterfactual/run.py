@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 
 from attnprobe._version import __version__
+from attnprobe.agents.policies import Counterfactual, Policy, policy_name
 from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, weights_hash
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.actions import classify_action, tool_vocabulary
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS, step_analysis
 from attnprobe.counterfactual.contexts import Context, build_context
 from attnprobe.counterfactual.extras import extra_fields
-from attnprobe.counterfactual.policies import Counterfactual, Policy, policy_name
 from attnprobe.counterfactual.steps import Step
 from attnprobe.counterfactual.store import step_dir, step_done, write_step
 from attnprobe.errors import AttnprobeError

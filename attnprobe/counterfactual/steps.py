@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnprobe.counterfactual.policies import policy_name
+from attnprobe.agents.policies import policy_name
 from attnprobe.errors import AttnprobeError
 from attnprobe.render.rendering import message_turns
 from attnprobe.trajectory.schema import Trajectory, message_text
@@ -51,7 +51,7 @@ def plan_steps(trajectories: Sequence[Trajectory], policies: Sequence, *, min_pa
                max_steps: int | None = None) -> tuple[list[str], list[Step]]:
     """(policy names, chosen steps) of a run; refuses no policy, duplicate names and no step at all.
     ``policies``: policy objects or specs (``"mask:5"``)."""
-    from attnprobe.counterfactual.policies import parse_policy
+    from attnprobe.agents.policies import parse_policy
 
     if not policies:
         raise ValueError("no policy given")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from attnprobe.agents.policies import Counterfactual
 from attnprobe.counterfactual.analysis import step_analysis
-from attnprobe.counterfactual.policies import Counterfactual
 from attnprobe.counterfactual.steps import Step
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import AtomicDir, atomic_write_text, load_json, safe_name

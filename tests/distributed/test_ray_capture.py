@@ -134,8 +134,8 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     every recorded number; next actions included; a rerun does nothing."""
     from safetensors.numpy import load_file
 
+    from attnprobe.agents.policies import parse_policy
     from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings, run_counterfactuals
-    from attnprobe.counterfactual.policies import parse_policy
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.generation.transformers_chat import TransformersChat

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from support.messages import call
 
+from attnprobe.agents.policies import ircot, make_policy, mask_observations, refine_latest
+from attnprobe.agents.refiners import bm25_refiner
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS
 from attnprobe.counterfactual.job import run_counterfactuals
-from attnprobe.counterfactual.policies import ircot, make_policy, mask_observations, refine_latest
-from attnprobe.counterfactual.refiners import bm25_refiner
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.counterfactual.store import iter_records, load_step

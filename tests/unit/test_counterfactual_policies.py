@@ -7,7 +7,7 @@ import json
 import pytest
 from support.messages import call
 
-from attnprobe.counterfactual.policies import (
+from attnprobe.agents.policies import (
     DEFAULT_PLACEHOLDER,
     apply_edits,
     compose,
@@ -18,7 +18,7 @@ from attnprobe.counterfactual.policies import (
     parse_policy,
     refine_latest,
 )
-from attnprobe.counterfactual.refiners import bm25_refiner, chat_refiner, split_sentences
+from attnprobe.agents.refiners import bm25_refiner, chat_refiner, split_sentences
 
 SYS = {"role": "system", "content": "You are a search agent."}
 TASK = {"role": "user", "content": "Task: who named holmium?"}

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from attnprobe.agents.policies import ircot, mask_observations, refine_latest
+from attnprobe.agents.refiners import bm25_refiner
 from attnprobe.counterfactual.analysis import CF_ROLES, token_labels
 from attnprobe.counterfactual.contexts import build_context
-from attnprobe.counterfactual.policies import ircot, mask_observations, refine_latest
-from attnprobe.counterfactual.refiners import bm25_refiner
 from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.render.rendering import message_turns
 from attnprobe.results.result import CaptureResult

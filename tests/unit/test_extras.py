@@ -8,9 +8,9 @@ import pytest
 from support.cfstep import tiny_result
 from support.messages import call
 
+from attnprobe.agents.policies import mask_observations, refine_rounds
+from attnprobe.agents.refiners import split_sentences
 from attnprobe.counterfactual.extras import extra_fields
-from attnprobe.counterfactual.policies import mask_observations, refine_rounds
-from attnprobe.counterfactual.refiners import split_sentences
 from attnprobe.render.segments import Segment
 from attnprobe.trajectory.schema import Trajectory
 

@@ -11,13 +11,13 @@ import json
 import pytest
 from support.scripted_chat import ScriptedChat, tool_call, words
 
-from attnprobe.counterfactual.policies import DEFAULT_PLACEHOLDER, refine_latest
+from attnprobe.agents.policies import DEFAULT_PLACEHOLDER, refine_latest
+from attnprobe.agents.search import SearchResult
 from attnprobe.studies.loop.agents import LoopConfig, as_tags, run_question
 from attnprobe.studies.loop.context import Setting, parse_setting
 from attnprobe.studies.loop.pool import Browser
 from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM, SEED002_TASK
 from attnprobe.studies.loop.scoring import Scorer
-from attnprobe.studies.runner.search import SearchResult
 from attnprobe.trajectory.schema import Trajectory
 
 
@@ -134,7 +134,7 @@ def test_refiner_runs_once_per_round_on_that_rounds_query_and_documents():
 
 
 def test_refiner_composes_with_a_variant():
-    from attnprobe.counterfactual.refiners import bm25_refiner
+    from attnprobe.agents.refiners import bm25_refiner
 
     chat, result, calls, history = run_ircot("ircot:o+refine:bm25:1")
     f = bm25_refiner(1)

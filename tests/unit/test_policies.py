@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from support.messages import call
 
-from attnprobe.counterfactual.policies import (
+from attnprobe.agents.policies import (
     compose,
     default_min_past,
     extractive_selection,
@@ -18,8 +18,8 @@ from attnprobe.counterfactual.policies import (
     refine_latest,
     refine_rounds,
 )
+from attnprobe.agents.refiners import split_sentences
 from attnprobe.counterfactual.refined import refined_mass_split, sentence_spans, split_mass, token_sentences
-from attnprobe.counterfactual.refiners import split_sentences
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.results.result import CaptureResult
 
@@ -104,7 +104,7 @@ def test_extractive_selection_and_compose_keeps_details_on_original_indices():
     assert extractive_selection("A one. B two. C three.", "C three.\nA one.") == {
         "extractive": True, "sentences": ["A one.", "B two.", "C three."], "kept": [0, 2]}
     assert extractive_selection("A one. B two.", "A summary.") == {"extractive": False}
-    from attnprobe.counterfactual.policies import make_policy
+    from attnprobe.agents.policies import make_policy
 
     cf = compose(make_policy("drop3", lambda m: {3: ("removed", None)}), refine_rounds(first_sentence))(MSGS)
     assert cf.changes[3] == "removed" and set(cf.details["refined"]) == {"6", "8", "9", "11"}

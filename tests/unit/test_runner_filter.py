@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from attnprobe.generation.chat import ChatReply
-from attnprobe.studies.runner.filter import (
+from attnprobe.agents.filter import (
     REMINDER_ISOLATED,
     FilterDecision,
     decide,
@@ -16,8 +15,9 @@ from attnprobe.studies.runner.filter import (
     isolated_messages,
     parse_filter_reply,
 )
-from attnprobe.studies.runner.search import SearchResult
-from attnprobe.studies.runner.tools import FILTER_TOOLS
+from attnprobe.agents.search import SearchResult
+from attnprobe.agents.tools import FILTER_TOOLS
+from attnprobe.generation.chat import ChatReply
 
 HO = "https://en.wikipedia.org/wiki/Holmium"
 ST = "https://en.wikipedia.org/wiki/Stockholm"

@@ -14,12 +14,12 @@ import json
 import pytest
 
 import attnprobe
+from attnprobe.agents.tools import format_results
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.studies.runner import RunSettings, SearchResult, load_questions, run_questions
 from attnprobe.studies.runner import filter as F
 from attnprobe.studies.runner import validation as V
-from attnprobe.studies.runner.tools import format_results
 from attnprobe.studies.runner.worker import UNABLE_NOTE, rewrite_note
 
 A = SearchResult("Holmium", "https://w.org/Holmium", "Holmium is named after Holmia, Latin for Stockholm.")

@@ -344,7 +344,7 @@ def test_sample_topics_are_in_the_corpus(bm25):
 
 
 def test_find_in_page_is_literal_not_regex(bm25):
-    from attnprobe.studies.runner.tools import ToolBox
+    from attnprobe.agents.tools import ToolBox
 
     tb = ToolBox(bm25)
     assert "Holmia" in tb.find_in_page("https://en.wikipedia.org/wiki/Holmium", "Holmia")

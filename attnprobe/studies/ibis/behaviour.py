@@ -246,7 +246,7 @@ def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
     sites -> visit_page (seed 000 B.1: direct mode = the context-isolated filter module)."""
     from types import SimpleNamespace
 
-    from attnprobe.studies.runner.filter import decide, filter_action
+    from attnprobe.agents.filter import decide, filter_action
 
     reply = SimpleNamespace(tool_calls=out["tool_calls"], content=out["raw_text"], raw_text=out["raw_text"])
     fd = decide(reply, item.results)

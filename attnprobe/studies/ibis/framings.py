@@ -172,7 +172,7 @@ def _located(text: str, pieces: list[tuple[str, str, str, str]]) -> list[dict]:
 def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dict], list[dict]]:
     """Direct mode = the runner's context-isolated filter prompt, text for text and, like the runner's
     filter call, without tools (one prompt for both): answered "No" (+ a query) or with 1-2 sites."""
-    from attnprobe.studies.runner.filter import REMINDER_ISOLATED, isolated_messages
+    from attnprobe.agents.filter import REMINDER_ISOLATED, isolated_messages
 
     messages = isolated_messages(item.task, item.query, res)
     user = dict(messages[1])

@@ -1,7 +1,7 @@
 """The two scaffolds of the seeds, run with a context policy applied inside the loop.
 
 Both keep the history in OpenAI form (assistant turns with ``tool_calls``, ``tool`` observations), so the
-context policies of :mod:`attnprobe.counterfactual.policies` apply to it unchanged, and keep two copies:
+context policies of :mod:`attnprobe.agents.policies` apply to it unchanged, and keep two copies:
 ``full`` (every observation as the tool returned it) and ``work`` (observations replaced by the refiner's
 output, when the setting has one). At every step the setting's view of ``work`` is what the model is sent.
 
@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from attnprobe.agents.search import SearchBackend
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.studies.loop.context import Setting
@@ -44,7 +45,6 @@ from attnprobe.studies.loop.prompts import (
     seed002_system,
 )
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
-from attnprobe.studies.runner.search import SearchBackend
 from attnprobe.trajectory.schema import message_text
 
 SCAFFOLDS = ("ircot", "seed002")

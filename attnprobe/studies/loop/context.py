@@ -3,7 +3,7 @@
 A setting is ``none`` or policies joined by ``+`` (e.g. ``ircot:oq+refine:bm25:3``):
 
 - *view* policies (``mask:K``, ``mask-turns:K``, ``ircot:o|oq|oqp``) map the history to what the model is
-  sent, afresh at every step (:func:`attnprobe.counterfactual.policies.parse_policy`, used as is);
+  sent, afresh at every step (:func:`attnprobe.agents.policies.parse_policy`, used as is);
 - a *refine* policy (``refine:bm25[:N]``, ``refine:openai:URL:MODEL``) runs once per round, right after that
   round's documents arrive: seed 004 §3.3, "in each round i, refine the context to preserve the most relevant
   information d~_i = F(q_{i-1}, d_i) to search query q_{i-1} from the latest retrieved documents d_i. d~_i is
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from attnprobe.counterfactual.policies import Counterfactual, Policy, compose, mask_observations, parse_policy
+from attnprobe.agents.policies import Counterfactual, Policy, compose, mask_observations, parse_policy
 
 
 def mask_turns(keep_turns: int) -> Policy:

@@ -31,7 +31,7 @@ _SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas bui
 
 
 def search_backend(kind: str, corpus: str | None):
-    from attnprobe.studies.runner.search import make_search
+    from attnprobe.agents.search import make_search
 
     key = (kind, corpus)
     if key not in _SEARCH:

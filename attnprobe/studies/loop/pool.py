@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from attnprobe.studies.runner.search import SearchBackend
-from attnprobe.studies.runner.tools import arg, call_args
+from attnprobe.agents.search import SearchBackend
+from attnprobe.agents.tools import arg, call_args
 
 
 def _tool(name: str, description: str, params: dict[str, tuple[str, str]], required: list[str]) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from attnprobe.studies.runner.tools import tool_lines
+from attnprobe.agents.tools import tool_lines
 
 # Seed 004 §2: "Following Jin et al. (2025), LLMs are instructed to encapsulate their search queries,
 # retrieved documents, and final answer between specially designated tokens". This is Search-R1's

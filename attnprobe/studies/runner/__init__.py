@@ -1,10 +1,11 @@
 """The NIS-Agent runner (DESIGN section 9): manager + search worker, context-isolated filter,
 isolation-based stepwise validation, every model call recorded as a trajectory."""
 
+from attnprobe.agents.filter import FilterDecision, filter_action, parse_filter_reply
+from attnprobe.agents.recorder import Recorder
+from attnprobe.agents.search import BM25Search, HTTPSearch, SearchConfigError, SearchResult, make_search
 from attnprobe.studies.runner.answers import is_correct, normalize
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
-from attnprobe.studies.runner.filter import FilterDecision, filter_action, parse_filter_reply
-from attnprobe.studies.runner.recorder import Recorder
 from attnprobe.studies.runner.run import (
            load_questions,
            run_one,
@@ -12,7 +13,6 @@ from attnprobe.studies.runner.run import (
            summarize,
            token_table,
 )
-from attnprobe.studies.runner.search import BM25Search, HTTPSearch, SearchConfigError, SearchResult, make_search
 
 __all__ = ["FILTER_MODES", "PRESETS", "VALIDATION_MODES", "RunSettings", "FilterDecision", "filter_action",
            "parse_filter_reply", "Recorder", "is_correct", "load_questions", "normalize", "run_one", "run_questions",

@@ -14,9 +14,8 @@ import logging
 from dataclasses import dataclass, field
 
 import attnprobe.studies.runner.validation as V
-from attnprobe.studies.runner.config import RunSettings
-from attnprobe.studies.runner.recorder import Recorder
-from attnprobe.studies.runner.tools import (
+from attnprobe.agents.recorder import Recorder
+from attnprobe.agents.tools import (
     FINAL_ANSWER,
     MANAGER_TOOLS,
     ToolBox,
@@ -27,6 +26,7 @@ from attnprobe.studies.runner.tools import (
     out_of_steps,
     tool_lines,
 )
+from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.worker import SearchWorker, agent_turn, unknown_tool
 
 log = logging.getLogger(__name__)

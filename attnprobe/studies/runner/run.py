@@ -14,6 +14,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from attnprobe.agents.recorder import Recorder
+from attnprobe.agents.search import SearchBackend, make_search
+from attnprobe.agents.tools import ToolBox
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import (
     append_jsonl,
@@ -29,9 +32,6 @@ from attnprobe.io import (
 from attnprobe.studies.runner.answers import is_correct, normalize  # noqa: F401  (normalize: public API)
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
-from attnprobe.studies.runner.recorder import Recorder
-from attnprobe.studies.runner.search import SearchBackend, make_search
-from attnprobe.studies.runner.tools import ToolBox
 
 
 def results_path(out: Path) -> Path:

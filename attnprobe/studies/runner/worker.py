@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnprobe.studies.runner.config import RunSettings
-from attnprobe.studies.runner.filter import (
+from attnprobe.agents.filter import (
     ask_query_messages,
     decide,
     filter_action,
@@ -14,8 +13,8 @@ from attnprobe.studies.runner.filter import (
     query_from_reply,
     same_query,
 )
-from attnprobe.studies.runner.recorder import Recorder
-from attnprobe.studies.runner.tools import (
+from attnprobe.agents.recorder import Recorder
+from attnprobe.agents.tools import (
     FINAL_ANSWER,
     WORKER_TOOLS,
     ToolBox,
@@ -27,6 +26,7 @@ from attnprobe.studies.runner.tools import (
     out_of_steps,
     tool_lines,
 )
+from attnprobe.studies.runner.config import RunSettings
 
 WORKER_SYSTEM = (
     "You are a search worker. Find the information the task asks for.\n"

@@ -1,4 +1,4 @@
-"""Refiners for :func:`attnprobe.counterfactual.policies.refine_rounds`: ``(query, document) -> text``.
+"""Refiners for :func:`attnprobe.agents.policies.refine_rounds`: ``(query, document) -> text``.
 
 Seed 004 section 3.3 distils its refiner from a strong LLM; here the shipped refiner is a
 deterministic extractive one (BM25 sentence selection with ``bm25s``), so a counterfactual run is

@@ -300,12 +300,12 @@ def refine_query(messages: Sequence[dict], last: int, observation: dict) -> str:
 
 
 def extractive_selection(original: str, refined: str) -> dict:
-    """Which sentences of ``original`` (:func:`attnprobe.counterfactual.refiners.split_sentences`)
+    """Which sentences of ``original`` (:func:`attnprobe.agents.refiners.split_sentences`)
     the refined text consists of: ``{"extractive": True, "sentences": [...], "kept": [indices]}``
     when every refined sentence is an original one (matched in order, each used once), else
     ``{"extractive": False}``. With it the analysis can split the original attention on a refined
     observation into the text the refiner dropped and the text it kept (``counterfactual.refined``)."""
-    from attnprobe.counterfactual.refiners import split_sentences
+    from attnprobe.agents.refiners import split_sentences
 
     sents, out = split_sentences(original), split_sentences(refined)
     kept: list[int] = []
@@ -378,7 +378,7 @@ def parse_policy(spec: str) -> Policy:
     refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
     (an OpenAI-compatible refiner) | ``refine-latest:...`` (the same, latest observations only).
     A bad spec raises ValueError naming the ``--policy`` value."""
-    from attnprobe.counterfactual.refiners import bm25_refiner, openai_refiner
+    from attnprobe.agents.refiners import bm25_refiner, openai_refiner
 
     kind, _, arg = spec.partition(":")
     if kind in ("mask", "mask-turns"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from attnprobe.studies.runner.search import SearchBackend, SearchResult, find_lines
+from attnprobe.agents.search import SearchBackend, SearchResult, find_lines
 from attnprobe.trajectory.schema import call_arguments
 
 

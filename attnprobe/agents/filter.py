@@ -11,7 +11,7 @@
 :func:`parse_filter_reply` turns a reply into a :class:`FilterDecision` (tool-call replies are
 accepted too: ``visit_page(url)`` = that site, ``web_search(query)`` = No plus the rewrite), and
 :func:`filter_action` maps it to the tool a worker would call next (No -> web_search, sites ->
-visit_page). What the worker then sees is decided in :mod:`attnprobe.studies.runner.worker`.
+visit_page). What the runner's worker then sees is decided by the runner (``studies/runner/worker.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from attnprobe.agents.tools import FILTER_TOOLS, arg, call_args  # noqa: F401  (FILTER_TOOLS: IBIS)
 from attnprobe.generation.toolparse import parse_tool_calls
-from attnprobe.studies.runner.tools import FILTER_TOOLS, arg, call_args  # noqa: F401  (FILTER_TOOLS: IBIS)
 
 MAX_SITES = 2  # the reference keeps at most the two most helpful sites
 

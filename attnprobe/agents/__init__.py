@@ -1,0 +1,13 @@
+"""What every agent scaffold and every study that rebuilds an agent's context shares.
+
+The NIS-Agent runner, the in-the-loop scaffolds, IBIS (whose direct framing is the runner's isolated
+filter) and the after-the-fact counterfactuals are independent studies; the pieces they have in common
+live here, below all of them:
+
+- :mod:`.search`: search backends (offline BM25 over the shipped corpus, an HTTP search API);
+- :mod:`.tools`: the tool schemas and the toolbox that executes calls (search, visit, find);
+- :mod:`.filter`: the context-isolated filter's prompt and the parser of its verdict;
+- :mod:`.recorder`: every model call written exactly as sent and received, as a trajectory;
+- :mod:`.policies` and :mod:`.refiners`: context policies (observation masking, IRCoT variants,
+  refiners), applied after the fact (counterfactuals) or in the loop.
+"""
