@@ -79,7 +79,7 @@ def cmd_study_masking(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("study", help="ready-made studies over trajectories (masking: seed 002)",
+    p = sub.add_parser("study", help="ready-made studies (masking: seed 002 after the fact; interference: seeds 002/004 in the loop)",
                        description="Ready-made studies. 'masking': seed 002's attention evidence (headline shares, "
                                    "decay curves) and observation-masking counterfactuals in one folder.")
     studies = p.add_subparsers(dest="study", required=True)

@@ -236,9 +236,10 @@ def test_seed002_mask_counts_observations_and_keeps_errors():
     assert chat.sent[2] == [SYS, TASK, TURN1,
                             T("call1", "search", ph("search", {"query": "q1 a"})),
                             T("call2", "search", ph("search", {"query": "q2 b"})),
-                            TURN2, T("call3", "open", ph("open", {"id": "2"})),
+                            TURN2, T("call3", "open", OPEN2),
                             T("call4", "find", FIND2), T("call5", "open", ERR)]
-    assert calls[2]["meta"]["history"]["changes"] == {"3": "placeholder", "4": "placeholder", "6": "placeholder"}
+    # the error is exempt and uses no window slot: the two kept are the newest two others (issue 19)
+    assert calls[2]["meta"]["history"]["changes"] == {"3": "placeholder", "4": "placeholder"}
     # the full history keeps every observation
     assert history["messages"][3]["content"] == S1 and history["messages"][6]["content"] == OPEN2
 

@@ -189,7 +189,7 @@ def test_study_numbers_match_the_records(tmp_path):
 
 # ------------------------------------------------------------------ CLI: bad input fails before any model loads
 @pytest.mark.parametrize("extra, needle", [
-    (["--policy", "mask:x"], "mask needs a number"),
+    (["--policy", "mask:x"], "K must be an integer"),
     (["--judge", "gpt"], "--judge 'gpt'"),
     (["--policy", "none", "--baseline", "mask:5"], "--baseline 'mask:5' is not one of the settings"),
 ])

@@ -14,11 +14,11 @@ import json
 import pytest
 
 import attnprobe
+from attnprobe.agents import filter as F
 from attnprobe.agents.tools import format_results
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.studies.runner import RunSettings, SearchResult, load_questions, run_questions
-from attnprobe.studies.runner import filter as F
 from attnprobe.studies.runner import validation as V
 from attnprobe.studies.runner.worker import UNABLE_NOTE, rewrite_note
 

@@ -9,6 +9,7 @@ import pytest
 from support.paths import ROOT  # noqa: E402
 
 import attnprobe
+from attnprobe.agents import filter as F
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 from attnprobe.studies.runner import (
@@ -21,7 +22,6 @@ from attnprobe.studies.runner import (
     normalize,
     run_questions,
 )
-from attnprobe.studies.runner import filter as F
 from attnprobe.studies.runner import validation as V
 
 QUESTIONS = ROOT / "trajectories" / "questions.jsonl"
@@ -560,7 +560,7 @@ def test_open_backend_registry_errors():
 def test_visit_page_refuses_private_addresses(monkeypatch):
     """The model writes visit_page URLs: loopback, private, link-local and unresolvable hosts are never
     opened (issue 13), unless ATTNPROBE_ALLOW_PRIVATE_URLS=1."""
-    from attnprobe.studies.runner import search as S
+    from attnprobe.agents import search as S
 
     for url, kind in (("http://127.0.0.1:8000/x", "loopback"), ("http://localhost/", "loopback"),
                       ("http://10.1.2.3/", "private"), ("http://169.254.169.254/latest/meta-data", "link-local"),

@@ -18,41 +18,17 @@ keeps the K most recent observations (one per tool message: a turn of 3 parallel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from attnprobe.agents.policies import Counterfactual, Policy, compose, mask_observations, parse_policy
-
-
-def mask_turns(keep_turns: int) -> Policy:
-    """Observation masking with K counted by turns: keep every observation of the ``keep_turns`` most recent
-    assistant turns that called tools. Built on ``mask_observations`` (same placeholder, errors exempt):
-    the observations after the K-th last calling turn are exactly its last n tool messages."""
-    if keep_turns < 0:
-        raise ValueError("mask-turns: K must be >= 0")
-
-    def policy(messages: Sequence[dict]) -> Counterfactual:
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("tool_calls")]
-        start = turns[-keep_turns] if 0 < keep_turns <= len(turns) else (0 if keep_turns else len(messages))
-        n = sum(1 for m in messages[start:] if m["role"] == "tool")
-        cf = mask_observations(n)(messages)
-        cf.policy = policy.name
-        return cf
-
-    policy.name = f"mask-turns:{keep_turns}"  # type: ignore[attr-defined]
-    return policy
+from attnprobe.agents.policies import Counterfactual, Policy, compose, parse_policy
+from attnprobe.io import safe_name
 
 
 def _one(part: str) -> Policy:
-    kind, _, arg = part.partition(":")
-    if kind == "mask-turns":
-        try:
-            return parse_policy(part)  # once counterfactual.policies knows it, that one is used
-        except ValueError:
-            try:
-                return mask_turns(int(arg))
-            except ValueError:
-                raise ValueError(f"policy {part!r}: mask-turns needs a number, e.g. mask-turns:5") from None
+    """A view policy as :func:`parse_policy` reads it; a refiner as its latest-round form, because the
+    loop runs it once per round on that round's documents (the earlier ones are refined already)."""
+    if part.startswith("refine:"):
+        return parse_policy("refine-latest:" + part.removeprefix("refine:"))
     return parse_policy(part)
 
 
@@ -104,5 +80,6 @@ def parse_setting(spec: str) -> Setting:
 
 
 def slug(spec: str) -> str:
-    """A folder name for a setting (``ircot:oq+refine:bm25:3`` -> ``ircot-oq+refine-bm25-3``)."""
-    return spec.replace(":", "-").replace("/", "_")
+    """A folder name for a setting (``ircot:oq+refine:bm25:3`` -> ``ircot-oq+refine-bm25-3``): readable,
+    and injective through :func:`attnprobe.io.safe_name` (which hashes what is not already safe)."""
+    return safe_name(spec.replace(":", "-").replace("/", "_"), "setting")
