@@ -104,3 +104,105 @@ def test_copy_control_flags_a_gap_that_is_copying():
     cc = forced_choice_metrics(items, dec, ["agentic", "observer"], n_boot=200, seed=0, n_perm=5)["copy_control"]
     assert cc["inertia_gap"]["gap"] == pytest.approx(1.0) and cc["moves_gap_beyond_ci"] is False
     assert "warning" not in cc
+
+
+# ------------------------------------------------------------------ call-only readout, parseable-both, warnings
+def _dec(i, fr, call, prose=None, expected="web_search"):
+    """A decision record: ``call`` = the call-only decision, ``prose`` = the secondary one (default: the same)."""
+    prose = call if prose is None else prose
+    return {"item_id": f"i{i}", "framing": fr, "expected": expected, "decision": call, "method": "parsed",
+            "correct": call == expected, "decision_prose": prose, "method_prose": "intent",
+            "correct_prose": prose == expected}
+
+
+def _behaviour_fixture():
+    u, ws, vp = "unparseable", "web_search", "visit_page"
+    rows = [  # (agentic call, agentic prose, observer call, observer prose)
+        (u, vp, ws, ws),   # i0: flip in the inertia direction, agentic unparseable
+        (vp, vp, ws, ws),  # i1: flip in the inertia direction, parseable in both
+        (ws, ws, ws, ws),  # i2: correct in both
+        (u, u, u, ws),     # i3: unparseable in both; the observer's prose says "search again"
+        (ws, ws, vp, vp),  # i4: reverse flip, parseable in both
+        (vp, vp, vp, vp),  # i5: wrong in both
+    ]
+    decs = []
+    for i, (ac, ap, oc, op) in enumerate(rows):
+        decs += [_dec(i, "agentic", ac, ap), _dec(i, "observer", oc, op)]
+    return _items(6), decs
+
+
+def test_call_only_gap_parseable_both_and_prose_readout_on_hand_built_decisions():
+    from attnprobe.studies.ibis.metrics import behaviour_metrics
+
+    items, decs = _behaviour_fixture()
+    b = behaviour_metrics(items, decs, n_boot=200, seed=0, n_perm=5)
+    # primary: agentic correct on i2, i4 (2/6), observer on i0, i1, i2 (3/6)
+    g = b["inertia_gap"]
+    assert g["n_pairs"] == 6 and g["gap"] == pytest.approx(1 / 6, abs=1e-4) and g["n_parseable_both"] == 4
+    assert g["warning"] == ("small sample (n = 6 < 30, 4 of 6 parseable in both framings): the CI and p-value are "
+                            "not reliable")
+    # items parseable in both framings: i1, i2, i4, i5 -> 2/4 each, gap 0
+    gp = b["inertia_gap_parseable_both"]
+    assert gp["n_pairs"] == 4 and gp["gap"] == 0.0 and gp["accuracy_agentic"] == 0.5 == gp["accuracy_observer"]
+    # secondary prose readout: agentic 2/6, observer 4/6
+    gs = b["prose_readout"]["inertia_gap"]
+    assert gs["gap"] == pytest.approx(2 / 6, abs=1e-4) and "SECONDARY" in gs["definition"]
+    assert b["accuracy"]["observer"]["should_research"]["prose"]["correct"] == 4
+    assert b["accuracy"]["agentic"]["should_research"]["unparseable"] == 2
+    assert b["unparseable_total"] == 3 and b["unparseable_total_prose"] == 1
+    assert "call-only" in b["readout"]
+    # flips: i0, i1 (inertia), i4 (reverse); parseable in both: i1 and i4 only
+    f, fp = b["flips"], b["flips_parseable_both"]
+    assert (f["n_items"], f["n_flips"], f["inertia_direction"]) == (6, 3, 2)
+    assert (fp["n_items"], fp["n_flips"], fp["inertia_direction"]) == (4, 2, 1) and fp["parseable_both"] is True
+
+
+def test_sample_warning_thresholds():
+    from attnprobe.studies.ibis.metrics import SMALL_SAMPLE_N, sample_warning
+
+    assert sample_warning(SMALL_SAMPLE_N, SMALL_SAMPLE_N) is None
+    assert sample_warning(40, 20) is None  # half parseable is enough
+    assert sample_warning(40, 19) == ("small sample (n = 40, 19 of 40 parseable in both framings): the CI and "
+                                      "p-value are not reliable")
+    assert sample_warning(3) == "small sample (n = 3 < 30): the CI and p-value are not reliable"
+
+
+# ------------------------------------------------------------------ position control of the attentional gap
+def test_placebo_window_is_at_the_same_distance_in_both_framings():
+    from attnprobe.studies.ibis.metrics import placebo_window
+
+    # agentic results at tokens [100, 200), decision token 230: distances 31..130
+    # observer results at [90, 190), decision 210: distances 21..120 -> common 31..120
+    wa, wo = placebo_window((100, 200), (90, 190), 230, 210, 5)
+    assert wa == (110, 115) and wo == (90, 95)
+    assert [230 - t for t in range(*wa)] == [210 - t for t in range(*wo)] == [120, 119, 118, 117, 116]
+    assert placebo_window((100, 200), (90, 190), 230, 210, 90) is not None
+    assert placebo_window((100, 200), (90, 190), 230, 210, 91) is None  # the common range holds 90 tokens
+
+
+def test_position_control_on_hand_built_arrays():
+    from attnprobe.studies.ibis.metrics import position_control
+
+    dd = np.array([10.0, 12, 14, 16, 18])
+    do = np.full(5, 100.0)
+    da = do + dd
+    gap = 0.004 - 0.001 * dd  # a gap that is all distance: 0 would remain at dd = 4, +0.004 at equal distance
+    qo = np.full(5, 0.06)
+    qa = qo + gap
+    po = np.full(5, 0.02)
+    pa = po - 0.008  # the framings differ by -0.008 at matched position on identical external tokens
+    pc = position_control(qa, qo, pa, po, da, do, n_boot=500, seed=0)
+    assert pc["distance"] == {"agentic": 114.0, "observer": 100.0, "difference_mean": 14.0,
+                              "difference_sd": pytest.approx(2.828, abs=1e-3), "difference_range": [10.0, 18.0]}
+    assert pc["placebo"]["gap"] == pytest.approx(-0.008, abs=1e-6) and pc["placebo"]["n"] == 5
+    assert pc["gap_minus_placebo"]["gap"] == pytest.approx(gap.mean() + 0.008, abs=1e-6)
+    assert pc["adjusted_gap"] == pc["gap_minus_placebo"]["gap"]
+    r = pc["regression"]
+    assert r["slope_per_token"] == pytest.approx(-0.001, abs=1e-9) and r["intercept"] == pytest.approx(0.004, abs=1e-6)
+    assert r["intercept_ci95"][0] == pytest.approx(0.004, abs=1e-6)  # an exact line: every resample agrees
+    # a constant distance difference: the regression is not identified and says so; a missing placebo is skipped
+    pa2 = pa.copy()
+    pa2[0] = np.nan
+    pc = position_control(qa, qo, pa2, po, do + 14, do, n_boot=100, seed=0)
+    assert pc["regression"]["intercept"] is None and "not identified" in pc["regression"]["reason"]
+    assert pc["placebo"]["n"] == 4 and pc["gap_minus_placebo"]["n"] == 4
