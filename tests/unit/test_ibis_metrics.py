@@ -107,34 +107,12 @@ def test_copy_control_flags_a_gap_that_is_copying():
 
 
 # ------------------------------------------------------------------ call-only readout, parseable-both, warnings
-def _dec(i, fr, call, prose=None, expected="web_search"):
-    """A decision record: ``call`` = the call-only decision, ``prose`` = the secondary one (default: the same)."""
-    prose = call if prose is None else prose
-    return {"item_id": f"i{i}", "framing": fr, "expected": expected, "decision": call, "method": "parsed",
-            "correct": call == expected, "decision_prose": prose, "method_prose": "intent",
-            "correct_prose": prose == expected}
-
-
-def _behaviour_fixture():
-    u, ws, vp = "unparseable", "web_search", "visit_page"
-    rows = [  # (agentic call, agentic prose, observer call, observer prose)
-        (u, vp, ws, ws),   # i0: flip in the inertia direction, agentic unparseable
-        (vp, vp, ws, ws),  # i1: flip in the inertia direction, parseable in both
-        (ws, ws, ws, ws),  # i2: correct in both
-        (u, u, u, ws),     # i3: unparseable in both; the observer's prose says "search again"
-        (ws, ws, vp, vp),  # i4: reverse flip, parseable in both
-        (vp, vp, vp, vp),  # i5: wrong in both
-    ]
-    decs = []
-    for i, (ac, ap, oc, op) in enumerate(rows):
-        decs += [_dec(i, "agentic", ac, ap), _dec(i, "observer", oc, op)]
-    return _items(6), decs
-
-
 def test_call_only_gap_parseable_both_and_prose_readout_on_hand_built_decisions():
+    from support.ibis_decisions import six_item_decisions
+
     from attnprobe.studies.ibis.metrics import behaviour_metrics
 
-    items, decs = _behaviour_fixture()
+    items, decs = six_item_decisions()
     b = behaviour_metrics(items, decs, n_boot=200, seed=0, n_perm=5)
     # primary: agentic correct on i2, i4 (2/6), observer on i0, i1, i2 (3/6)
     g = b["inertia_gap"]
