@@ -146,16 +146,16 @@ def test_sample_warning_thresholds():
 
 
 # ------------------------------------------------------------------ position control of the attentional gap
-def test_placebo_window_is_at_the_same_distance_in_both_framings():
-    from attnprobe.studies.ibis.metrics import placebo_window
+def test_placebo_range_is_at_the_same_distances_in_both_framings():
+    from attnprobe.studies.ibis.metrics import placebo_ranges
 
     # agentic results at tokens [100, 200), decision token 230: distances 31..130
-    # observer results at [90, 190), decision 210: distances 21..120 -> common 31..120
-    wa, wo = placebo_window((100, 200), (90, 190), 230, 210, 5)
-    assert wa == (110, 115) and wo == (90, 95)
-    assert [230 - t for t in range(*wa)] == [210 - t for t in range(*wo)] == [120, 119, 118, 117, 116]
-    assert placebo_window((100, 200), (90, 190), 230, 210, 90) is not None
-    assert placebo_window((100, 200), (90, 190), 230, 210, 91) is None  # the common range holds 90 tokens
+    # observer results at [90, 190), decision 210: distances 21..120 -> common 31..120 (90 tokens)
+    ra, ro = placebo_ranges((100, 200), (90, 190), 230, 210, 5)
+    assert ra == (110, 200) and ro == (90, 180)
+    assert [230 - t for t in range(*ra)] == [210 - t for t in range(*ro)] == list(range(120, 30, -1))
+    assert placebo_ranges((100, 200), (90, 190), 230, 210, 90) is not None
+    assert placebo_ranges((100, 200), (90, 190), 230, 210, 91) is None  # the common range holds 90 tokens
 
 
 def test_position_control_on_hand_built_arrays():

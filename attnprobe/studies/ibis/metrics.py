@@ -343,28 +343,29 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
 
 POSITION_CONTROL = (
     "position control of the attentional gap (ours; issue 19 item 7). distance = tokens from the query's last token "
-    "to the decision token. placebo = the n_q tokens (n_q = the query's length) of the results block at the SAME "
-    "distance from the decision token in both framings (the common distance range of the results nearest to the "
-    "query): identical, external content in both framings, so its agentic - observer gap is what the framings differ "
-    "by at matched position and length without any ownership; gap_minus_placebo = per item (query gap - placebo "
+    "to the decision token. placebo = n_q (the query's length) times the mean attention per token on the results "
+    "tokens at the SAME distances from the decision token in both framings (the mean over every n_q-token span of "
+    "that range): identical, external content in both framings, so its agentic - observer gap is what the framings "
+    "differ by at matched position and length without any ownership; gap_minus_placebo = per item (query gap - placebo "
     "gap). regression = the per-item gap regressed on the distance difference (agentic - observer); its intercept is "
     "the gap at equal distance, identified only when the difference varies across items")
 
 
-def placebo_window(results_a: tuple[int, int], results_o: tuple[int, int], decision_a: int, decision_o: int,
+def placebo_ranges(results_a: tuple[int, int], results_o: tuple[int, int], decision_a: int, decision_o: int,
                    n: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """Token ranges [start, end) of an ``n``-token placebo window inside the results block of each framing
-    at the same distance from the decision token in both, as close to the results' start (the query's
-    side) as the two blocks allow; None when their common distance range holds fewer than ``n`` tokens.
+    """Token ranges [start, end) of the results tokens whose distances from the decision token are common
+    to both framings (the same distances in both; the text is the same results block, shifted by the
+    framings' tail difference); None when that range holds fewer than ``n`` tokens (the query's length).
 
     ``results_f`` = [start, end) of the results tokens; ``decision_f`` = the decision token's position.
-    Distance of token t = decision - t."""
+    Distance of token t = decision - t. The placebo is the mean over every ``n``-token span in the
+    range, i.e. ``n`` times the mean attention per token there: no single span's content (a block's
+    first tokens draw more attention) decides it."""
     near = max(decision_a - (results_a[1] - 1), decision_o - (results_o[1] - 1))  # smallest common distance
     far = min(decision_a - results_a[0], decision_o - results_o[0])  # largest common distance
     if n < 1 or far - near + 1 < n:
         return None
-    d_far = far  # the window covers distances far - n + 1 .. far
-    return ((decision_a - d_far, decision_a - d_far + n), (decision_o - d_far, decision_o - d_far + n))
+    return ((decision_a - far, decision_a - near + 1), (decision_o - far, decision_o - near + 1))
 
 
 def position_control(qa: np.ndarray, qo: np.ndarray, pa: np.ndarray, po: np.ndarray, da: np.ndarray,
@@ -445,13 +446,13 @@ def position_inputs(folder: Path, item_ids: list[str]) -> dict[str, np.ndarray]:
         cols["qo"].append(float(o["row"][o["q"][0]:o["q"][1]].sum()))
         cols["da"].append(a["decision"] - (a["q"][1] - 1))
         cols["do"].append(o["decision"] - (o["q"][1] - 1))
-        win = placebo_window(a["r"], o["r"], a["decision"], o["decision"], n_q)
+        win = placebo_ranges(a["r"], o["r"], a["decision"], o["decision"], n_q)
         if win is None:
             cols["pa"].append(float("nan"))
             cols["po"].append(float("nan"))
-        else:
-            cols["pa"].append(float(a["row"][win[0][0]:win[0][1]].sum()))
-            cols["po"].append(float(o["row"][win[1][0]:win[1][1]].sum()))
+        else:  # n_q times the mean attention per token over the common-distance range
+            cols["pa"].append(n_q * float(a["row"][win[0][0]:win[0][1]].mean()))
+            cols["po"].append(n_q * float(o["row"][win[1][0]:win[1][1]].mean()))
     return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 
 
