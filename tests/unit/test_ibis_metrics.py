@@ -184,3 +184,47 @@ def test_position_control_on_hand_built_arrays():
     pc = position_control(qa, qo, pa2, po, do + 14, do, n_boot=100, seed=0)
     assert pc["regression"]["intercept"] is None and "not identified" in pc["regression"]["reason"]
     assert pc["placebo"]["n"] == 4 and pc["gap_minus_placebo"]["n"] == 4
+
+
+def test_position_inputs_read_the_captures(tmp_path):
+    """Hand-built captures: query and placebo masses from the per-token row, distances from the segments."""
+    from attnprobe.render.segments import QueryPoint, Segment
+    from attnprobe.results.result import CaptureResult
+    from attnprobe.studies.ibis.metrics import position_inputs
+
+    def save(framing, layout, row):
+        """layout: (category, role, author, length) pieces in order; the last token is the decision."""
+        segs, cats, pos = [], [], 0
+        for k, (cat, role, author, length) in enumerate(layout):
+            segs.append(Segment(role, author, 0, k, pos, pos + length))
+            cats.append(cat)
+            pos += length
+        n = pos
+        row = np.asarray(row, dtype=np.float32)
+        assert len(row) == n
+        res = CaptureResult(trajectory_id=f"i0/{framing}", input_ids=np.arange(n), segments=segs,
+                            queries=[QueryPoint(n - 1, "decision", 0, len(layout) - 1)], layers=[0],
+                            segment_attention=np.zeros((1, len(segs))), layer_head_attention=np.zeros((1, 1, 1, len(segs))),
+                            token_attention=row[None], meta={"ibis": {"categories": cats}})
+        res.save(tmp_path / "captures" / "i0" / framing)
+
+    # agentic: 2 template, 3 query, 2 call, 10 results, 3 template (decision = token 19)
+    ra = np.zeros(20)
+    ra[2:5] = [0.01, 0.02, 0.03]
+    ra[7:17] = np.arange(10) / 100
+    save("agentic", [("template", "template", "template", 2), ("query", "tool_call", "self", 3),
+                     ("call", "tool_call", "self", 2), ("results", "observation", "external", 10),
+                     ("template", "template", "template", 3)], ra)
+    # observer: 2 template, 3 query, 1 framing, 10 results, 1 template (decision = token 16)
+    ro = np.zeros(17)
+    ro[2:5] = [0.02, 0.02, 0.02]
+    ro[6:16] = np.arange(10) / 100
+    save("observer", [("template", "template", "template", 2), ("query", "tool_call", "external", 3),
+                      ("framing", "task", "external", 1), ("results", "observation", "external", 10),
+                      ("template", "template", "template", 1)], ro)
+    p = position_inputs(tmp_path, ["i0"])
+    assert p["qa"][0] == pytest.approx(0.06) and p["qo"][0] == pytest.approx(0.06)
+    assert (p["da"][0], p["do"][0]) == (19 - 4, 16 - 4)  # from the query's last token to the decision token
+    # results distances: agentic 19-16=3 .. 19-7=12, observer 1 .. 10 -> common 3..10: agentic tokens 9..16,
+    # observer tokens 6..13; placebo = 3 tokens x their mean attention
+    assert p["pa"][0] == pytest.approx(3 * np.mean(ra[9:17])) and p["po"][0] == pytest.approx(3 * np.mean(ro[6:14]))
