@@ -24,7 +24,9 @@ from typing import Any
 from attnprobe.agents.tools import FILTER_TOOLS, arg, call_args  # noqa: F401  (FILTER_TOOLS: IBIS)
 from attnprobe.generation.toolparse import parse_tool_calls
 
-MAX_SITES = 2  # the reference keeps at most the two most helpful sites
+# Ours (taken from the reference code, PangSMPang/NIS-Agent, which is not in the seeds): the filter keeps
+# at most the two most helpful sites.
+MAX_SITES = 2
 
 FILTER_SYSTEM = (
     "You screen web search results for a research task. You see only the task, the search query and the "

@@ -18,6 +18,7 @@ from typing import Any
 
 from attnprobe.generation.chat import ChatReply
 from attnprobe.io import append_jsonl, read_records, write_jsonl
+from attnprobe.studies.runner.config import DEFAULT_MAX_TOKENS
 
 
 def drop_records(path: Path, ids: set[str]) -> None:
@@ -31,7 +32,7 @@ class Recorder:
     """Makes model calls for one run and writes each as a trajectory line."""
 
     def __init__(self, chat, path: Path, *, run_id: str, task: str, settings: dict, model_name: str | None = None,
-                 replay: list[dict] | None = None, max_tokens: int = 160, temperature: float = 0.0,
+                 replay: list[dict] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
                  note=None):
         self.chat = chat
         self.note = note  # progress callback: told which call is in flight

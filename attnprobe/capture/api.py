@@ -126,11 +126,47 @@ class CaptureSettings:
     chunk_size: int
     seconds: float  # wall time of the backend run that produced the result (per trajectory in a batch)
     weights_hash: str | None = None  # see weights_hash()
+    layer_selection: str | None = None  # "full" / "all" when the layers were named, not listed
 
 
-def check_layers(model: LoadedModel, layers: Iterable[int] | None) -> list[int] | None:
+LAYER_SELECTIONS = ("all", "full")
+
+
+def full_attention_layers(config) -> list[int]:
+    """The model's full-attention layers: seed 002 E.1 averages only these in models that mix
+    sliding-window (or linear) attention with full attention ("Every fourth layer uses full attention").
+
+    Read from the config: ``layer_types`` (transformers >= 4.5x: ``full_attention`` vs
+    ``sliding_attention``/``chunked_attention``/``linear_attention``), else the older patterns
+    (``sliding_window_pattern``: every n-th layer is full; Qwen2's ``use_sliding_window`` with
+    ``max_window_layers``: the layers from that index on slide). A model without such a mix (all full,
+    or one sliding window everywhere, as Mistral) has every layer."""
+    cfg = getattr(config, "text_config", None) or config
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        full = [i for i, t in enumerate(list(types)[:n]) if t == "full_attention"]
+    elif getattr(cfg, "sliding_window_pattern", None):
+        every = int(cfg.sliding_window_pattern)
+        full = [i for i in range(n) if (i + 1) % every == 0]
+    elif getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None) \
+            and getattr(cfg, "max_window_layers", None) is not None:
+        full = [i for i in range(n) if i < int(cfg.max_window_layers)]
+    else:
+        full = []
+    return full if full else list(range(n))
+
+
+def check_layers(model: LoadedModel, layers: Iterable[int] | str | None) -> list[int] | None:
+    """Validated, sorted model layer indices to score, or None (every layer). ``layers`` may also name a
+    selection: ``"all"`` (None) or ``"full"`` (:func:`full_attention_layers`, seed 002 E.1)."""
     if layers is None:
         return None
+    if isinstance(layers, str):
+        if layers not in LAYER_SELECTIONS:
+            raise ValueError(f"layers must be a list of layer indices or one of {', '.join(LAYER_SELECTIONS)}; "
+                             f"got {layers!r}")
+        return None if layers == "all" else full_attention_layers(model.model.config)
     num_layers = model.num_layers
     chosen = sorted({int(x) for x in layers})
     bad = [x for x in chosen if not 0 <= x < num_layers]
@@ -165,6 +201,7 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
         "chat_template_hash": rendered.template_hash, "rendering": rendered.rendering,
         "renderings_rejected": rendered.tried, "add_generation_prompt": rendered.add_generation_prompt,
         "chunk_size": settings.chunk_size, "layers_requested": None if layers is None else list(layers),
+        "layer_selection": settings.layer_selection,
         "num_model_layers": model.num_layers, "num_heads": int(lh_np.shape[2]),
         "queries_mode": queries if isinstance(queries, str) else "positions",
         "framing": trajectory.framing, "task": trajectory.task, "labels": trajectory.labels,
@@ -183,7 +220,7 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
 
 
 def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries: str | Sequence[int] = "reasoning",
-                 layers: Sequence[int] | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
+                 layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
                  max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
                  batch_size: int | None = None, progress: bool = False) -> list[CaptureResult]:
     """Capture several trajectories; one :class:`CaptureResult` per trajectory, in order.
@@ -224,7 +261,8 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
             if len(outputs) != len(plans):
                 raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
             settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
-                                       seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights)
+                                       seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights,
+                                       layer_selection=layers if isinstance(layers, str) else None)
             results += [assemble(model, traj, rendered, points, out, settings)
                         for (traj, rendered, points), out in zip(batch, outputs)]
             bar.update(len(batch))
@@ -232,14 +270,15 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
 
 
 def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[int] = "reasoning",
-            layers: Sequence[int] | None = None, *, chunk_size: int = 512, rendering: str = "auto",
+            layers: Sequence[int] | str | None = None, *, chunk_size: int = 512, rendering: str = "auto",
             max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
             progress: bool = False) -> CaptureResult:
     """Capture attention at the query positions of one trajectory.
 
     queries: "reasoning" (first token of each reasoning step), "decision" (last prompt token),
     "reasoning+decision", or a list of token positions. layers: model layer indices to score
-    (default all attention layers). The forward pass is a chunked prefill with ``chunk_size``
+    (default all attention layers), or ``"full"``: only the full-attention layers of a hybrid model
+    (seed 002 E.1; :func:`full_attention_layers`). The forward pass is a chunked prefill with ``chunk_size``
     tokens per step; no token is generated. (A vLLM engine's chunk is fixed when it is built; the
     metadata records the one used.) ``progress=True``: the prefill's per-chunk bar (``tqdm.auto``,
     so a widget in a notebook).

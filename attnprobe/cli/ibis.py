@@ -19,10 +19,11 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
     cluster_free,
+    non_negative_int,
     positive_int,
 )
-from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
-from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
+from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
@@ -44,6 +45,10 @@ def _add_protocol(g, extra: str = "") -> None:
                    help="paper (default): seed 001 appendix E's layouts, the query never shown to the observer; "
                         "matched: the observer and direct framings also show the query, for attention to the same "
                         "query tokens (docs/methods.md). A model folder holds one protocol." + extra)
+    g.add_argument("--reminder", choices=REMINDERS, default=None,
+                   help="listing: each framing's reminder exactly as seed 001 appendix E prints it (the paper "
+                        "protocol's default); identical: one reminder in every framing, as the appendix prose "
+                        "says (the matched protocol's default). Recorded in run.json and the report")
 
 
 def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, progress: bool = True):
@@ -58,6 +63,10 @@ def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, pr
 
 def _add_generation(p):
     g = add_generation_options(p, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, backend_alias=True)
+    g.add_argument("--no-call-tokens", type=non_negative_int, default=DEFAULT_NO_CALL_TOKENS,
+                   help=f"in process: stop a reply after this many tokens without a tool call opening (default "
+                        f"{DEFAULT_NO_CALL_TOKENS}; 0 = never), so one reply never holds its batch for the whole "
+                        "token limit; recorded and compared on resume")
     g.add_argument(
         "--batch-size", type=int, default=12,
         help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
@@ -236,13 +245,15 @@ def _stage_run(args, target: Target, items, ex) -> int:
     from attnprobe.studies.ibis.jobs import BehaviourJob
 
     _prepare(args, target, items, args.backend)
-    inv = ex.call(invariants, items, args.protocol)
+    inv = ex.call(invariants, items, args.protocol, args.reminder)
     job = BehaviourJob(target.folder, items, framings=args.framings, max_tokens=args.max_new_tokens,
-                       protocol=args.protocol, batch_size=args.batch_size, force=args.force)
+                       protocol=args.protocol, batch_size=args.batch_size, force=args.force, reminder=args.reminder,
+                       no_call_tokens=(args.no_call_tokens or None) if args.backend != "openai" else None)
     counts = ex.run(job)
     counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
     update_run(target.folder, "behaviour", {"backend": args.backend, "base_url": args.base_url,
                                             "model_spec": args.model, "max_new_tokens": args.max_new_tokens,
+                                            "reminder": args.reminder, "no_call_tokens": job.no_call_tokens,
                                             "decoding": "greedy", "batch_size": args.batch_size,
                                             "framings": args.framings, "invariants": inv, **counts})
     print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "
@@ -257,12 +268,12 @@ def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = Tru
 
     if not (target.folder / "items.jsonl").is_file():
         _prepare(args, target, items, "transformers")
-    inv = ex.call(invariants, items, args.protocol)
+    inv = ex.call(invariants, items, args.protocol, args.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=args.chunk_size, protocol=args.protocol,
-                       force=args.force or getattr(args, "force_capture", False))
+                       force=args.force or getattr(args, "force_capture", False), reminder=args.reminder)
     counts = ex.run(job)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
-    index = aggregate(items, target.folder, protocol=args.protocol) if aggregate_now else None
+    index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder) if aggregate_now else None
     update_run(target.folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size,
                                             "invariants": inv, **counts,
                                             "aggregated_items": len(index["items"]) if index else None})
@@ -329,7 +340,7 @@ def _all_locked(args, items, target: Target) -> int:
             rc = max(rc, _stage_run(args, target, group, gen))
             rc = max(rc, _stage_capture(args, target, group, cap, aggregate_now=False))
             print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
-    index = aggregate(items, target.folder, protocol=args.protocol)
+    index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder)
     update_run(target.folder, "aggregate", {"items": len(index["items"]) if index else 0})
     cmd_report(args)
     return rc
@@ -343,7 +354,7 @@ def cmd_check(args) -> int:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     bad = 0
     for it in items:
-        res = check_invariants(loaded.tokenizer, it, protocol=args.protocol)
+        res = check_invariants(loaded.tokenizer, it, protocol=args.protocol, reminder=args.reminder)
         if not res["ok"]:
             bad += 1
             print(f"{it.id}: " + "; ".join(res["problems"]))

@@ -16,7 +16,7 @@ from attnprobe.cli.options import (
     non_negative_int,
     positive_int,
 )
-from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
+from attnprobe.studies.runner.config import DEFAULT_MAX_TOKENS, FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
 
 EPILOG = """\
 Examples:
@@ -59,8 +59,10 @@ def register(sub) -> None:
     g.add_argument("--max-validation-steps", type=positive_int, default=8,
                    help="stage-2 checks per validation; the answer step is always checked (default 8)")
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
+    g.add_argument("--final-check", action="store_true",
+                   help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
     add_model_options(p)
-    add_generation_options(p, max_new_tokens=128, temperature=True)
+    add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True)
     add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
@@ -89,6 +91,7 @@ def cmd_run(args) -> int:
         args.preset, **overrides, manager_steps=args.manager_steps, worker_steps=args.worker_steps,
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
+        **({"final_check": True} if args.final_check else {}),
         name=args.name or (args.preset if not overrides else "custom"))
     if args.questions is None:
         from attnprobe.resources import data_path

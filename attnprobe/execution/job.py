@@ -74,12 +74,19 @@ class Job(Protocol):
 
 
 class JobBase:
-    """Defaults for the optional parts of :class:`Job`."""
+    """Defaults for the optional parts of :class:`Job`, and :meth:`note` for progress inside a batch."""
 
     unit = "item"
     batch_size = 1
     force = False
     catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS
+    _note = None  # set by an executor that shows progress
+
+    def note(self, text: str) -> None:
+        """What the running batch is doing now (e.g. "token 320/4096, 9/12 rows stopped"): shown beside
+        the progress bar of the local executor; nothing elsewhere."""
+        if self._note is not None:
+            self._note(text)
 
     def prepare(self, model: Any) -> Any:
         return model

@@ -64,6 +64,8 @@ class LocalExecutor:
                 batch = groups.pop(0)
                 if len(batch) > 1:
                     bar.set_postfix_str(f"running a batch of {len(batch)}", refresh=True)
+                if hasattr(job, "_note"):
+                    job._note = lambda text: bar.set_postfix_str(text, refresh=True)
                 try:
                     results = job.run(state, batch)
                 except job.catch as exc:
@@ -77,6 +79,8 @@ class LocalExecutor:
                     bar.update(1)
                     continue
                 finally:
+                    if hasattr(job, "_note"):
+                        job._note = None
                     if getattr(bar, "postfix", None):
                         bar.set_postfix_str("", refresh=False)
                 for it, res in zip(batch, results):

@@ -9,7 +9,13 @@ OpenAI-compatible test server share.
   tool (small models tend to keep chatting after the JSON). With greedy decoding the reply is then a
   prefix of the full generation, so the parsed action is the same. Default: on when tools are offered.
 - :meth:`TransformersChat.complete_many`: several prompts in one left-padded batch (several times
-  faster on CPU; equal to one-by-one generation, checked in the tests); no stop-at-call there.
+  faster on CPU; equal to one-by-one generation, checked in the tests); rows stop one by one.
+- No-call budget (optional, ``no_call_tokens``): a row that has written that many tokens without
+  opening a call (no ``{``, ``<tool_call>``, ``Calling tools``, ``name(`` ... and not inside an open
+  ``<think>`` block) is stopped (``stopped_by="no_call"``), so one reply that never writes a call does
+  not hold its whole batch up to the token limit. Off by default; IBIS sets it (docs/ibis.md).
+- Per-row progress (optional ``on_progress(new_tokens, rows_stopped, rows)``): called every
+  ``PROGRESS_EVERY`` new tokens, so a long batch shows where it is.
 - :meth:`TransformersChat.option_logprobs`: the log-probability of each of several continuations
   after a prompt (IBIS's forced choice), from one shared prefill.
 
@@ -26,6 +32,17 @@ from attnprobe.generation.chat import ChatReply, Prompt, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
+PROGRESS_EVERY = 16  # new tokens between two on_progress calls (ours: a redraw per ~second on CPU)
+# What opens a call in any syntax toolparse reads (a name followed by "(" is added per request).
+CALL_OPENINGS = ("{", "<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "Calling tools", "Action:", "<function")
+
+
+def opens_call(text: str, names: Sequence[str] = ()) -> bool:
+    """Whether ``text`` has started a tool call, or is inside an unclosed ``<think>`` block (a thinking
+    model has not had its say yet): the no-call budget leaves such a row alone."""
+    if "<think>" in text and "</think>" not in text.split("<think>")[-1]:
+        return True
+    return any(m in text for m in CALL_OPENINGS) or any(f"{n}(" in text for n in names)
 
 
 def _accepts_cache_kw(model) -> bool:
@@ -45,12 +62,14 @@ class TransformersChat:
     True/False = always/never (True still needs names: the offered tools or ``stop_names``).
     ``stop_names``: the tool names that count for stopping (default: the offered tools).
     ``stop_check_every``: decode and parse every N new tokens.
+    ``no_call_tokens``: stop a row after this many new tokens without a call opening (None = never;
+    see the module docstring).
     """
 
     kind = "transformers"
 
     def __init__(self, loaded, *, stop_at_call: bool | None = None, stop_names: Sequence[str] | None = None,
-                 stop_check_every: int = 4, call_prefix: str = "call"):
+                 stop_check_every: int = 4, call_prefix: str = "call", no_call_tokens: int | None = None):
         self.loaded = loaded
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -58,11 +77,15 @@ class TransformersChat:
         self.stop_names = tuple(stop_names) if stop_names else None
         self.stop_check_every = max(1, int(stop_check_every))
         self.call_prefix = call_prefix
+        if no_call_tokens is not None and int(no_call_tokens) < 1:
+            raise ValueError(f"no_call_tokens must be >= 1 or None (off); got {no_call_tokens}")
+        self.no_call_tokens = None if no_call_tokens is None else int(no_call_tokens)
 
     def configured(self, **changes) -> TransformersChat:
         """A chat on the same loaded model with some options changed (its own call numbering)."""
         opts = {"stop_at_call": self.stop_at_call, "stop_names": self.stop_names,
-                "stop_check_every": self.stop_check_every, "call_prefix": self.call_prefix}
+                "stop_check_every": self.stop_check_every, "call_prefix": self.call_prefix,
+                "no_call_tokens": self.no_call_tokens}
         opts.update(changes)
         return TransformersChat(self.loaded, **opts)
 
@@ -90,34 +113,51 @@ class TransformersChat:
         names = list(self.stop_names) if self.stop_names else tool_names(tools)
         return names or None
 
-    def _stopping(self, n_prompt: int, names: list[str]):
-        """Stop each row once its new text holds a complete call of one of ``names`` (greedy decoding
-        makes the stopped text a prefix of the full generation, so the parsed action is the same).
-        Rows are judged separately; a finished row is padded while the others go on."""
+    def _stopping(self, n_prompt: int, names: list[str], on_progress=None):
+        """Per-row stopping (rows are judged separately; a stopped row is padded while the others go on):
+
+        - once the row's new text holds a complete call of one of ``names`` (greedy decoding makes the
+          stopped text a prefix of the full generation, so the parsed action is the same);
+        - with ``no_call_tokens``: once the row has written that many tokens without opening a call.
+
+        ``stopped_at[r]`` is the row's length at its stop and ``reason[r]`` "call" or "no_call"."""
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
-        tok, every = self.tokenizer, self.stop_check_every
+        tok, every, budget = self.tokenizer, self.stop_check_every, self.no_call_tokens
 
-        class _CallComplete(StoppingCriteria):
+        class _PerRow(StoppingCriteria):
             def __init__(self):
                 self.done: torch.Tensor | None = None
+                self.stopped_at: dict[int, int] = {}
+                self.reason: dict[int, str] = {}
+
+            def _stop(self, r: int, n_new: int, why: str) -> None:
+                self.done[r] = True
+                self.stopped_at[r], self.reason[r] = n_new, why
 
             def __call__(self, input_ids, scores, **kwargs):
+                rows = input_ids.shape[0]
                 if self.done is None:
-                    self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+                    self.done = torch.zeros(rows, dtype=torch.bool)
                 n_new = input_ids.shape[1] - n_prompt
-                if n_new > 0 and n_new % every == 0:
-                    for r in range(input_ids.shape[0]):
+                check_call = bool(names) and n_new > 0 and n_new % every == 0
+                check_budget = budget is not None and n_new == budget
+                if check_call or check_budget:
+                    for r in range(rows):
                         if self.done[r]:
                             continue
                         text = tok.decode(input_ids[r, n_prompt:], skip_special_tokens=True)
                         # every call syntax toolparse accepts closes with "}" or ")": skip the parse until then
-                        if ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
-                            self.done[r] = True
+                        if check_call and ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
+                            self._stop(r, n_new, "call")
+                        elif check_budget and not opens_call(text, names):
+                            self._stop(r, n_new, "no_call")
+                if on_progress is not None and n_new > 0 and n_new % PROGRESS_EVERY == 0:
+                    on_progress(n_new, int(self.done.sum()), rows)
                 return self.done.to(input_ids.device).clone()
 
-        return StoppingCriteriaList([_CallComplete()])
+        return StoppingCriteriaList([_PerRow()])
 
     def _gen_kwargs(self, max_tokens: int, temperature: float) -> dict[str, Any]:
         kw: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0,
@@ -128,7 +168,7 @@ class TransformersChat:
 
     # ------------------------------------------------------------------ generation
     def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
-                 temperature: float = 0.0) -> ChatReply:
+                 temperature: float = 0.0, on_progress=None) -> ChatReply:
         import torch
 
         prompt = self.prompt(messages, tools)
@@ -136,18 +176,23 @@ class TransformersChat:
         if self._device() is not None:
             ids = ids.to(self._device())
         kw = self._gen_kwargs(max_tokens, temperature)
-        names = self._active_stop_names(tools)
-        if names:
-            kw["stopping_criteria"] = self._stopping(ids.shape[1], names)
+        names = self._active_stop_names(tools) or []
+        stop = None
+        if names or self.no_call_tokens is not None or on_progress is not None:
+            stop = kw["stopping_criteria"] = self._stopping(ids.shape[1], names, on_progress)
         with torch.inference_mode():
             out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        return self._reply(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens, messages)
+        new = out[0, ids.shape[1]:].tolist()
+        no_call = stop is not None and stop[0].reason.get(0) == "no_call"
+        return self._reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
 
     def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
-                      temperature: float = 0.0) -> list[ChatReply]:
+                      temperature: float = 0.0, on_progress=None) -> list[ChatReply]:
         """:meth:`complete` for several (messages, tools) requests in one left-padded batch. With
         stop-at-call on, each row stops once it holds a complete call of a stop name common to every
-        request (otherwise at its end-of-sequence token or ``max_tokens``)."""
+        request; with ``no_call_tokens``, once it has written that many tokens without opening a call
+        (otherwise at its end-of-sequence token or ``max_tokens``). ``on_progress``: see the module
+        docstring."""
         import torch
 
         prompts = [self.prompt(messages, tools) for messages, tools in requests]
@@ -160,21 +205,23 @@ class TransformersChat:
         kw = self._gen_kwargs(max_tokens, temperature)
         name_sets = [self._active_stop_names(tools) for _, tools in requests]
         names = sorted(set.intersection(*(set(n or ()) for n in name_sets))) if all(name_sets) else []
-        stop = self._stopping(width, names) if names else None
-        if stop is not None:
-            kw["stopping_criteria"] = stop
+        stop = None
+        if names or self.no_call_tokens is not None or on_progress is not None:
+            stop = kw["stopping_criteria"] = self._stopping(width, names, on_progress)
         with torch.inference_mode():
             out = self.loaded.model.generate(ids, attention_mask=mask, **kw)
-        at_call = stop[0].done if stop is not None and stop[0].done is not None else None
+        reason = stop[0].reason if stop is not None else {}
         eos = self.tokenizer.eos_token_id
         replies = []
         for r, ((messages, tools), prompt, row) in enumerate(zip(requests, prompts, out)):
             new = row[width:].tolist()
-            if at_call is not None and at_call[r]:  # stopped at its call, then padded: cut at the call
+            if reason.get(r) == "call":  # stopped at its call, then padded: cut at the call
                 new = self._cut_at_call(new, names)
+            elif reason.get(r) == "no_call":  # stopped for want of a call, then padded: cut there
+                new = new[:stop[0].stopped_at[r]]
             elif eos is not None and eos in new:  # a finished row is padded up to the longest one
                 new = new[: new.index(eos) + 1]
-            replies.append(self._reply(prompt, new, tools, max_tokens, messages))
+            replies.append(self._reply(prompt, new, tools, max_tokens, messages, no_call=reason.get(r) == "no_call"))
         return replies
 
     def _cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
@@ -187,14 +234,16 @@ class TransformersChat:
         return new
 
     def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
-               messages: list[dict]) -> ChatReply:
+               messages: list[dict], no_call: bool = False) -> ChatReply:
         tok = self.tokenizer
         text = tok.decode(new, skip_special_tokens=True)
         content, calls = parse_tool_calls(text, tool_names(tools))
         ids = call_ids(messages, len(calls), self.call_prefix)
         tool_calls = [c.to_openai(i) for c, i in zip(calls, ids)]
         eos = tok.eos_token_id
-        if new and eos is not None and new[-1] == eos:
+        if no_call:
+            stopped_by = "no_call"
+        elif new and eos is not None and new[-1] == eos:
             stopped_by = "eos"
         elif len(new) >= max_tokens:
             stopped_by = "length"

@@ -211,3 +211,52 @@ def test_protocol_is_validated_and_recorded():
         build_framing(ITEMS[0], "observer", "other")
     assert build_framing(ITEMS[0], "observer").meta["ibis"]["protocol"] == "paper"
     assert CATEGORIES[-1] == "call"  # one category list for both protocols
+
+
+# ------------------------------------------------------------------ the reminders, against the seed's text
+def test_paper_reminders_are_the_seed_listings_verbatim():
+    """Seed 001 appendix E prints one listing per mode; each mode's reminder is that listing's text,
+    character for character (read from ../shared/seeds/001_*.txt, not from our constants)."""
+    from support.seeds import appendix_e_listings, listing_reminder
+
+    from attnprobe.studies.ibis.framings import paper_reminder
+
+    listings = appendix_e_listings()
+    assert paper_reminder("observer") == REMINDER_OBSERVER_PAPER == listing_reminder(listings["observer"])
+    assert paper_reminder("agentic") == REMINDER_AGENTIC_PAPER == listing_reminder(listings["agentic"])
+    assert "search with a different query" in REMINDER_OBSERVER_PAPER  # no "again" (issue 19, item 3)
+    # the observer's wrapper sentence too
+    assert "Here are some search results that may help you with this task:" in listings["observer"]
+    it = ITEMS[0]
+    for fr in ("observer", "agentic"):
+        content = build_framing(it, fr, "paper").messages[-1]["content"]
+        assert content.endswith("\n" + listing_reminder(listings[fr])), fr
+
+
+def test_identical_reminder_option(tok):
+    """reminder="identical" (the appendix prose: "an identical <system-reminder> is appended in both
+    modes") appends the observer listing's text in both modes; the invariant check then compares it."""
+    from support.seeds import appendix_e_listings, listing_reminder
+
+    from attnprobe.studies.ibis.framings import resolve_reminder
+
+    observer_text = listing_reminder(appendix_e_listings()["observer"])
+    it = ITEMS[3]
+    a = build_framing(it, "agentic", "paper", reminder="identical")
+    o = build_framing(it, "observer", "paper", reminder="identical")
+    assert a.messages[-1]["content"].endswith("\n" + observer_text)
+    assert o.messages[-1]["content"].endswith("\n" + observer_text)
+    assert a.meta["ibis"]["reminder"] == o.meta["ibis"]["reminder"] == "identical"
+    assert build_framing(it, "agentic", "paper").meta["ibis"]["reminder"] == "listing"
+    assert build_framing(it, "agentic", "matched").meta["ibis"]["reminder"] == "identical"
+    res = check_invariants(tok, it, protocol="paper", reminder="identical")
+    assert res["ok"] and res["reminder"] == "identical", res["problems"]
+    # the reminder tokens are now identical between agentic and observer (and compared)
+    ta = category_tokens(render(a, tok, add_generation_prompt=True), a)["reminder"]
+    to = category_tokens(render(o, tok, add_generation_prompt=True), o)["reminder"]
+    assert ta == to and tok.decode(ta) == observer_text
+    assert resolve_reminder("paper", None) == "listing" and resolve_reminder("matched", None) == "identical"
+    with pytest.raises(ValueError, match="paper protocol only"):
+        build_framing(it, "agentic", "matched", reminder="listing")
+    with pytest.raises(ValueError, match="reminder must be one of"):
+        build_framing(it, "agentic", "paper", reminder="both")

@@ -104,3 +104,127 @@ def test_copy_control_flags_a_gap_that_is_copying():
     cc = forced_choice_metrics(items, dec, ["agentic", "observer"], n_boot=200, seed=0, n_perm=5)["copy_control"]
     assert cc["inertia_gap"]["gap"] == pytest.approx(1.0) and cc["moves_gap_beyond_ci"] is False
     assert "warning" not in cc
+
+
+# ------------------------------------------------------------------ call-only readout, parseable-both, warnings
+def test_call_only_gap_parseable_both_and_prose_readout_on_hand_built_decisions():
+    from support.ibis_decisions import six_item_decisions
+
+    from attnprobe.studies.ibis.metrics import behaviour_metrics
+
+    items, decs = six_item_decisions()
+    b = behaviour_metrics(items, decs, n_boot=200, seed=0, n_perm=5)
+    # primary: agentic correct on i2, i4 (2/6), observer on i0, i1, i2 (3/6)
+    g = b["inertia_gap"]
+    assert g["n_pairs"] == 6 and g["gap"] == pytest.approx(1 / 6, abs=1e-4) and g["n_parseable_both"] == 4
+    assert g["warning"] == ("small sample (n = 6 < 30, 4 of 6 parseable in both framings): the CI and p-value are "
+                            "not reliable")
+    # items parseable in both framings: i1, i2, i4, i5 -> 2/4 each, gap 0
+    gp = b["inertia_gap_parseable_both"]
+    assert gp["n_pairs"] == 4 and gp["gap"] == 0.0 and gp["accuracy_agentic"] == 0.5 == gp["accuracy_observer"]
+    # secondary prose readout: agentic 2/6, observer 4/6
+    gs = b["prose_readout"]["inertia_gap"]
+    assert gs["gap"] == pytest.approx(2 / 6, abs=1e-4) and "SECONDARY" in gs["definition"]
+    assert b["accuracy"]["observer"]["should_research"]["prose"]["correct"] == 4
+    assert b["accuracy"]["agentic"]["should_research"]["unparseable"] == 2
+    assert b["unparseable_total"] == 3 and b["unparseable_total_prose"] == 1
+    assert "call-only" in b["readout"]
+    # flips: i0, i1 (inertia), i4 (reverse); parseable in both: i1 and i4 only
+    f, fp = b["flips"], b["flips_parseable_both"]
+    assert (f["n_items"], f["n_flips"], f["inertia_direction"]) == (6, 3, 2)
+    assert (fp["n_items"], fp["n_flips"], fp["inertia_direction"]) == (4, 2, 1) and fp["parseable_both"] is True
+
+
+def test_sample_warning_thresholds():
+    from attnprobe.studies.ibis.metrics import SMALL_SAMPLE_N, sample_warning
+
+    assert sample_warning(SMALL_SAMPLE_N, SMALL_SAMPLE_N) is None
+    assert sample_warning(40, 20) is None  # half parseable is enough
+    assert sample_warning(40, 19) == ("small sample (n = 40, 19 of 40 parseable in both framings): the CI and "
+                                      "p-value are not reliable")
+    assert sample_warning(3) == "small sample (n = 3 < 30): the CI and p-value are not reliable"
+
+
+# ------------------------------------------------------------------ position control of the attentional gap
+def test_placebo_range_is_at_the_same_distances_in_both_framings():
+    from attnprobe.studies.ibis.metrics import placebo_ranges
+
+    # agentic results at tokens [100, 200), decision token 230: distances 31..130
+    # observer results at [90, 190), decision 210: distances 21..120 -> common 31..120 (90 tokens)
+    ra, ro = placebo_ranges((100, 200), (90, 190), 230, 210, 5)
+    assert ra == (110, 200) and ro == (90, 180)
+    assert [230 - t for t in range(*ra)] == [210 - t for t in range(*ro)] == list(range(120, 30, -1))
+    assert placebo_ranges((100, 200), (90, 190), 230, 210, 90) is not None
+    assert placebo_ranges((100, 200), (90, 190), 230, 210, 91) is None  # the common range holds 90 tokens
+
+
+def test_position_control_on_hand_built_arrays():
+    from attnprobe.studies.ibis.metrics import position_control
+
+    dd = np.array([10.0, 12, 14, 16, 18])
+    do = np.full(5, 100.0)
+    da = do + dd
+    gap = 0.004 - 0.001 * dd  # a gap that is all distance: 0 would remain at dd = 4, +0.004 at equal distance
+    qo = np.full(5, 0.06)
+    qa = qo + gap
+    po = np.full(5, 0.02)
+    pa = po - 0.008  # the framings differ by -0.008 at matched position on identical external tokens
+    pc = position_control(qa, qo, pa, po, da, do, n_boot=500, seed=0)
+    assert pc["distance"] == {"agentic": 114.0, "observer": 100.0, "difference_mean": 14.0,
+                              "difference_sd": pytest.approx(2.828, abs=1e-3), "difference_range": [10.0, 18.0]}
+    assert pc["placebo"]["gap"] == pytest.approx(-0.008, abs=1e-6) and pc["placebo"]["n"] == 5
+    assert pc["gap_minus_placebo"]["gap"] == pytest.approx(gap.mean() + 0.008, abs=1e-6)
+    assert pc["adjusted_gap"] == pc["gap_minus_placebo"]["gap"]
+    r = pc["regression"]
+    assert r["slope_per_token"] == pytest.approx(-0.001, abs=1e-9) and r["intercept"] == pytest.approx(0.004, abs=1e-6)
+    assert r["intercept_ci95"][0] == pytest.approx(0.004, abs=1e-6)  # an exact line: every resample agrees
+    # a constant distance difference: the regression is not identified and says so; a missing placebo is skipped
+    pa2 = pa.copy()
+    pa2[0] = np.nan
+    pc = position_control(qa, qo, pa2, po, do + 14, do, n_boot=100, seed=0)
+    assert pc["regression"]["intercept"] is None and "not identified" in pc["regression"]["reason"]
+    assert pc["placebo"]["n"] == 4 and pc["gap_minus_placebo"]["n"] == 4
+
+
+def test_position_inputs_read_the_captures(tmp_path):
+    """Hand-built captures: query and placebo masses from the per-token row, distances from the segments."""
+    from attnprobe.render.segments import QueryPoint, Segment
+    from attnprobe.results.result import CaptureResult
+    from attnprobe.studies.ibis.metrics import position_inputs
+
+    def save(framing, layout, row):
+        """layout: (category, role, author, length) pieces in order; the last token is the decision."""
+        segs, cats, pos = [], [], 0
+        for k, (cat, role, author, length) in enumerate(layout):
+            segs.append(Segment(role, author, 0, k, pos, pos + length))
+            cats.append(cat)
+            pos += length
+        n = pos
+        row = np.asarray(row, dtype=np.float32)
+        assert len(row) == n
+        res = CaptureResult(trajectory_id=f"i0/{framing}", input_ids=np.arange(n), segments=segs,
+                            queries=[QueryPoint(n - 1, "decision", 0, len(layout) - 1)], layers=[0],
+                            segment_attention=np.zeros((1, len(segs))), layer_head_attention=np.zeros((1, 1, 1, len(segs))),
+                            token_attention=row[None], meta={"ibis": {"categories": cats}})
+        res.save(tmp_path / "captures" / "i0" / framing)
+
+    # agentic: 2 template, 3 query, 2 call, 10 results, 3 template (decision = token 19)
+    ra = np.zeros(20)
+    ra[2:5] = [0.01, 0.02, 0.03]
+    ra[7:17] = np.arange(10) / 100
+    save("agentic", [("template", "template", "template", 2), ("query", "tool_call", "self", 3),
+                     ("call", "tool_call", "self", 2), ("results", "observation", "external", 10),
+                     ("template", "template", "template", 3)], ra)
+    # observer: 2 template, 3 query, 1 framing, 10 results, 1 template (decision = token 16)
+    ro = np.zeros(17)
+    ro[2:5] = [0.02, 0.02, 0.02]
+    ro[6:16] = np.arange(10) / 100
+    save("observer", [("template", "template", "template", 2), ("query", "tool_call", "external", 3),
+                      ("framing", "task", "external", 1), ("results", "observation", "external", 10),
+                      ("template", "template", "template", 1)], ro)
+    p = position_inputs(tmp_path, ["i0"])
+    assert p["qa"][0] == pytest.approx(0.06) and p["qo"][0] == pytest.approx(0.06)
+    assert (p["da"][0], p["do"][0]) == (19 - 4, 16 - 4)  # from the query's last token to the decision token
+    # results distances: agentic 19-16=3 .. 19-7=12, observer 1 .. 10 -> common 3..10: agentic tokens 9..16,
+    # observer tokens 6..13; placebo = 3 tokens x their mean attention
+    assert p["pa"][0] == pytest.approx(3 * np.mean(ra[9:17])) and p["po"][0] == pytest.approx(3 * np.mean(ro[6:14]))

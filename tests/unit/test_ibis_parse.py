@@ -108,3 +108,105 @@ def test_direct_mode_is_read_as_the_filter_module():
     # the framing is the runner's filter call: same prompt, and no tools offered
     traj = build_framing(it, "direct", "paper")
     assert traj.tools == [] and "answer No" in traj.messages[1]["content"]
+
+
+# ------------------------------------------------------------------ primary (call-only) vs secondary (prose)
+CALL_ONLY = [
+    # calls in any syntax are the primary readout
+    ('<tool_call>\n{"name": "web_search", "arguments": {"query": "x"}}\n</tool_call>', "web_search", "parsed"),
+    ("Calling tools:\n[{'id': 'call_2', 'type': 'function', 'function': {'name': 'visit_page', "
+     "'arguments': {'url': 'https://a.org'}}}]", "visit_page", "parsed"),
+    ('{"name": "search", "arguments": {"query": "x"}}', "web_search", "parsed-alias"),
+    # prose never counts there: a name mention, an intent phrase, a truncated call
+    ("I should use web_search with another query.", "unparseable", "none"),
+    ("None of these pages is about the element. I need a different query.", "unparseable", "none"),
+    ('{"name": "visit_page", "arguments": {"url": "https://en.wiki', "unparseable", "none"),
+    ("The final answer is 29.76 degrees.", "unparseable", "none"),
+]
+
+
+@pytest.mark.parametrize("text, decision, method", CALL_ONLY)
+def test_call_only_readout(text, decision, method):
+    from attnprobe.studies.ibis.behaviour import classify_call
+
+    got = classify_call(text, None)
+    assert (got["decision"], got["method"]) == (decision, method), got
+
+
+def _item(label="should_research"):
+    from attnprobe.studies.ibis.items import IbisItem
+
+    return IbisItem(id="i1", task="melting point of gallium", query="gallium festival", label=label, domain="science",
+                    results=[{"title": "Gallium Festival", "url": "https://galliumfest.example/", "snippet": "music"}])
+
+
+def _backend(budget=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(kind="transformers", name="m", no_call_tokens=budget)
+
+
+def _out(text):
+    return {"raw_text": text, "tool_calls": [], "prompt_text": "", "finish_reason": "stop", "input_tokens": 10,
+            "output_tokens": 5, "rendering": "native"}
+
+
+def test_records_carry_both_readouts_on_hand_written_replies():
+    """A reply that only *says* it will search is correct in the secondary prose readout and wrong
+    (unparseable) in the primary call-only one; a written call is correct in both."""
+    from attnprobe.studies.ibis.behaviour import _record
+
+    prose = _record(_backend(), _item(), "observer", _out("These are about a festival. I need a different query."),
+                    0.1, 64, "paper")
+    assert (prose["decision"], prose["method"], prose["correct"]) == ("unparseable", "none", False)
+    assert (prose["decision_prose"], prose["method_prose"], prose["correct_prose"]) == ("web_search", "intent", True)
+    assert prose["readout"] == "call" and prose["reminder"] == "listing"
+    call = _record(_backend(), _item(), "agentic", _out('{"name": "web_search", "arguments": {"query": "Ga mp"}}'),
+                   0.1, 64, "paper")
+    assert call["correct"] and call["correct_prose"] and call["method"] == call["method_prose"] == "parsed"
+    assert call["generation"] == {"max_new_tokens": 64, "decoding": "greedy", "protocol": "paper",
+                                  "reminder": "listing", "no_call_tokens": None}
+    # a budget below the limit is part of the settings; at or above it, it can never bite: recorded as off
+    assert _record(_backend(16), _item(), "agentic", _out("x"), 0, 64, "paper")["generation"]["no_call_tokens"] == 16
+    assert _record(_backend(64), _item(), "agentic", _out("x"), 0, 64, "paper")["generation"]["no_call_tokens"] is None
+
+
+def test_old_records_are_split_into_both_readouts():
+    """Records written before call-only parsing held the prose readout in ``decision``."""
+    from attnprobe.studies.ibis.behaviour import readouts
+
+    old_intent = {"decision": "web_search", "method": "intent", "correct": True, "expected": "web_search"}
+    r = readouts(old_intent)
+    assert (r["decision"], r["correct"], r["decision_prose"], r["correct_prose"]) == ("unparseable", False,
+                                                                                      "web_search", True)
+    old_call = {"decision": "visit_page", "method": "parsed", "correct": False, "expected": "web_search"}
+    r = readouts(old_call)
+    assert (r["decision"], r["method"], r["decision_prose"]) == ("visit_page", "parsed", "visit_page")
+    old_filter = {"decision": "web_search", "method": "filter-no", "correct": True, "expected": "web_search"}
+    assert readouts(old_filter)["decision"] == "web_search"
+
+
+def test_resume_with_other_generation_settings_is_refused(tmp_path):
+    """One line naming the folder and the setting that differs; the same settings pass."""
+    import json
+
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.studies.ibis.behaviour import _record, check_generation_settings, generation_settings
+
+    rec = _record(_backend(), _item(), "agentic", _out("x"), 0.1, 64, "paper")
+    (tmp_path / "decisions.jsonl").write_text(json.dumps(rec) + "\n")
+    same = generation_settings(_backend(), max_tokens=64, protocol="paper", reminder=None)
+    check_generation_settings(tmp_path, same)  # no error
+    with pytest.raises(AttnprobeError) as e:
+        check_generation_settings(tmp_path, {**same, "max_new_tokens": 4096})
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path) in msg and "max_new_tokens=64" in msg and "max_new_tokens=4096" in msg
+    with pytest.raises(AttnprobeError, match="reminder='listing', this run asks for reminder='identical'"):
+        check_generation_settings(tmp_path, generation_settings(_backend(), max_tokens=64, protocol="paper",
+                                                                reminder="identical"))
+    # a record from before the generation field, paper protocol: made with the old observer reminder
+    old = {k: v for k, v in rec.items() if k not in ("generation", "readout", "reminder")}
+    (tmp_path / "decisions.jsonl").write_text(json.dumps(old) + "\n")
+    with pytest.raises(AttnprobeError, match="before the verbatim observer reminder"):
+        check_generation_settings(tmp_path, same)
+    check_generation_settings(tmp_path / "empty", same)  # a new folder: nothing to compare

@@ -208,7 +208,7 @@ def test_stage2_checks_every_step_and_an_appended_answer_step(tmp_path):
     chain = "S1: Holmia is Latin for Stockholm. (from: O1)\nS2: Element 67 was named after it. (from: S1)"
     chat = CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url], stage1=[chain], stage2=["VALID"],
                       final=["VALID"])
-    res, trajs = run(tmp_path, chat, validation="full")
+    res, trajs = run(tmp_path, chat, validation="full", final_check=True)
     v = res["validation"]
     assert v["accepted"] is True and v["answer_step_added"] is True and v["answer_step"] == "S3"
     assert v["checked"] == ["S1", "S2", "S3"] and v["unchecked"] == []
@@ -223,6 +223,21 @@ def test_stage2_checks_every_step_and_an_appended_answer_step(tmp_path):
                                    "S3: The answer to the task is holmium.\n\nProposed answer: holmium\n\n"
                                    "Does the proposed answer answer the task?")
     assert v["final_check"] == {"verdict": "valid", "suggestion": ""}
+
+
+def test_nis_agent_has_the_seeds_two_stages_and_output_limit(tmp_path):
+    """Seed 000: "If all steps are valid, it confirms the final answer as correct" (4.2) -- no third
+    gate in the nis-agent preset; "we limit the output token size to 4096" (C.3)."""
+    s = RunSettings.preset("nis-agent")
+    assert (s.validation, s.final_check, s.max_tokens, s.temperature) == ("full", False, 4096, 0.0)
+    assert RunSettings().max_tokens == 4096 and RunSettings.preset("baseline").final_check is False
+    chat = CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url], stage1=[CHAIN], stage2=["VALID"],
+                      final=["INVALID: never asked"])
+    res, trajs = run(tmp_path, chat, validation="full")
+    v = res["validation"]
+    assert chat.of("final") == [] and "final_check" not in v and v["accepted"] is True
+    assert {t.meta["agent"] for t in trajs} >= {"validator_stage1", "validator_stage2"}
+    assert "validator_final" not in {t.meta["agent"] for t in trajs} and res["answer"] == "holmium"
 
 
 def test_chain_ending_with_the_answer_gets_no_extra_step():
@@ -247,7 +262,7 @@ def test_failed_final_check_extends_the_manager_budget(tmp_path):
                call("final_answer", answer="holmium")]
     chat = CannedChat(manager=manager, worker=WORKER, filter=[A.url], stage1=[CHAIN], stage2=["VALID"],
                       final=["INVALID: the task asks for an element, not a city"])
-    res, _ = run(tmp_path, chat, validation="full", manager_steps=1, validation_extra_steps=3)
+    res, _ = run(tmp_path, chat, validation="full", manager_steps=1, validation_extra_steps=3, final_check=True)
     v = res["validation"]
     assert v["accepted"] is False and v["extra_steps"] == 3 and v["proposed_answer"] == "Stockholm"
     assert all(x["verdict"] == "valid" for x in v["verdicts"])
@@ -268,7 +283,7 @@ def test_without_extension_the_manager_is_out_of_steps(tmp_path):
 def test_summary_counts_filter_and_validation(tmp_path):
     chat = CannedChat(manager=MANAGER, worker=WORKER, filter=["No\nQuery: q2", "No"], stage1=[CHAIN],
                       stage2=["VALID"], final=["INVALID: unit"])
-    run(tmp_path, chat, validation="full")
+    run(tmp_path, chat, validation="full", final_check=True)
     s = json.loads((tmp_path / "r.summary.json").read_text())
     assert s["filter"] == {"calls": 2, "no": 2, "sites": 0, "keep": 0, "unparseable": 0, "rewrites": 1,
                            "replaced": 1, "unable": 1}

@@ -231,7 +231,8 @@ def test_recording_round_trips(tmp_path, bm25):
         assert m["usage"]["input_tokens"] > 0 and m["usage"]["output_tokens"] > 0
         assert m["settings"]["filter"] == "isolated"
     agents = {t.meta["agent"] for t in trajs}
-    assert agents == {"manager", "search_worker", "filter", "validator_stage1", "validator_stage2", "validator_final"}
+    # seed 000 4.2: two validation stages; the task-aware final check is ours and off by default
+    assert agents == {"manager", "search_worker", "filter", "validator_stage1", "validator_stage2"}
     # save -> load keeps everything
     attnprobe.save_trajectories(trajs, tmp_path / "copy.jsonl")
     assert [t.to_dict() for t in attnprobe.load_trajectories(tmp_path / "copy.jsonl")] == [t.to_dict() for t in trajs]

@@ -49,18 +49,20 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
 
 
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
-                  force: bool = False, progress: bool = True, protocol: str = "paper") -> dict[str, int]:
+                  force: bool = False, progress: bool = True, protocol: str = "paper",
+                  reminder: str | None = None) -> dict[str, int]:
     """Capture every (item, framing) not captured yet in this process (:class:`AttentionJob` on the
     local executor); resumable (a finished capture has meta.json)."""
     from attnprobe.execution.local import LocalExecutor
 
-    job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force)
+    job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force,
+                       reminder=reminder)
     counts = LocalExecutor(lambda: model, progress=progress).run(job)
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 
-def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protocol: str = "paper"
-              ) -> dict[str, Any] | None:
+def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protocol: str = "paper",
+              reminder: str | None = None) -> dict[str, Any] | None:
     """Stack captured masses into attention.safetensors (+ attention.json); items missing any framing
     are left out (and listed). Returns the index, or None when nothing was captured."""
     from safetensors.numpy import save_file
@@ -76,7 +78,7 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
             continue
         for fr, d in zip(framings, dirs):
             res = CaptureResult.load(d)
-            traj = build_framing(it, fr, protocol)
+            traj = build_framing(it, fr, protocol, reminder=reminder)
             if res.meta.get("ibis", {}).get("categories") != segment_categories(res.segments, traj):
                 raise AttnprobeError(f"{d}: its segments do not match today's {fr} framing (captured by an older "
                                      f"attnprobe, before the query became its own segment); rerun "

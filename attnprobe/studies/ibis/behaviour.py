@@ -14,15 +14,24 @@ Generation (greedy, temperature 0) goes through one chat backend from
 - any OpenAI-compatible endpoint (``vllm serve``, ``attnprobe serve``) through
   :class:`~attnprobe.generation.openai_chat.OpenAIChat`; structured tool calls from the server count.
 
-:func:`classify_reply` maps a reply to ``web_search`` / ``visit_page`` / ``answer`` /
-``unparseable`` and says how it decided (``method``): structured tool calls first, then every
-tool-call syntax :mod:`attnprobe.generation.toolparse` knows (Hermes/Qwen ``<tool_call>``, Llama-3 JSON,
-smolagents ``Calling tools:``, Mistral ``[TOOL_CALLS]``, fenced JSON, Python-call style), then
-plain text (a tool named in prose, or an explicit intent phrase) after removing sentences copied
-verbatim from the prompt (small models often echo the reminder); a tool named under a negation ("I
-should not use visit_page") is no decision. Anything else is ``unparseable``: counted, reported and
-scored as incorrect (the paper's rule), never dropped; the unparseable rate and the accuracy over
-parseable replies are reported beside it.
+Two readouts of every reply (docs/methods.md):
+
+- **primary, call-only** (:func:`classify_call`; ``decision``/``method``/``correct`` in a record):
+  the tool the reply *calls*, as seed 000 Table 7 scores it ("calling the web_search tool is
+  considered correct"): structured tool calls, then every tool-call syntax
+  :mod:`attnprobe.generation.toolparse` knows (Hermes/Qwen ``<tool_call>``, Llama-3 JSON, smolagents
+  ``Calling tools:``, Mistral ``[TOOL_CALLS]``, fenced JSON, Python-call style), alias names included.
+  Under the paper protocol the direct framing is the NIS-Agent filter prompt, read by the filter's
+  own parser ("No" -> web_search, chosen sites -> visit_page).
+- **secondary, prose** (:func:`classify_reply`; ``decision_prose``/``method_prose``/
+  ``correct_prose``): the same, then plain text (a tool named in prose, or an explicit intent phrase)
+  after removing sentences copied verbatim from the prompt (small models often echo the reminder); a
+  tool named under a negation ("I should not use visit_page") is no decision. Labelled secondary: only
+  the agentic framing carries an in-context call, so prose credit differs by framing.
+
+Anything else is ``unparseable``: counted, reported and scored as incorrect (the paper's rule: a
+malformed action is an error), never dropped; the unparseable rate, the accuracy over parseable
+replies and the gap over items parseable in both framings are reported beside it.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from typing import Any
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.io import read_records
-from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing
+from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.trajectory.schema import call_arguments
 
@@ -58,6 +67,11 @@ _VISIT_INTENT = re.compile(
     r"\b(visit|open|browse|click( on)?|read)\b[^.\n]{0,40}\b(page|result|link|url|website|site|article|"
     r"https?://\S+)", re.I)
 FORCED_CHOICE_PREFIX = '{"name": "'
+CALL_METHODS = ("tool_call", "parsed", "parsed-alias")  # what the primary, call-only readout accepts
+# In process: a reply that has written this many tokens without opening a call is stopped (ours, not
+# the seeds': with seed 000's 4096-token limit one such reply held a CPU batch for 46 minutes; a model
+# that thinks inside <think> is not stopped). None = off, the seed's rule exactly (docs/ibis.md).
+DEFAULT_NO_CALL_TOKENS = 1024
 # The paper's limit for non-reasoning models (seed 000, C.3: "we limit the output token size to 4096");
 # thinking models need it too. In process, generation stops as soon as a complete call is written, so
 # the limit costs nothing for a model that answers with a call (docs/ibis.md, "max new tokens").
@@ -76,8 +90,17 @@ def _strip_echo(text: str, prompt: str) -> str:
     return "\n".join(kept)
 
 
-def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prompt_text: str = "") -> dict[str, Any]:
-    """{"decision", "method", "name", "arguments"} for one reply (see module docstring)."""
+def classify_call(raw_text: str, tool_calls: Iterable[dict] | None = None) -> dict[str, Any]:
+    """The primary, call-only readout: {"decision", "method", "name", "arguments"} from the reply's
+    tool call (structured or written in any syntax toolparse reads); no call -> ``unparseable``,
+    method ``none``. Prose is never read here (see :func:`classify_reply`)."""
+    return classify_reply(raw_text, tool_calls, prose=False)
+
+
+def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prompt_text: str = "", *,
+                   prose: bool = True) -> dict[str, Any]:
+    """{"decision", "method", "name", "arguments"} for one reply (see module docstring); with
+    ``prose=False`` only calls count (:func:`classify_call`)."""
     for call in tool_calls or []:
         fn = call.get("function") or {}
         dec = _normalise_name(str(fn.get("name", "")))
@@ -97,6 +120,8 @@ def classify_reply(raw_text: str, tool_calls: Iterable[dict] | None = None, prom
         if dec:
             return {"decision": dec, "method": "parsed" if c.name in TOOL_NAMES else "parsed-alias",
                     "name": c.name, "arguments": c.arguments}
+    if not prose:
+        return {"decision": "unparseable", "method": "none", "name": None, "arguments": {}}
     text = _strip_echo(raw_text, prompt_text) if prompt_text else raw_text
     mentions = {d: _mentions(text, re.compile(rf"\b{d}\b")) for d in ("web_search", "visit_page")}
     mentioned = {d for d, m in mentions.items() if m["affirmed"]}
@@ -140,7 +165,7 @@ def api_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-_FINISH = {"eos": "stop", "length": "length"}  # anything else: stopped once the call was complete
+_FINISH = {"eos": "stop", "length": "length", "no_call": "no_call"}  # anything else: stopped at a complete call
 
 
 def _ibis_meta(trajectory) -> dict:
@@ -155,13 +180,13 @@ def forced_choice_applies(trajectory) -> bool:
     return not (meta.get("protocol") == "paper" and meta.get("framing") == "direct")
 
 
-def copy_control_framing(item: IbisItem, framing: str, protocol: str):
+def copy_control_framing(item: IbisItem, framing: str, protocol: str, reminder: str | None = None):
     """The agentic framing with its own earlier call renamed to :data:`COPY_CONTROL_TOOL` (None for
     other framings): the forced choice's copy control. The option names then no longer appear in the
     call the model made itself, only in the system prompt and tool list that every framing shares."""
     if framing != "agentic":
         return None
-    return build_framing(item, "agentic", protocol, own_tool=COPY_CONTROL_TOOL)
+    return build_framing(item, "agentic", protocol, own_tool=COPY_CONTROL_TOOL, reminder=reminder)
 
 
 class BehaviourBackend:
@@ -169,11 +194,15 @@ class BehaviourBackend:
     trajectory as a dict with the prompt text for echo stripping and the rendering name, and, in
     process, the forced choice. ``early_stop`` and ``forced_choice`` apply to in-process chats only."""
 
-    def __init__(self, chat, *, early_stop: bool = True, forced_choice: bool = True):
+    def __init__(self, chat, *, early_stop: bool = True, forced_choice: bool = True,
+                 no_call_tokens: int | None = DEFAULT_NO_CALL_TOKENS):
         self.in_process = isinstance(chat, TransformersChat)
+        self.no_call_tokens = no_call_tokens if self.in_process else None
         if self.in_process:
-            # one prompt at a time: stop once the text holds a complete call of any known tool name
-            chat = chat.configured(stop_at_call=early_stop, stop_names=tuple(ALIASES), stop_check_every=1)
+            # stop a row once its text holds a complete call of any known tool name, or once it has
+            # written no_call_tokens tokens without opening one
+            chat = chat.configured(stop_at_call=early_stop, stop_names=tuple(ALIASES), stop_check_every=1,
+                                   no_call_tokens=no_call_tokens)
         self.chat = chat
         self.kind = chat.kind
         self.name = chat.name
@@ -209,18 +238,22 @@ class BehaviourBackend:
                                                 "own_tool": COPY_CONTROL_TOOL}
         return out
 
-    def complete_many(self, trajectories, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, controls=None
-                      ) -> list[dict[str, Any]]:
+    def complete_many(self, trajectories, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, controls=None,
+                      on_progress=None) -> list[dict[str, Any]]:
         """Greedy generation for several framings in one left-padded batch (in process only);
-        ``controls[i]`` is the copy-control trajectory of ``trajectories[i]`` (or None)."""
+        ``controls[i]`` is the copy-control trajectory of ``trajectories[i]`` (or None);
+        ``on_progress(new_tokens, rows_stopped, rows)`` is called as the batch goes on."""
         controls = controls or [None] * len(trajectories)
-        replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_tokens=max_tokens)
+        replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_tokens=max_tokens,
+                                          on_progress=on_progress)
         return [self._in_process_out(r, _FINISH.get(r.stopped_by, "call_complete"), t, c)
                 for r, t, c in zip(replies, trajectories, controls)]
 
-    def complete(self, trajectory, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, control=None) -> dict[str, Any]:
+    def complete(self, trajectory, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, control=None,
+                 on_progress=None) -> dict[str, Any]:
         if self.in_process:
-            reply = self.chat.complete(trajectory.messages, trajectory.tools, max_tokens=max_tokens, temperature=0.0)
+            reply = self.chat.complete(trajectory.messages, trajectory.tools, max_tokens=max_tokens, temperature=0.0,
+                                       on_progress=on_progress)
             return self._in_process_out(reply, _FINISH.get(reply.stopped_by, "call_complete"), trajectory, control)
         reply = self.chat.complete(api_messages(trajectory.messages), trajectory.tools, max_tokens=max_tokens,
                                    temperature=0.0)
@@ -232,12 +265,14 @@ class BehaviourBackend:
 
 
 def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-           protocol: str = "paper") -> dict[str, Any]:
+           protocol: str = "paper", reminder: str | None = None, on_progress=None) -> dict[str, Any]:
     """Run one framing of one item and return its decision record (a decisions.jsonl line)."""
-    traj = build_framing(item, framing, protocol)
+    traj = build_framing(item, framing, protocol, reminder=reminder)
     t0 = time.perf_counter()
-    out = backend.complete(traj, max_tokens=max_tokens, control=copy_control_framing(item, framing, protocol))
-    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens, protocol)
+    kw = {"on_progress": on_progress} if on_progress is not None else {}
+    out = backend.complete(traj, max_tokens=max_tokens,
+                           control=copy_control_framing(item, framing, protocol, reminder), **kw)
+    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens, protocol, reminder)
 
 
 def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
@@ -254,44 +289,108 @@ def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
             "arguments": {"chosen_urls": fd.chosen_urls, "new_query": fd.new_query}}
 
 
+def generation_settings(backend, *, max_tokens: int, protocol: str, reminder: str | None) -> dict[str, Any]:
+    """What a decision depends on besides the model and the item: recorded in every record and compared
+    on resume (:func:`check_generation_settings`). A no-call budget at or above the token limit can
+    never stop a row, so it is recorded as None (off)."""
+    budget = getattr(backend, "no_call_tokens", None)
+    return {"max_new_tokens": int(max_tokens), "decoding": "greedy", "protocol": protocol,
+            "reminder": resolve_reminder(protocol, reminder),
+            "no_call_tokens": budget if budget is not None and budget < max_tokens else None}
+
+
 def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int,
-            protocol: str) -> dict[str, Any]:
+            protocol: str, reminder: str | None = None) -> dict[str, Any]:
     if protocol == "paper" and framing == "direct":
-        cls = classify_filter_reply(item, out)
+        cls = prose = classify_filter_reply(item, out)
     else:
-        cls = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
+        cls = classify_call(out["raw_text"], out["tool_calls"])
+        prose = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
+    gen = generation_settings(backend, max_tokens=max_tokens, protocol=protocol, reminder=reminder)
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
         "expected": item.expected_action, "decision": cls["decision"], "method": cls["method"],
         "correct": cls["decision"] == item.expected_action, "tool_name": cls["name"], "arguments": cls["arguments"],
+        "readout": "call",
+        "decision_prose": prose["decision"], "method_prose": prose["method"],
+        "correct_prose": prose["decision"] == item.expected_action,
         "raw_text": out["raw_text"], "structured_tool_calls": out["tool_calls"], "finish_reason": out["finish_reason"],
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
         "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, "max_tokens": max_tokens,
         "forced_choice": out.get("forced_choice"), "forced_choice_control": out.get("forced_choice_control"),
-        "protocol": protocol,
+        "protocol": protocol, "reminder": gen["reminder"], "generation": gen,
     }
+
+
+def readouts(rec: dict) -> dict[str, Any]:
+    """A decision record with both readouts (see the module docstring), also for records written before
+    call-only parsing (``readout`` absent): there ``decision`` was the prose readout, so the call-only
+    decision is it when its method was a call, else unparseable."""
+    if rec.get("readout") == "call" or "decision" not in rec or "method" not in rec:
+        return rec  # current records, and minimal ones without a parse (nothing to split)
+    rec = dict(rec)
+    call = rec["method"] in CALL_METHODS or str(rec["method"]).startswith("filter-")
+    rec["decision_prose"], rec["method_prose"], rec["correct_prose"] = rec["decision"], rec["method"], rec["correct"]
+    if not call:
+        rec.update(decision="unparseable", method="none", correct=rec["expected"] == "unparseable")
+    rec["readout"] = "call"
+    return rec
+
+
+def record_generation(rec: dict) -> dict[str, Any]:
+    """The generation settings a record was made under (records before the ``generation`` field: their
+    max_tokens and protocol; a paper-protocol record from then used the old observer reminder)."""
+    if "generation" in rec:
+        return rec["generation"]
+    proto = rec.get("protocol", "matched")
+    return {"max_new_tokens": rec.get("max_tokens"), "decoding": "greedy", "protocol": proto,
+            "reminder": "identical" if proto != "paper" else "listing (before the verbatim observer reminder)",
+            "no_call_tokens": None}
+
+
+def check_generation_settings(folder: Path, settings: dict[str, Any]) -> None:
+    """Refuse to resume ``folder`` with generation settings (max_new_tokens, decoding, protocol,
+    reminder, no-call budget; :func:`generation_settings`) other than those its decisions were made
+    with: one line naming the folder and the first setting that differs. Call before generating
+    (``run_behaviour`` does unless ``force``)."""
+    from attnprobe.errors import AttnprobeError
+
+    folder = Path(folder)
+    seen: list[dict] = [record_generation(r) for r in read_decisions(folder / "decisions.jsonl")]
+    for old in seen:
+        for key, new in settings.items():
+            if key in old and old[key] != new:
+                raise AttnprobeError(
+                    f"{folder}: its decisions were made with {key}={old[key]!r}, this run asks for {key}={new!r}; "
+                    "a resume would mix both: use another --folder, or --force to redo every decision")
 
 
 def read_decisions(path: Path) -> list[dict]:
     """The latest record per (item, framing) of decisions.jsonl (a rerun with --force appends newer
-    ones); a torn last line from a crash is reported and ignored."""
+    ones), each with both readouts (:func:`readouts`); a torn last line from a crash is reported and
+    ignored."""
     latest: dict[tuple, dict] = {}
     for rec in read_records(path, torn_tail="skip", missing_ok=True):
         latest[(rec["item_id"], rec["framing"])] = rec
-    return list(latest.values())
+    return [readouts(r) for r in latest.values()]
 
 
 def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                protocol: str = "paper", batched: bool = False):
+                protocol: str = "paper", batched: bool = False, reminder: str | None = None, on_progress=None):
     """Decision records of (item, framing) pairs, yielded one by one (so each can be written as soon as
-    it exists); ``batched``: one left-padded batch (in process only), else one call per pair."""
+    it exists); ``batched``: one left-padded batch (in process only), else one call per pair.
+    ``on_progress(new_tokens, rows_stopped, rows)``: per-row progress of the generation (in process)."""
+    kw = {"on_progress": on_progress} if on_progress is not None else {}
     if batched and getattr(backend, "supports_batch", False):
         t0 = time.perf_counter()
-        outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in pairs], max_tokens=max_tokens,
-                                     controls=[copy_control_framing(it, fr, protocol) for it, fr in pairs])
+        outs = backend.complete_many([build_framing(it, fr, protocol, reminder=reminder) for it, fr in pairs],
+                                     max_tokens=max_tokens,
+                                     controls=[copy_control_framing(it, fr, protocol, reminder) for it, fr in pairs],
+                                     **kw)
         per = (time.perf_counter() - t0) / max(1, len(pairs))
         for (it, fr), out in zip(pairs, outs):
-            yield _record(backend, it, fr, out, per, max_tokens, protocol)
+            yield _record(backend, it, fr, out, per, max_tokens, protocol, reminder)
     else:
         for it, fr in pairs:
-            yield decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol)
+            yield decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol, reminder=reminder,
+                         on_progress=on_progress)

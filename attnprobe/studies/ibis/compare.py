@@ -49,10 +49,20 @@ def compare_row(m: dict[str, Any], folder: Path) -> dict[str, Any]:
            # variant identity: dtype and weights/endpoint, so two variants of one model never merge
            "dtype": (m.get("run", {}).get("variant") or {}).get("dtype"),
            "variant": m.get("run", {}).get("variant"),
+           "variant_text": variant_text(m),
+           "reminder": m.get("reminder"),
            "inertia_gap": g.get("gap"), "inertia_gap_ci95": g.get("ci95"), "mcnemar_p": g.get("mcnemar_p"),
+           "inertia_gap_n_pairs": g.get("n_pairs"), "inertia_gap_n_parseable_both": g.get("n_parseable_both"),
+           "inertia_gap_warning": g.get("warning"),
+           "inertia_gap_parseable_both": (b.get("inertia_gap_parseable_both") or {}).get("gap"),
+           "inertia_gap_parseable_both_ci95": (b.get("inertia_gap_parseable_both") or {}).get("ci95"),
+           "inertia_gap_prose": ((b.get("prose_readout") or {}).get("inertia_gap") or {}).get("gap"),
            "unparseable": b.get("unparseable_total"), "decisions": b.get("decisions_total"),
            # primary: the query's own tokens (length-matched; matched protocol only)
            "attentional_gap": ag.get("gap"), "attentional_gap_ci95": ag.get("ci95"),
+           "attentional_gap_n": ag.get("n"), "attentional_gap_warning": ag.get("warning"),
+           "attentional_gap_position_adjusted": (ag.get("position_control") or {}).get("adjusted_gap"),
+           "attentional_gap_position_adjusted_ci95": (ag.get("position_control") or {}).get("adjusted_gap_ci95"),
            "attentional_gap_measure": ag.get("measure", "whole_call"),
            "whole_call_gap": wg.get("gap"), "whole_call_gap_ci95": wg.get("ci95"),
            "forced_choice_control_gap": (cc.get("inertia_gap") or {}).get("gap"),
@@ -66,6 +76,26 @@ def compare_row(m: dict[str, Any], folder: Path) -> dict[str, Any]:
         for sub in ("should_research", "should_visit_page"):
             row[f"acc_{fr}_{sub}"] = acc.get(fr, {}).get(sub, {}).get("accuracy")
     return row
+
+
+def variant_text(m: dict[str, Any]) -> str:
+    """One line naming a folder's variant: dtype, weights fingerprint or endpoint, generation settings."""
+    run = m.get("run") or {}
+    v = run.get("variant") or {}
+    dtype = v.get("dtype") or (m.get("attention") or {}).get("dtype") or "unknown dtype"
+    parts = [str(dtype)]
+    if v.get("weights"):
+        parts.append(f"weights {str(v['weights'])[:12]}")
+    if v.get("endpoint"):
+        parts.append(f"endpoint {v['endpoint']} ({v.get('served_model')})")
+    gen = m.get("generation") or {}
+    if gen.get("max_new_tokens") is not None:
+        budget = gen.get("no_call_tokens")
+        parts.append(f"max_new_tokens {gen['max_new_tokens']}, {gen.get('decoding', 'greedy')}"
+                     + (f", no-call stop at {budget}" if budget else ""))
+    if m.get("reminder"):
+        parts.append(f"reminder {m['reminder']}")
+    return "; ".join(parts)
 
 
 def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -> dict[str, Any]:
@@ -83,6 +113,8 @@ def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -
     return {proto: {
         "models": [f.name for f in fs],
         "free_generation": pooled_flip_analysis([folder_flip_inputs(f) for f in fs], seed=seed, n_perm=n_perm),
+        "free_generation_parseable_both": pooled_flip_analysis([folder_flip_inputs(f) for f in fs], seed=seed,
+                                                               n_perm=n_perm, parseable_both=True),
         "forced_choice": pooled_flip_analysis([folder_flip_inputs(f, forced_choice=True) for f in fs], seed=seed,
                                               n_perm=n_perm)} for proto, fs in by_protocol.items()}
 

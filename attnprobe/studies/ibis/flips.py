@@ -2,7 +2,10 @@
 predict whether a model's decision flips between the agentic and observer framings, and in which direction?
 
 A flip is a should_research item decided correctly in exactly one of the two framings; the inertia direction
-is "correct as observer, wrong as agent". Three tests, as in A.5:
+is "correct as observer, wrong as agent". Every analysis exists twice: over every paired item (an
+unparseable reply counts as wrong, the paper's rule) and, with ``parseable_both=True``, over the items
+whose replies are parseable in both framings (a flip is then a change of decision, not of format).
+Three tests, as in A.5:
 
 - ``auc_flip_occurrence`` / ``auc_flip_direction``: cross-validated AUC of an L2 logistic regression on the
   18 :data:`~attnprobe.studies.ibis.features.FEATURE_NAMES` (``stats.grouped_cv_auc``: stratified folds that
@@ -39,6 +42,8 @@ CV = (f"StratifiedGroupKFold ({N_SPLITS} folds, fewer when the rarer class is in
 DEFINITION = ("should_research items decided in both the agentic and observer framings; flip = correct in exactly "
               "one; inertia direction = correct as observer, wrong as agent. Occurrence: all items, label flip. "
               "Direction: flipped items only, label inertia direction (1) vs reverse (0).")
+DEFINITION_PARSEABLE = ("the same on the should_research items whose replies are parseable (a call) in both the agentic "
+                        "and observer framings, so that a flip is a change of decision, not of format")
 GAP_CORRECT = "per-item gap = correct(observer) - correct(agentic), in {-1, 0, 1}"
 GAP_LOG_ODDS = ("per-item gap = log_odds_visit(agentic) - log_odds_visit(observer) (forced choice; positive = the "
                 "inertia direction)")
@@ -67,12 +72,18 @@ def _query_group(item) -> str:
     return " ".join(item.query.lower().split())
 
 
-def _rows(model: str, dec: dict, items) -> list[dict]:
+def _parseable(d: dict) -> bool:
+    return d.get("decision", "") != "unparseable"  # forced-choice entries always decide
+
+
+def _rows(model: str, dec: dict, items, parseable_both: bool = False) -> list[dict]:
     rows = []
     for it in items:
         if it.label != "should_research" or (it.id, "agentic") not in dec or (it.id, "observer") not in dec:
             continue
         da, do = dec[(it.id, "agentic")], dec[(it.id, "observer")]
+        if parseable_both and not (_parseable(da) and _parseable(do)):
+            continue
         rows.append({"model": model, "item": it, "a": int(bool(da["correct"])), "o": int(bool(do["correct"])),
                      "lo": (da["lo"] - do["lo"]) if "lo" in da and "lo" in do else None})
     return rows
@@ -89,7 +100,8 @@ def _round_auc(r: dict) -> dict:
     return r
 
 
-def _analyse(rows: list[dict], *, seed: int, n_perm: int, unit: str = "items") -> dict[str, Any]:
+def _analyse(rows: list[dict], *, seed: int, n_perm: int, unit: str = "items", parseable_both: bool = False
+             ) -> dict[str, Any]:
     a = np.asarray([r["a"] for r in rows], dtype=int)
     o = np.asarray([r["o"] for r in rows], dtype=int)
     flip = (a != o).astype(int)
@@ -124,26 +136,30 @@ def _analyse(rows: list[dict], *, seed: int, n_perm: int, unit: str = "items") -
     fc["gap"] = GAP_LOG_ODDS if log_odds else GAP_CORRECT
     res["feature_correlations"] = fc
     res["features"] = list(FEATURE_NAMES)
-    res["definition"] = DEFINITION
+    res["definition"] = DEFINITION_PARSEABLE if parseable_both else DEFINITION
+    if parseable_both:
+        res["parseable_both"] = True
     res["cv"] = CV
     return res
 
 
-def flip_analysis(dec, items, *, n_boot: int, seed: int, n_perm: int) -> dict[str, Any]:
+def flip_analysis(dec, items, *, n_boot: int, seed: int, n_perm: int, parseable_both: bool = False
+                  ) -> dict[str, Any]:
     """Paired flips agentic vs observer on should_research for one model (paper appendix A.5).
 
     ``dec``: (item_id, framing) -> {"correct": ...} and, for the forced choice, "lo" (log_odds_visit),
-    which then defines the per-item gap. ``n_boot`` is unused (the share's interval is Wilson's); it is kept
-    so that every metrics function takes the same arguments."""
+    which then defines the per-item gap. ``parseable_both``: only items whose ``decision`` is parseable
+    in both framings (forced-choice entries always are). ``n_boot`` is unused (the share's interval is
+    Wilson's); it is kept so that every metrics function takes the same arguments."""
     del n_boot
-    rows = _rows("", dec, items)
+    rows = _rows("", dec, items, parseable_both)
     if not rows:
-        return {"n_items": 0}
-    return _analyse(rows, seed=seed, n_perm=n_perm)
+        return {"n_items": 0, **({"parseable_both": True} if parseable_both else {})}
+    return _analyse(rows, seed=seed, n_perm=n_perm, parseable_both=parseable_both)
 
 
 def pooled_flip_analysis(models: Sequence[tuple[str, dict, Sequence]], *, seed: int = 0,
-                         n_perm: int = 200) -> dict[str, Any]:
+                         n_perm: int = 200, parseable_both: bool = False) -> dict[str, Any]:
     """The flip analysis over the items of several models together: ``models`` holds (name, dec, items)
     per model (:func:`folder_flip_inputs`). A row is one (model, item); the query group of a row is its
     item's normalised query, shared by every model, so folds keep all of an item's rows together and a
@@ -152,7 +168,7 @@ def pooled_flip_analysis(models: Sequence[tuple[str, dict, Sequence]], *, seed: 
     names = [m[0] for m in models]
     if len(set(names)) != len(names):
         raise AttnprobeError(f"pooled flip analysis: model names must be distinct (got {names})")
-    rows = [r for name, dec, items in models for r in _rows(name, dec, items)]
+    rows = [r for name, dec, items in models for r in _rows(name, dec, items, parseable_both)]
     first: dict[str, tuple[str, dict]] = {}
     for r in rows:
         name, d = first.setdefault(r["item"].id, (r["model"], r["item"].to_dict()))
@@ -169,7 +185,7 @@ def pooled_flip_analysis(models: Sequence[tuple[str, dict, Sequence]], *, seed: 
     out: dict[str, Any] = {"models": names, "n_models": len(names), "per_model": per_model}
     if not rows:
         return {**out, "n_items": 0, "n_rows": 0}
-    res = _analyse(rows, seed=seed, n_perm=n_perm, unit="(model, item) rows")
+    res = _analyse(rows, seed=seed, n_perm=n_perm, unit="(model, item) rows", parseable_both=parseable_both)
     res["n_rows"] = res.pop("n_items")
     res["n_items"] = len({r["item"].id for r in rows})
     res["pooling"] = ("one row per (model, item); query groups = the item's normalised query across all models "

@@ -95,7 +95,7 @@ def update_run(folder: Path, stage: str, info: dict) -> None:
     atomic_write_text(folder / "run.json", json.dumps(run, indent=1))
 
 
-def invariants(model, items: Sequence[IbisItem], protocol: str) -> dict | None:
+def invariants(model, items: Sequence[IbisItem], protocol: str, reminder: str | None = None) -> dict | None:
     """The framing invariants on the first item for the model's chat template (None for a model
     without a local tokenizer, an endpoint); refuses a template that breaks them. Runs where the
     model is (``executor.call``)."""
@@ -104,7 +104,7 @@ def invariants(model, items: Sequence[IbisItem], protocol: str) -> dict | None:
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         return None
-    res = check_invariants(tokenizer, items[0], protocol=protocol)
+    res = check_invariants(tokenizer, items[0], protocol=protocol, reminder=reminder)
     if not res["ok"]:
         raise ValueError("framing invariants broken for this chat template: " + "; ".join(res["problems"]))
     return res

@@ -75,20 +75,32 @@ SYSTEM_PROMPT = (
     '{"name": "web_search", "arguments": {"query": "a better query"}}.'
 )
 
+# The matched protocol's one reminder (ours: the observer listing below with "again" inserted; kept as it
+# was so that matched runs stay comparable with the earlier ones; identical in all three framings).
 REMINDER = (
     "<system-reminder>You should first consider whether these webpages are helpful for completing the task "
     "based on the summaries. If they are not helpful, you need to search again with a different query. "
     "Your response should always be a tool call.</system-reminder>"
 )
 
-# Seed 001 appendix E, verbatim. The paper calls the reminder "identical" in both modes, but its two
-# listings differ in the last instruction; we follow the listings (docs/methods.md).
-REMINDER_OBSERVER_PAPER = REMINDER
+# Seed 001 appendix E, verbatim: the two listings (observer and agentic). The appendix prose says "an
+# identical <system-reminder> is appended in both modes", but its two listings differ in the last
+# instruction. ``reminder="listing"`` (the paper protocol's default) follows the listings;
+# ``reminder="identical"`` follows the prose and appends the observer listing's text in both modes (it
+# names no query, which the paper's observer never sees). tests/unit/test_ibis_framings.py compares
+# both with the text of ../shared/seeds/001_*.txt.
+REMINDER_OBSERVER_PAPER = (
+    "<system-reminder>You should first consider whether these webpages are helpful for completing the task "
+    "based on the summaries. If they are not helpful, you need to search with a different query. "
+    "Your response should always be a tool call.</system-reminder>"
+)
 REMINDER_AGENTIC_PAPER = (
     "<system-reminder>You should first consider whether these webpages are helpful for completing the task "
     "based on the summaries. If they are not helpful, you need to adjust the query and search again. "
     "Your response should always be a tool call.</system-reminder>"
 )
+REMINDER_IDENTICAL_PAPER = REMINDER_OBSERVER_PAPER
+REMINDERS = ("listing", "identical")
 PAPER_PART_SEPARATOR = "\n"  # between the text parts of one user message (see the module docstring)
 FENCE = "```"
 
@@ -136,13 +148,35 @@ def paper_call_text(query: str, call_id: str = CALL_ID, tool: str = "web_search"
     return head + query + "'}}}]", len(head), len(head) + len(query)
 
 
-def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict], own_tool: str) -> list[dict]:
+def resolve_reminder(protocol: str, reminder: str | None) -> str:
+    """The reminder choice of a run: ``listing`` (each mode's own listing, the paper protocol's default)
+    or ``identical`` (one reminder in both modes; the matched protocol has nothing else)."""
+    if reminder is None:
+        return "listing" if protocol == "paper" else "identical"
+    if reminder not in REMINDERS:
+        raise ValueError(f"reminder must be one of {', '.join(REMINDERS)}; got {reminder!r}")
+    if protocol != "paper" and reminder != "identical":
+        raise ValueError(f"reminder {reminder!r} applies to the paper protocol only (the {protocol} protocol appends "
+                         "one identical reminder in every framing)")
+    return reminder
+
+
+def paper_reminder(framing: str, reminder: str = "listing") -> str:
+    """The reminder text the paper protocol appends in ``framing`` (see :data:`REMINDER_OBSERVER_PAPER`)."""
+    if reminder == "identical":
+        return REMINDER_IDENTICAL_PAPER
+    return REMINDER_AGENTIC_PAPER if framing == "agentic" else REMINDER_OBSERVER_PAPER
+
+
+def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict], own_tool: str,
+                    reminder: str = "listing") -> list[dict]:
     sep = PAPER_PART_SEPARATOR
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
     if framing == "observer":
         b = _Builder().add("Task:").add(" " + item.task, "task").add(sep)
         b.add(f"Here are some search results that may help you with this task:\n{FENCE}\n")
-        b.add(res, "results", role="observation").add(f"\n{FENCE}").add(sep).add(REMINDER_OBSERVER_PAPER, "reminder")
+        b.add(res, "results", role="observation").add(f"\n{FENCE}").add(sep).add(paper_reminder("observer", reminder),
+                                                                          "reminder")
         messages.append(b.message(1, spans))
         return messages
     # agentic
@@ -154,7 +188,7 @@ def _paper_messages(item: IbisItem, framing: str, res: str, spans: list[dict], o
     msg = call.message(2, spans, role="assistant")
     messages.append(msg)
     b = _Builder().add(f"Call id: {CALL_ID}\nObservation:\n{FENCE}\n").add(res, "results", role="observation")
-    b.add(f"\n{FENCE}").add(sep).add(REMINDER_AGENTIC_PAPER, "reminder")
+    b.add(f"\n{FENCE}").add(sep).add(paper_reminder("agentic", reminder), "reminder")
     messages.append(b.message(3, spans))
     return messages
 
@@ -187,9 +221,14 @@ def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dic
 COPY_CONTROL_TOOL = "google_search"  # the own call's tool name in the forced-choice copy control
 
 
-def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_tool: str = "web_search"
-                  ) -> Trajectory:
+def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_tool: str = "web_search",
+                  reminder: str | None = None) -> Trajectory:
     """The item rendered as a trajectory under one framing and protocol (see module docstring).
+
+    ``reminder`` (paper protocol): ``"listing"`` (default) appends each mode's own appendix-E listing,
+    ``"identical"`` the observer listing's text in both modes, as the appendix prose says
+    (:func:`resolve_reminder`; recorded in ``meta.ibis.reminder``). The direct framing keeps the
+    filter prompt's own reminder either way.
 
     ``own_tool`` renames the tool of the agentic framing's own earlier call (the copy control of the
     forced choice: with :data:`COPY_CONTROL_TOOL` the context no longer holds the option's name in
@@ -198,6 +237,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
         raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}; got {framing!r}")
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
+    reminder = resolve_reminder(protocol, reminder)
     res = results_text(item)
     spans: list[dict] = []
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
@@ -205,7 +245,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
     if protocol == "paper" and framing == "direct":
         messages, tools = _paper_direct(item, res, spans)
     elif protocol == "paper":
-        messages = _paper_messages(item, framing, res, spans, own_tool)
+        messages = _paper_messages(item, framing, res, spans, own_tool, reminder)
     elif framing == "agentic":
         messages.append(_Builder().add("Task:").add(" " + item.task, "task").message(1, spans))
         # the query argument is its own segment (category query); the rest of the call is category call
@@ -234,6 +274,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
         tools=tools, labels={"ibis": item.label, "expected_action": item.expected_action},
         meta={"ibis": {"item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
                        "query": item.query, "spans": spans, "protocol": protocol,
+                       "reminder": reminder,
                        **({"own_tool": own_tool} if own_tool != "web_search" else {})}},
     )
 
@@ -267,31 +308,34 @@ def category_tokens(rendered, trajectory: Trajectory) -> dict[str, list[int]]:
     return out
 
 
-def invariant_categories(protocol: str, a: str, b: str) -> tuple[str, ...]:
+def invariant_categories(protocol: str, a: str, b: str, reminder: str | None = None) -> tuple[str, ...]:
     """The categories whose tokens must be identical between framings ``a`` and ``b``.
 
     matched: system, results, reminder and task everywhere. paper: the results and the task
     everywhere; the system prompt between agentic and observer (direct is the filter's own prompt);
-    the reminders differ by design (appendix E's two listings), so they are not compared.
+    the reminders differ by design with ``reminder="listing"`` (appendix E's two listings), so they are
+    compared only with ``reminder="identical"``.
     """
     if protocol == "matched":
         return INVARIANT_CATEGORIES
-    both = {a, b}
-    return ("system", "results", "task") if "direct" not in both else ("results", "task")
+    if "direct" in {a, b}:
+        return ("results", "task")
+    same = ("reminder",) if resolve_reminder(protocol, reminder) == "identical" else ()
+    return ("system", "results", "task") + same
 
 
 def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMINGS,
-                     protocol: str = "paper") -> dict[str, Any]:
+                     protocol: str = "paper", reminder: str | None = None) -> dict[str, Any]:
     """Render every framing and compare the token ids of what must be identical (per protocol).
 
-    Returns {"ok": bool, "protocol", "rendering": {framing: mode}, "problems": [..],
+    Returns {"ok": bool, "protocol", "reminder", "rendering": {framing: mode}, "problems": [..],
     "tokens": {framing: {cat: n}}}.
     """
     from attnprobe.render.rendering import render
 
     toks, modes, problems = {}, {}, []
     for fr in framings:
-        traj = build_framing(item, fr, protocol)
+        traj = build_framing(item, fr, protocol, reminder=reminder)
         rendered = render(traj, tokenizer, add_generation_prompt=True)
         modes[fr] = rendered.rendering
         toks[fr] = category_tokens(rendered, traj)
@@ -305,9 +349,10 @@ def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMIN
                 problems.append(f"{fr}: no tokens labelled {cat!r}")
     for i, ref in enumerate(framings):
         for fr in framings[i + 1:]:
-            for cat in invariant_categories(protocol, ref, fr):
+            for cat in invariant_categories(protocol, ref, fr, reminder):
                 if toks[fr][cat] != toks[ref][cat]:
                     problems.append(f"{cat} tokens differ between {ref} ({len(toks[ref][cat])} tokens) and {fr} "
                                     f"({len(toks[fr][cat])} tokens)")
-    return {"ok": not problems, "protocol": protocol, "rendering": modes, "problems": problems,
+    return {"ok": not problems, "protocol": protocol, "reminder": resolve_reminder(protocol, reminder),
+            "rendering": modes, "problems": problems,
             "tokens": {fr: {c: len(v) for c, v in t.items()} for fr, t in toks.items()}}

@@ -17,7 +17,15 @@ from attnprobe.execution.job import JobBase, WorkItem, written_since
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import append_jsonl, recover_atomic_dirs
 from attnprobe.results.result import META_FILE
-from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, BehaviourBackend, decide_many, read_decisions
+from attnprobe.studies.ibis.behaviour import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NO_CALL_TOKENS,
+    BehaviourBackend,
+    check_generation_settings,
+    decide_many,
+    generation_settings,
+    read_decisions,
+)
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 
@@ -26,8 +34,8 @@ def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
     return Path(folder) / "captures" / item_id / framing
 
 
-def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str) -> list[WorkItem]:
-    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, fr, protocol).estimated_tokens(),
+def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str, reminder: str | None) -> list[WorkItem]:
+    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, fr, protocol, reminder=reminder).estimated_tokens(),
                      describe={"item_id": it.id, "framing": fr}, data=(it, fr)) for it in items for fr in framings]
 
 
@@ -35,7 +43,10 @@ def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str) ->
 class BehaviourJob(JobBase):
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``. The model it runs on is a
     chat backend (in process or an endpoint) or a loaded model, wrapped in :class:`BehaviourBackend`;
-    ``batch_size`` pairs are generated in one left-padded batch where the backend supports it."""
+    ``batch_size`` pairs are generated in one left-padded batch where the backend supports it.
+    ``no_call_tokens``: stop a row after that many tokens without a call (in process; None for an
+    endpoint or off). Unless ``force``, a folder whose decisions were made with other generation
+    settings is refused here, before any model loads (:func:`check_generation_settings`)."""
 
     folder: Path
     ibis_items: Sequence[IbisItem]
@@ -45,6 +56,8 @@ class BehaviourJob(JobBase):
     batch_size: int = 1
     early_stop: bool = True
     forced_choice: bool = True
+    reminder: str | None = None
+    no_call_tokens: int | None = DEFAULT_NO_CALL_TOKENS
     force: bool = False
     stage: str = "behaviour"
     unit: str = "call"
@@ -53,6 +66,9 @@ class BehaviourJob(JobBase):
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.out = self.folder
+        if not self.force:
+            check_generation_settings(self.folder, generation_settings(
+                self, max_tokens=self.max_tokens, protocol=self.protocol, reminder=self.reminder))
         self._finished = {(r["item_id"], r["framing"]) for r in read_decisions(self.decisions)}
 
     @property
@@ -60,7 +76,7 @@ class BehaviourJob(JobBase):
         return self.folder / "decisions.jsonl"
 
     def items(self) -> list[WorkItem]:
-        return _pairs(self.ibis_items, self.framings, self.protocol)
+        return _pairs(self.ibis_items, self.framings, self.protocol, self.reminder)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         if since is not None:  # replicas write nothing: a retried shard has nothing of its own to skip
@@ -70,7 +86,7 @@ class BehaviourJob(JobBase):
 
     @property
     def prepare_key(self) -> Any:
-        return ("behaviour", self.early_stop, self.forced_choice)
+        return ("behaviour", self.early_stop, self.forced_choice, self.no_call_tokens)
 
     def prepare(self, model) -> BehaviourBackend:
         if isinstance(model, BehaviourBackend):
@@ -79,11 +95,17 @@ class BehaviourJob(JobBase):
             from attnprobe.generation.transformers_chat import TransformersChat
 
             model = TransformersChat(model)
-        return BehaviourBackend(model, early_stop=self.early_stop, forced_choice=self.forced_choice)
+        return BehaviourBackend(model, early_stop=self.early_stop, forced_choice=self.forced_choice,
+                                no_call_tokens=self.no_call_tokens)
 
     def run(self, backend: BehaviourBackend, batch: Sequence[WorkItem]) -> list[dict]:
+        def progress(n_new: int, stopped: int, rows: int) -> None:
+            self.note(f"token {n_new}/{self.max_tokens}, {stopped}/{rows} rows stopped")
+
+        live = progress if getattr(backend, "in_process", False) else None
         return list(decide_many(backend, [it.data for it in batch], max_tokens=self.max_tokens,
-                                protocol=self.protocol, batched=len(batch) > 1))
+                                protocol=self.protocol, batched=len(batch) > 1, reminder=self.reminder,
+                                on_progress=live))
 
     def collect(self, item: WorkItem, result: dict) -> None:
         append_jsonl(self.decisions, result)
@@ -99,6 +121,7 @@ class AttentionJob(JobBase):
     framings: Sequence[str] = FRAMINGS
     chunk_size: int = 512
     protocol: str = "paper"
+    reminder: str | None = None
     force: bool = False
     stage: str = "attention"
     unit: str = "capture"
@@ -108,7 +131,7 @@ class AttentionJob(JobBase):
         self.out = self.folder
 
     def items(self) -> list[WorkItem]:
-        return _pairs(self.ibis_items, self.framings, self.protocol)
+        return _pairs(self.ibis_items, self.framings, self.protocol, self.reminder)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         it, fr = item.data
@@ -119,9 +142,10 @@ class AttentionJob(JobBase):
 
         for work in batch:
             it, fr = work.data
-            traj = build_framing(it, fr, self.protocol)
+            traj = build_framing(it, fr, self.protocol, reminder=self.reminder)
             res = capture(model, traj, queries="decision", chunk_size=self.chunk_size)
             res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol,
+                                "reminder": traj.meta["ibis"].get("reminder"),
                                 "categories": segment_categories(res.segments, traj)}
             res.save(capture_dir(self.folder, it.id, fr))
         return [None] * len(batch)
@@ -135,7 +159,7 @@ class AttentionJob(JobBase):
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
                   max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
-                  protocol: str = "paper") -> dict[str, int]:
+                  protocol: str = "paper", reminder: str | None = None) -> dict[str, int]:
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl`` in this process
     (:class:`BehaviourJob` on the local executor); returns counts.
 
@@ -144,6 +168,7 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     :class:`BehaviourBackend` or a chat backend."""
     batched = batch_size > 1 and getattr(backend, "supports_batch", getattr(backend, "in_process", False))
     job = BehaviourJob(Path(folder), items, framings=framings, max_tokens=max_tokens, protocol=protocol,
-                       batch_size=batch_size if batched else 1, force=force)
+                       batch_size=batch_size if batched else 1, force=force, reminder=reminder,
+                       no_call_tokens=getattr(backend, "no_call_tokens", DEFAULT_NO_CALL_TOKENS))
     counts = LocalExecutor(lambda: backend, progress=progress).run(job)
     return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

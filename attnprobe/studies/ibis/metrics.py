@@ -7,6 +7,7 @@ metrics.json (docs/ibis.md section 4).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,41 +17,84 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.io import load_json, read_records
 from attnprobe.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
 from attnprobe.stats import rounded as _r
-from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions
+from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions, record_generation
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
 
 SUBSETS = ("should_research", "should_visit_page", "headline", "should_return_answer")
 ATT_SUBSETS = ("headline", "should_research", "should_visit_page")
+# Ours, not the seeds': below this many pairs (items), or with fewer than half of them parseable in both
+# framings, a CI is printed with a small-sample warning (a percentile bootstrap over a handful of 0/1
+# pairs collapses to [0, 0]; issue 22). 30 = one subset of the shipped item set.
+SMALL_SAMPLE_N = 30
+
+
+def sample_warning(n: int, parseable: int | None = None, what: str = "parseable in both framings") -> str | None:
+    """The small-sample warning for a statistic over ``n`` pairs (items), ``parseable`` of them parseable
+    in both framings (None: the readout always decides); None when the sample is large enough."""
+    few = n < SMALL_SAMPLE_N
+    unparsed = parseable is not None and 2 * parseable < n
+    if not (few or unparsed):
+        return None
+    parts = [f"n = {n}" + (f" < {SMALL_SAMPLE_N}" if few else "")]
+    if parseable is not None:
+        parts.append(f"{parseable} of {n} {what}")
+    return "small sample (" + ", ".join(parts) + "): the CI and p-value are not reliable"
+
+
+def _parseable(d: dict) -> bool:
+    """A record (or forced-choice entry, which always decides) with a parsed primary decision."""
+    return d.get("decision", "") != "unparseable"
 
 
 def _in_subset(label: str, subset: str) -> bool:
     return label in HEADLINE_LABELS if subset == "headline" else label == subset
 
 
-def _paired(dec: dict, items, a: str, b: str, subset: str):
+def _paired(dec: dict, items, a: str, b: str, subset: str, key: str = "correct", parseable_both: bool = False):
     ids = [it.id for it in items if _in_subset(it.label, subset) and (it.id, a) in dec and (it.id, b) in dec]
-    xa = np.asarray([dec[(i, a)]["correct"] for i in ids], dtype=float)
-    xb = np.asarray([dec[(i, b)]["correct"] for i in ids], dtype=float)
+    if parseable_both:
+        ids = [i for i in ids if _parseable(dec[(i, a)]) and _parseable(dec[(i, b)])]
+    xa = np.asarray([dec[(i, a)][key] for i in ids], dtype=float)
+    xb = np.asarray([dec[(i, b)][key] for i in ids], dtype=float)
     return ids, xa, xb
 
 
-def paired_gap(dec, items, a: str, b: str, subset: str, n_boot: int, seed: int) -> dict[str, Any]:
-    """Accuracy of ``b`` minus accuracy of ``a`` on the items both framings decided, with CI and McNemar."""
-    ids, xa, xb = _paired(dec, items, a, b, subset)
+def paired_gap(dec, items, a: str, b: str, subset: str, n_boot: int, seed: int, *, key: str = "correct",
+               parseable_both: bool = False, parse_key: str = "decision") -> dict[str, Any]:
+    """Accuracy of ``b`` minus accuracy of ``a`` on the items both framings decided, with CI and McNemar.
+
+    ``key``: the correctness field (``correct`` = the primary call-only readout, ``correct_prose`` =
+    the secondary one); ``parseable_both``: only items whose decisions (``parse_key``) are parseable in
+    both framings. Every entry counts its pairs parseable in both framings and carries the small-sample
+    ``warning`` (:func:`sample_warning`) when it applies."""
+    view = {k: {**v, "decision": v.get(parse_key, v.get("decision"))} for k, v in dec.items()} \
+        if parse_key != "decision" else dec
+    ids, xa, xb = _paired(view, items, a, b, subset, key, parseable_both)
+    all_ids = _paired(view, items, a, b, subset, key)[0]
+    n_both = sum(_parseable(view[(i, a)]) and _parseable(view[(i, b)]) for i in all_ids)
     if not ids:
-        return {"subset": subset, "n_pairs": 0, "gap": None}
+        return {"subset": subset, "n_pairs": 0, "n_parseable_both": n_both, "gap": None,
+                "warning": sample_warning(0, n_both)}
     b_only = int(((xb == 1) & (xa == 0)).sum())
     a_only = int(((xa == 1) & (xb == 0)).sum())
     lo, hi = bootstrap_ci(lambda u, v, axis: v.mean(axis) - u.mean(axis), xa, xb, n_boot=n_boot, seed=seed)
-    return {"subset": subset, "n_pairs": len(ids), f"accuracy_{a}": _r(xa.mean()), f"accuracy_{b}": _r(xb.mean()),
-            "gap": _r(xb.mean() - xa.mean()), "ci95": [_r(lo), _r(hi)],
-            f"correct_only_{b}": b_only, f"correct_only_{a}": a_only, "mcnemar_p": _r(mcnemar_exact(b_only, a_only), 6)}
+    n_both = len(ids) if parseable_both else n_both
+    out = {"subset": subset, "n_pairs": len(ids), f"accuracy_{a}": _r(xa.mean()), f"accuracy_{b}": _r(xb.mean()),
+           "gap": _r(xb.mean() - xa.mean()), "ci95": [_r(lo), _r(hi)],
+           f"correct_only_{b}": b_only, f"correct_only_{a}": a_only, "mcnemar_p": _r(mcnemar_exact(b_only, a_only), 6),
+           "n_parseable_both": n_both}
+    warn = sample_warning(len(ids), n_both)
+    if warn:
+        out["warning"] = warn
+    return out
 
 
 def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n_perm: int) -> dict[str, Any]:
-    dec = {(d["item_id"], d["framing"]): d for d in decisions}
+    # a record without the secondary readout (a minimal or external one) has one readout for both
+    dec = {(d["item_id"], d["framing"]): {**d, **{f"{k}_prose": d.get(f"{k}_prose", d.get(k))
+                                                  for k in ("decision", "method", "correct")}} for d in decisions}
     label_of = {it.id: it.label for it in items}
     framings = [f for f in FRAMINGS if any(k[1] == f for k in dec)]
     acc: dict[str, Any] = {}
@@ -67,19 +111,37 @@ def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n
                 continue
             k, n = sum(bool(d["correct"]) for d in rs), len(rs)
             parse = [d for d in rs if d["decision"] != "unparseable"]
+            kp = sum(bool(d["correct_prose"]) for d in rs)
             acc[fr][sub] = {
                 "n": n, "correct": k, "accuracy": _r(k / n), "ci95_wilson": [_r(v) for v in wilson_ci(k, n)],
                 "unparseable": n - len(parse), "unparseable_rate": _r((n - len(parse)) / n),
                 "accuracy_among_parseable": _r(sum(bool(d["correct"]) for d in parse) / len(parse)) if parse else None,
                 "decisions": {c: sum(d["decision"] == c for d in rs) for c in DECISIONS},
+                # the secondary readout (calls, then prose): labelled, never the headline
+                "prose": {"correct": kp, "accuracy": _r(kp / n),
+                          "unparseable": sum(d["decision_prose"] == "unparseable" for d in rs),
+                          "decisions": {c: sum(d["decision_prose"] == c for d in rs) for c in DECISIONS}},
             }
-    out: dict[str, Any] = {"framings": framings, "accuracy": acc, "parse_methods": methods,
+            warn = sample_warning(n, len(parse), "parseable")
+            if warn:
+                acc[fr][sub]["warning"] = warn
+    out: dict[str, Any] = {"readout": READOUT, "framings": framings, "accuracy": acc, "parse_methods": methods,
                            "unparseable_total": sum(d["decision"] == "unparseable" for d in dec.values()),
+                           "unparseable_total_prose": sum(d["decision_prose"] == "unparseable" for d in dec.values()),
                            "decisions_total": len(dec)}
     if "agentic" in framings and "observer" in framings:
         g = paired_gap(dec, items, "agentic", "observer", "should_research", n_boot, seed)
         g["definition"] = "observer accuracy - agentic accuracy on should_research (paired items)"
         out["inertia_gap"] = g
+        gp = paired_gap(dec, items, "agentic", "observer", "should_research", n_boot, seed, parseable_both=True)
+        gp["definition"] = "the same on the items whose replies are parseable (a call) in both framings"
+        out["inertia_gap_parseable_both"] = gp
+        gs = paired_gap(dec, items, "agentic", "observer", "should_research", n_boot, seed, key="correct_prose",
+                        parse_key="decision_prose")
+        gs["definition"] = ("SECONDARY readout (calls, then a tool named in prose or an intent phrase): observer - "
+                            "agentic accuracy on should_research")
+        out["prose_readout"] = {"inertia_gap": gs, "parse_methods": {
+            fr: _count(d["method_prose"] for (i, f), d in dec.items() if f == fr and i in label_of) for fr in framings}}
         out["secondary_gaps"] = {
             "observer_minus_agentic_should_visit_page": paired_gap(dec, items, "agentic", "observer",
                                                                    "should_visit_page", n_boot, seed)}
@@ -89,9 +151,23 @@ def behaviour_metrics(items, decisions: list[dict], *, n_boot: int, seed: int, n
             out["secondary_gaps"]["direct_minus_agentic_should_visit_page"] = paired_gap(
                 dec, items, "agentic", "direct", "should_visit_page", n_boot, seed)
         out["flips"] = flip_analysis(dec, items, n_boot=n_boot, seed=seed, n_perm=n_perm)
+        out["flips_parseable_both"] = flip_analysis(dec, items, n_boot=n_boot, seed=seed, n_perm=n_perm,
+                                                    parseable_both=True)
     fc = forced_choice_metrics(items, dec, framings, n_boot=n_boot, seed=seed, n_perm=n_perm)
     if fc:
         out["forced_choice"] = fc
+    return out
+
+
+READOUT = ("primary: call-only (the tool the reply calls, structured or in any call syntax; seed 000 Table 7 "
+           "scores 'calling the web_search tool'); unparseable = wrong. Secondary: prose_readout (calls, then prose "
+           "mentions and intent phrases)")
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
     return out
 
 
@@ -244,6 +320,7 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
     qa, qo = mass["agentic"][sel, qi].mean(axis=(1, 2)), mass["observer"][sel, qi].mean(axis=(1, 2))
     na, no = ntok["agentic"][sel, qi], ntok["observer"][sel, qi]
     primary = {"measure": "query_tokens", "definition": PRIMARY_GAP, "n": int(sel.sum()),
+               **({"warning": w} if (w := sample_warning(int(sel.sum()))) else {}),
                **_gap_entry(qa, qo, n_boot=n_boot, seed=seed),
                "query_tokens": {"agentic": _r(na.mean(), 2), "observer": _r(no.mean(), 2)},
                "length_matched": bool(np.array_equal(na, no))}
@@ -262,6 +339,121 @@ def attention_metrics(index: dict, arrays: dict, *, n_boot: int, seed: int, top_
     out.update(_layer_and_head_gaps(arrays, cats, layers, sel, ("query", "results", "reminder", "task"),
                                     ("query", "results"), n_boot=n_boot, seed=seed, top_k=top_k))
     return out
+
+
+POSITION_CONTROL = (
+    "position control of the attentional gap (ours; issue 19 item 7). distance = tokens from the query's last token "
+    "to the decision token. placebo = n_q (the query's length) times the mean attention per token on the results "
+    "tokens at the SAME distances from the decision token in both framings (the mean over every n_q-token span of "
+    "that range): identical, external content in both framings, so its agentic - observer gap is what the framings "
+    "differ by at matched position and length without any ownership; gap_minus_placebo = per item (query gap - placebo "
+    "gap). regression = the per-item gap regressed on the distance difference (agentic - observer); its intercept is "
+    "the gap at equal distance, identified only when the difference varies across items")
+
+
+def placebo_ranges(results_a: tuple[int, int], results_o: tuple[int, int], decision_a: int, decision_o: int,
+                   n: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """Token ranges [start, end) of the results tokens whose distances from the decision token are common
+    to both framings (the same distances in both; the text is the same results block, shifted by the
+    framings' tail difference); None when that range holds fewer than ``n`` tokens (the query's length).
+
+    ``results_f`` = [start, end) of the results tokens; ``decision_f`` = the decision token's position.
+    Distance of token t = decision - t. The placebo is the mean over every ``n``-token span in the
+    range, i.e. ``n`` times the mean attention per token there: no single span's content (a block's
+    first tokens draw more attention) decides it."""
+    near = max(decision_a - (results_a[1] - 1), decision_o - (results_o[1] - 1))  # smallest common distance
+    far = min(decision_a - results_a[0], decision_o - results_o[0])  # largest common distance
+    if n < 1 or far - near + 1 < n:
+        return None
+    return ((decision_a - far, decision_a - near + 1), (decision_o - far, decision_o - near + 1))
+
+
+def position_control(qa: np.ndarray, qo: np.ndarray, pa: np.ndarray, po: np.ndarray, da: np.ndarray,
+                     do: np.ndarray, *, n_boot: int, seed: int, nd: int = 4) -> dict[str, Any]:
+    """The position control beside the attentional gap (:data:`POSITION_CONTROL`), from per-item arrays:
+    ``qa``/``qo`` query mass (agentic/observer), ``pa``/``po`` placebo mass (NaN where an item has no
+    placebo window), ``da``/``do`` the query's distance to the decision token."""
+    qa, qo, pa, po = (np.asarray(x, dtype=np.float64) for x in (qa, qo, pa, po))
+    da, do = np.asarray(da, dtype=np.float64), np.asarray(do, dtype=np.float64)
+    dd = da - do
+    out: dict[str, Any] = {"definition": POSITION_CONTROL, "n": len(qa),
+                           "distance": {"agentic": _r(da.mean(), 2), "observer": _r(do.mean(), 2),
+                                        "difference_mean": _r(dd.mean(), 2), "difference_sd": _r(dd.std(), 3),
+                                        "difference_range": [_r(dd.min(), 2), _r(dd.max(), 2)]}}
+    ok = ~(np.isnan(pa) | np.isnan(po))
+    out["placebo"] = {"n": int(ok.sum())}
+    if ok.any():
+        gp = pa[ok] - po[ok]
+        lo, hi = bootstrap_mean_ci(gp, n_boot=n_boot, seed=seed)
+        out["placebo"].update(agentic=_r(pa[ok].mean(), nd), observer=_r(po[ok].mean(), nd), gap=_r(gp.mean(), nd),
+                              ci95=[_r(lo, nd), _r(hi, nd)])
+        diff = (qa[ok] - qo[ok]) - gp
+        lo, hi = bootstrap_mean_ci(diff, n_boot=n_boot, seed=seed)
+        out["gap_minus_placebo"] = {"gap": _r(diff.mean(), nd), "ci95": [_r(lo, nd), _r(hi, nd)],
+                                    "n": int(ok.sum())}
+    gap = qa - qo
+    if len(gap) >= 3 and dd.std() > 0:
+        slope, icept = np.polyfit(dd, gap, 1)
+        lo, hi = _intercept_ci(gap, dd, n_boot=min(n_boot, 2000), seed=seed)
+        out["regression"] = {"slope_per_token": _r(slope, 6), "intercept": _r(icept, nd),
+                             "intercept_ci95": [_r(lo, nd), _r(hi, nd)],
+                             "note": "intercept = the gap extrapolated to equal distance; trust it only when the "
+                                     "difference range includes or nears 0"}
+    else:
+        out["regression"] = {"intercept": None, "reason": "the distance difference does not vary across items "
+                                                         f"(always {_r(dd.mean(), 2) if len(dd) else None} tokens): "
+                                                         "a regression on it is not identified; see the placebo"}
+    out["adjusted_gap"] = out.get("gap_minus_placebo", {}).get("gap")
+    out["adjusted_gap_ci95"] = out.get("gap_minus_placebo", {}).get("ci95")
+    return out
+
+
+def _intercept_ci(y: np.ndarray, x: np.ndarray, *, n_boot: int, seed: int) -> tuple[float, float]:
+    """Percentile bootstrap (items resampled) of the OLS intercept of y on x; resamples in which x does
+    not vary (no line) are skipped."""
+    idx = np.random.default_rng(seed).integers(0, len(y), (n_boot, len(y)))
+    xs, ys = x[idx], y[idx]
+    xm, ym = xs.mean(1, keepdims=True), ys.mean(1, keepdims=True)
+    sxx = ((xs - xm) ** 2).sum(1)
+    ok = sxx > 0
+    slope = ((xs - xm) * (ys - ym)).sum(1)[ok] / sxx[ok]
+    icept = ym[ok, 0] - slope * xm[ok, 0]
+    return (float(np.percentile(icept, 2.5)), float(np.percentile(icept, 97.5))) if ok.any() else (np.nan, np.nan)
+
+
+def position_inputs(folder: Path, item_ids: list[str]) -> dict[str, np.ndarray]:
+    """The per-item arrays of :func:`position_control`, read from the captures (captures/<item>/<framing>/):
+    query and placebo mass from the stored per-token row (the mean over scored layers and heads, the same
+    average the gap uses), the distances from the segments."""
+    from attnprobe.results.result import CaptureResult
+
+    cols: dict[str, list[float]] = {k: [] for k in ("qa", "qo", "pa", "po", "da", "do")}
+    for iid in item_ids:
+        info = {}
+        for fr in ("agentic", "observer"):
+            res = CaptureResult.load(Path(folder) / "captures" / iid / fr)
+            cats = res.meta.get("ibis", {}).get("categories") or []
+            row = np.asarray(res.token_attention[-1], dtype=np.float64)
+            decision = len(res.input_ids) - 1
+            q = [(sg.start, sg.end) for sg, c in zip(res.segments, cats) if c == "query"]
+            r = [(sg.start, sg.end) for sg, c in zip(res.segments, cats) if c == "results"]
+            if not q or not r:
+                raise AttnprobeError(f"{folder}/captures/{iid}/{fr}: no query or results segment")
+            info[fr] = {"row": row, "decision": decision, "q": (q[0][0], q[-1][1]), "r": (r[0][0], r[-1][1])}
+        a, o = info["agentic"], info["observer"]
+        n_q = a["q"][1] - a["q"][0]
+        cols["qa"].append(float(a["row"][a["q"][0]:a["q"][1]].sum()))
+        cols["qo"].append(float(o["row"][o["q"][0]:o["q"][1]].sum()))
+        cols["da"].append(a["decision"] - (a["q"][1] - 1))
+        cols["do"].append(o["decision"] - (o["q"][1] - 1))
+        win = placebo_ranges(a["r"], o["r"], a["decision"], o["decision"], n_q)
+        if win is None:
+            cols["pa"].append(float("nan"))
+            cols["po"].append(float("nan"))
+        else:  # n_q times the mean attention per token over the common-distance range
+            cols["pa"].append(n_q * float(a["row"][win[0][0]:win[0][1]].mean()))
+            cols["po"].append(n_q * float(o["row"][win[1][0]:win[1][1]].mean()))
+    return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 
 
 def _per_token(mass_items: np.ndarray, tokens: np.ndarray) -> float:
@@ -327,6 +519,10 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
         "domains": sorted({it.domain for it in items}), "bootstrap": {"n": n_boot, "seed": seed},
         "run": run,
     }
+    gens = {json.dumps(record_generation(d), sort_keys=True) for d in decisions}
+    m["generation"] = json.loads(next(iter(gens))) if len(gens) == 1 else ({"mixed": sorted(gens)} if gens else {})
+    m["reminder"] = (run.get("reminder") or m["generation"].get("reminder")
+                     or ("listing" if m["protocol"] == "paper" else "identical"))
     if decisions:
         m["behaviour"] = behaviour_metrics(items, decisions, n_boot=n_boot, seed=seed, n_perm=n_perm)
     if (folder / "attention.json").is_file():
@@ -334,6 +530,12 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
 
         index, arrays = load_attention(folder)
         m["attention"] = attention_metrics(index, arrays, n_boot=n_boot, seed=seed)
+        gap = m["attention"].get("attentional_gap") or {}
+        if gap.get("gap") is not None and (folder / "captures").is_dir():
+            ids = [i for i, lb in zip(index["items"], index["labels"]) if _in_subset(lb, "headline")]
+            p = position_inputs(folder, ids)
+            gap["position_control"] = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"],
+                                                       n_boot=n_boot, seed=seed)
     errors = folder / "errors.jsonl"
     m["errors_logged"] = len(read_records(errors, torn_tail="skip", missing_ok=True))
     return m

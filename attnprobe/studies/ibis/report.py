@@ -18,7 +18,7 @@ from attnprobe.io import atomic_write_text
 from attnprobe.results import figures as F
 from attnprobe.results.formatting import template_env
 from attnprobe.studies.ibis.behaviour import DECISIONS
-from attnprobe.studies.ibis.compare import compare_rows, pooled_flips
+from attnprobe.studies.ibis.compare import compare_rows, pooled_flips, variant_text
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS
 from attnprobe.studies.ibis.items import load_items
 from attnprobe.studies.ibis.metrics import compute_metrics, read_run
@@ -31,7 +31,7 @@ def _template(name: str) -> jinja2.Template:
 
 def markdown_report(m: dict) -> str:
     cats = (m.get("attention") or {}).get("categories") or list(CATEGORIES)
-    return _template("report.md").render(m=m, categories=cats).rstrip("\n") + "\n"
+    return _template("report.md").render(m=m, categories=cats, variant_text=variant_text).rstrip("\n") + "\n"
 
 
 def report_figures(m: dict) -> list:

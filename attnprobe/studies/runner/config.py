@@ -1,17 +1,26 @@
-"""Settings of one runner configuration (the paper's ablation switches plus budgets)."""
+"""Settings of one runner configuration (the paper's ablation switches plus budgets).
+
+Where a default comes from: seed 000 states the temperature (0.0) and the output limit (4096 tokens
+for non-reasoning models, C.3) and the two validation stages (4.2). Every other number here is ours,
+not the seeds' (marked "ours" below and in docs/runner.md): the seed does not give step budgets, the
+number of results, a page length, a rewrite count or a stage-2 cap.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
 FILTER_MODES = ("none", "in-context", "isolated")
-VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2
+VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2 (seed 000, 4.2)
+# Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096."
+DEFAULT_MAX_TOKENS = 4096
 
 PRESETS = {
     # smolagents-DR-like baseline: no filter, the manager answers directly.
     "baseline": {"filter": "none", "validation": "off"},
-    # NIS-Agent: context-isolated filter + isolation-based stepwise validation (both stages).
-    "nis-agent": {"filter": "isolated", "validation": "full"},
+    # NIS-Agent: context-isolated filter + isolation-based stepwise validation, the seed's two stages
+    # (4.2: "If all steps are valid, it confirms the final answer as correct"); no third gate.
+    "nis-agent": {"filter": "isolated", "validation": "full", "final_check": False},
 }
 
 
@@ -19,17 +28,22 @@ PRESETS = {
 class RunSettings:
     filter: str = "isolated"
     validation: str = "full"
-    manager_steps: int = 3        # manager tool calls before it must answer
-    worker_steps: int = 3         # worker tool calls per delegated sub-task
-    max_rewrites: int = 1         # query rewrites the filter may trigger per web_search
-    # Stage-2 checks per validation (cost cap): the first N-1 steps and the answer step, which is
-    # always checked; the unchecked labels are logged and recorded in the results.
+    manager_steps: int = 3        # ours: manager tool calls before it must answer
+    worker_steps: int = 3         # ours: worker tool calls per delegated sub-task
+    max_rewrites: int = 1         # ours: query rewrites the filter may trigger per web_search
+    # Ours (a cost cap, not in the seeds): stage-2 checks per validation, the first N-1 steps and the
+    # answer step, which is always checked; the unchecked labels are logged and recorded in the results.
     max_validation_steps: int = 8
-    validation_extra_steps: int = 3  # manager steps added when a validation does not accept the answer
-    top_k: int = 4                # search results per query
-    page_chars: int = 1200        # visit_page output is cut to this many characters
-    max_tokens: int = 128         # per model call
-    temperature: float = 0.0      # greedy by default
+    # Ours: manager steps added when a validation does not accept the answer (seed 000, 4.2, only says
+    # the manager "re-evaluates the provided suggestions with full context").
+    validation_extra_steps: int = 3
+    top_k: int = 4                # ours: search results per query
+    page_chars: int = 1200        # ours: visit_page output is cut to this many characters
+    max_tokens: int = DEFAULT_MAX_TOKENS  # per model call (seed 000, C.3)
+    temperature: float = 0.0      # greedy (seed 000, C.3: "we set the temperature of all models to 0.0")
+    # Ours, off by default: a third, task-aware check after stage 2 (agent ``validator_final``) that sees
+    # only the task, the steps' claims and the answer. Seed 000 has two stages.
+    final_check: bool = False
     name: str = "custom"
     extra: dict = field(default_factory=dict)
 

@@ -1,10 +1,11 @@
 """The manager agent: delegates sub-tasks to the search worker and decides when the answer is ready.
 
-With validation on, the first proposed answer triggers the isolation-based stepwise validation;
-the manager then sees the outcome and answers again or keeps working (the second final_answer is
-accepted). A validation that does not accept the answer gives the manager
-``validation_extra_steps`` more steps to act on the suggestions (as the reference does), so a
-failed validation never ends the run by itself. A run always ends with an answer: when the step
+With validation on, the first proposed answer triggers the isolation-based stepwise validation
+(seed 000, 4.2: stage 1 and stage 2; "If all steps are valid, it confirms the final answer as
+correct"); the manager then sees the outcome and answers again or keeps working (the second
+final_answer is accepted). ``final_check`` (ours, off by default) adds a third, task-aware gate.
+A validation that does not accept the answer gives the manager ``validation_extra_steps`` (ours,
+3) more steps to act on the suggestions, so a failed validation never ends the run by itself. A run always ends with an answer: when the step
 budget is spent the manager is asked once more, with only final_answer available.
 """
 
@@ -85,11 +86,13 @@ class Manager:
                                           "answer_step": step is steps[-1]})
             verdict, suggestion = V.parse_verdict(r.content)
             verdicts.append({"step": step.label, "verdict": verdict, "suggestion": suggestion})
-        r = self.rec.call("validator_final", V.final_messages(task, answer, steps), None,
-                          extra_meta={"proposed_answer": answer})
-        verdict, suggestion = V.parse_verdict(r.content)
         info["verdicts"] = verdicts
-        info["final_check"] = {"verdict": verdict, "suggestion": suggestion}
+        verdict, suggestion = "valid", ""
+        if self.settings.final_check:  # ours, not the seed's: a third gate (RunSettings.final_check)
+            r = self.rec.call("validator_final", V.final_messages(task, answer, steps), None,
+                              extra_meta={"proposed_answer": answer})
+            verdict, suggestion = V.parse_verdict(r.content)
+            info["final_check"] = {"verdict": verdict, "suggestion": suggestion}
         bad = [v for v in verdicts if v["verdict"] != "valid"]
         if not bad and verdict == "valid":
             return True, "", info

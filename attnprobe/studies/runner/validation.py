@@ -4,9 +4,11 @@ Stage 1 rebuilds, from the manager's memory (task + tool calls + observations, l
 a labelled reasoning chain S1..Sk in which every step cites its premises; the last step states the
 answer (one is appended, citing every step, when the chain does not end with the proposed answer).
 Stage 2 checks each step in isolation: a fresh context holds only the step and the texts of the
-premises it cites, and the model returns VALID or INVALID with a suggestion. A final, task-aware
-check then sees only the task, the steps' claims and the proposed answer and asks whether the answer
-answers the task (right entity, unit, format). The manager sees the outcome and decides.
+premises it cites, and the model returns VALID or INVALID with a suggestion; "If all steps are valid,
+it confirms the final answer as correct" (4.2). Optional and ours (``RunSettings.final_check``, off by
+default): a final, task-aware check that sees only the task, the steps' claims and the proposed answer
+and asks whether the answer answers the task (right entity, unit, format). The manager sees the
+outcome and decides.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ WORKER_SYSTEM = (
 CALL_HINT = call_format("web_search", {"query": "keywords"})
 NO_CALL_HINT = no_call_hint(CALL_HINT)
 WORKER_OUT_OF_STEPS = out_of_steps("what you found", "what you found")
-MAX_CALLS_PER_REPLY = 3
+MAX_CALLS_PER_REPLY = 3  # ours: tool calls of one reply that are run (the rest are dropped)
 # The observation after the filter still answers No once the last rewrite is spent (then the queries tried).
 UNABLE_NOTE = "Unable to find a relevant result for this query; try a different approach."
 
