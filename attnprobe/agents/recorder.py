@@ -18,7 +18,9 @@ from typing import Any
 
 from attnprobe.generation.chat import ChatReply
 from attnprobe.io import append_jsonl, read_records, write_jsonl
-from attnprobe.studies.runner.config import DEFAULT_MAX_TOKENS
+
+# Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096" (per model call).
+DEFAULT_MAX_TOKENS = 4096
 
 
 def drop_records(path: Path, ids: set[str]) -> None:

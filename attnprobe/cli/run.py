@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
 from attnprobe.cli.options import (
     add_generation_options,
     add_hidden_alias,
@@ -16,7 +17,7 @@ from attnprobe.cli.options import (
     non_negative_int,
     positive_int,
 )
-from attnprobe.studies.runner.config import DEFAULT_MAX_TOKENS, FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
+from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
 
 EPILOG = """\
 Examples:

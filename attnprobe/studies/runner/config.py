@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
+
 FILTER_MODES = ("none", "in-context", "isolated")
 VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2 (seed 000, 4.2)
 # Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096."
-DEFAULT_MAX_TOKENS = 4096
 
 PRESETS = {
     # smolagents-DR-like baseline: no filter, the manager answers directly.
