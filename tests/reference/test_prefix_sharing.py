@@ -13,19 +13,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support.sharing import assert_same, brute_trie
 
 from attnprobe_hooks.backend import CapturePlan, LoadedModel
 from attnprobe_hooks.sharing import schedule, stats
 from attnprobe_hooks.transformers.attention import install
 from attnprobe_hooks.transformers.backend import run_plans
+from attnprobe_hooks.transformers.generate import GenerationCounts, capture_and_generate
 
-TOL = 1e-5
 VOCAB = 40
-
-
-def brute_trie(seqs) -> int:
-    """Distinct non-empty prefixes of the sequences (the prefix trie's node count)."""
-    return len({tuple(np.asarray(s)[:i].tolist()) for s in seqs for i in range(1, len(s) + 1)})
 
 
 # ------------------------------------------------------------------ the schedule (no model)
@@ -156,28 +152,6 @@ def plan_sets() -> dict[str, list[CapturePlan]]:
     }
 
 
-def assert_same(shared, alone, plans) -> dict[str, float]:
-    """Every array of the shared outputs equals the independent ones within TOL; returns max |diff| by kind."""
-    worst = {"segment": 0.0, "token": 0.0, "qk": 0.0}
-    assert len(shared) == len(alone) == len(plans)
-    for a, b in zip(shared, alone):
-        assert sorted(a.scorer.per_layer) == sorted(b.scorer.per_layer)
-        for layer, arr in b.scorer.per_layer.items():
-            d = float((a.scorer.per_layer[layer] - arr).abs().max())
-            assert d <= TOL, (layer, d)
-            worst["segment"] = max(worst["segment"], d)
-        d = float((a.scorer.token_sum - b.scorer.token_sum).abs().max())
-        assert d <= TOL, d
-        worst["token"] = max(worst["token"], d)
-        assert sorted(a.qk) == sorted(b.qk)
-        for name, t in b.qk.items():
-            assert a.qk[name].shape == t.shape, name
-            d = float((a.qk[name] - t).abs().max())
-            assert d <= TOL, (name, d)
-            worst["qk"] = max(worst["qk"], d)
-    return worst
-
-
 @pytest.mark.parametrize("case", list(plan_sets()))
 def test_shared_equals_independent(tiny, case):
     plans = plan_sets()[case]
@@ -212,3 +186,23 @@ def test_crop_leaves_no_stale_state(tiny):
     first = run_plans(tiny, plans, chunk_size=CHUNK)
     again = run_plans(tiny, plans[::-1], chunk_size=CHUNK)[::-1]
     assert_same(first, again, plans)
+
+
+def test_generation_from_the_captured_cache(tiny):
+    """Greedy continuations from the shared cache equal ``generate`` on the prompt alone, and the
+    generations leave the cache exactly as the capture needs it (the captures are unchanged)."""
+    plans = [*plan_sets()["branch_at_chunk_boundary"], _plan(_base(40), [39], seg_every=7)]
+    prompts = {0: 20, 1: 33, 2: plans[2].n, 3: 1}  # inside the shared prefix, past a branch, the whole plan, 1 token
+    ref = run_plans(tiny, plans, chunk_size=CHUNK)
+    outs, new, counts = capture_and_generate(tiny, plans, prompts, chunk_size=CHUNK, max_new_tokens=5,
+                                             pad_token_id=0)
+    assert_same(outs, ref, plans)
+    for i, n in prompts.items():
+        ids = torch.as_tensor(plans[i].input_ids[:n])[None]
+        with torch.no_grad():
+            want = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
+                                       pad_token_id=0)[0, n:].tolist()
+        assert new[i] == want, i
+        assert counts[i] == GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(want))
+    with pytest.raises(ValueError, match="outside"):
+        capture_and_generate(tiny, plans, {0: 41}, chunk_size=CHUNK, max_new_tokens=1)
