@@ -15,7 +15,7 @@ Greedy decoding only: the first new token comes from the same logits a full pref
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,37 +74,54 @@ def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence
     return new, GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(new))
 
 
-def capture_and_generate(loaded: LoadedModel, plans: Sequence[CapturePlan], prompts: Mapping[int, int], *,
-                         chunk_size: int, max_new_tokens: int, share_prefixes: bool = True, progress: bool = False,
-                         **generate_kwargs: Any) -> tuple[BackendOutputs, dict[int, list[int]],
-                                                          dict[int, GenerationCounts]]:
-    """Capture ``plans`` (as :func:`~attnprobe_hooks.transformers.backend.run_plans`) and, for each
-    ``plan index -> prompt length`` in ``prompts``, greedily continue ``plan.input_ids[:prompt length]``
-    from the cache the capture built (e.g. the decision position + 1 of a counterfactual context).
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Continue ``plans[plan].input_ids[:prompt_length]`` greedily for up to ``max_new_tokens``;
+    ``kwargs`` go to ``model.generate`` (``pad_token_id``, ``eos_token_id``, a fresh
+    ``stopping_criteria`` per request, ...)."""
 
-    Returns (capture outputs, new token ids by plan index, counts by plan index).
+    plan: int
+    prompt_length: int
+    max_new_tokens: int
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def capture_and_generate(loaded: LoadedModel, plans: Sequence[CapturePlan], requests: Sequence[GenerationRequest], *,
+                         chunk_size: int, progress: bool = False) -> tuple[BackendOutputs, list[list[int]],
+                                                                           list[GenerationCounts]]:
+    """Capture ``plans`` with prefix sharing (:func:`~attnprobe_hooks.transformers.backend.run_plans`) and
+    answer every request from the cache the capture built, once it holds the request's plan (e.g. the
+    next action at a counterfactual context's decision position: ``prompt_length = prefix_tokens``).
+
+    Returns (capture outputs in plan order, new token ids and counts in request order).
     """
-    for i, length in prompts.items():
-        if not 1 <= int(length) <= plans[i].n:
-            raise ValueError(f"plan {i}: prompt length {length} is outside 1..{plans[i].n}")
-    new: dict[int, list[int]] = {}
-    counts: dict[int, GenerationCounts] = {}
+    for r in requests:
+        if not 0 <= r.plan < len(plans):
+            raise ValueError(f"generation request for plan {r.plan}: there are {len(plans)} plans")
+        if not 1 <= int(r.prompt_length) <= plans[r.plan].n:
+            raise ValueError(f"plan {r.plan}: prompt length {r.prompt_length} is outside 1..{plans[r.plan].n}")
+    by_plan: dict[int, list[int]] = {}
+    for k, r in enumerate(requests):
+        by_plan.setdefault(r.plan, []).append(k)
+    new: list[list[int]] = [[] for _ in requests]
+    counts: list[GenerationCounts | None] = [None] * len(requests)
 
     def after_plan(i: int, cache: Any) -> None:
-        if i in prompts:
-            prompt = np.asarray(plans[i].input_ids)[: int(prompts[i])].tolist()
-            new[i], counts[i] = generate_from_cache(loaded.model, cache, prompt, max_new_tokens=max_new_tokens,
-                                                    **generate_kwargs)
+        for k in by_plan.get(i, ()):
+            r = requests[k]
+            prompt = np.asarray(plans[i].input_ids)[: int(r.prompt_length)].tolist()
+            new[k], counts[k] = generate_from_cache(loaded.model, cache, prompt, max_new_tokens=r.max_new_tokens,
+                                                    **dict(r.kwargs))
 
-    outputs = run_plans(loaded, plans, chunk_size=chunk_size, progress=progress, share_prefixes=share_prefixes,
+    outputs = run_plans(loaded, plans, chunk_size=chunk_size, progress=progress, share_prefixes=True,
                         after_plan=after_plan)
-    return outputs, new, counts
+    return outputs, new, counts  # type: ignore[return-value]
 
 
 def capture_then_generate(loaded: LoadedModel, plan: CapturePlan, prompt_length: int, *, chunk_size: int,
                           max_new_tokens: int, **generate_kwargs: Any) -> tuple[BackendOutput, list[int],
                                                                                 GenerationCounts]:
     """One plan: its capture, then the greedy continuation of its first ``prompt_length`` tokens."""
-    outputs, new, counts = capture_and_generate(loaded, [plan], {0: prompt_length}, chunk_size=chunk_size,
-                                                max_new_tokens=max_new_tokens, **generate_kwargs)
+    outputs, new, counts = capture_and_generate(
+        loaded, [plan], [GenerationRequest(0, prompt_length, max_new_tokens, generate_kwargs)], chunk_size=chunk_size)
     return outputs[0], new[0], counts[0]

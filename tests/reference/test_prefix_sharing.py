@@ -19,7 +19,7 @@ from attnprobe_hooks.backend import CapturePlan, LoadedModel
 from attnprobe_hooks.sharing import schedule, stats
 from attnprobe_hooks.transformers.attention import install
 from attnprobe_hooks.transformers.backend import run_plans
-from attnprobe_hooks.transformers.generate import GenerationCounts, capture_and_generate
+from attnprobe_hooks.transformers.generate import GenerationCounts, GenerationRequest, capture_and_generate
 
 VOCAB = 40
 
@@ -192,17 +192,18 @@ def test_generation_from_the_captured_cache(tiny):
     """Greedy continuations from the shared cache equal ``generate`` on the prompt alone, and the
     generations leave the cache exactly as the capture needs it (the captures are unchanged)."""
     plans = [*plan_sets()["branch_at_chunk_boundary"], _plan(_base(40), [39], seg_every=7)]
-    prompts = {0: 20, 1: 33, 2: plans[2].n, 3: 1}  # inside the shared prefix, past a branch, the whole plan, 1 token
+    # inside the shared prefix, past a branch, the whole plan, 1 token; two requests on one plan
+    prompts = [(0, 20), (1, 33), (2, plans[2].n), (3, 1), (0, 39)]
     ref = run_plans(tiny, plans, chunk_size=CHUNK)
-    outs, new, counts = capture_and_generate(tiny, plans, prompts, chunk_size=CHUNK, max_new_tokens=5,
-                                             pad_token_id=0)
+    outs, new, counts = capture_and_generate(
+        tiny, plans, [GenerationRequest(i, n, 5, {"pad_token_id": 0}) for i, n in prompts], chunk_size=CHUNK)
     assert_same(outs, ref, plans)
-    for i, n in prompts.items():
+    for k, (i, n) in enumerate(prompts):
         ids = torch.as_tensor(plans[i].input_ids[:n])[None]
         with torch.no_grad():
             want = tiny.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
                                        pad_token_id=0)[0, n:].tolist()
-        assert new[i] == want, i
-        assert counts[i] == GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(want))
+        assert new[k] == want, (i, n)
+        assert counts[k] == GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(want))
     with pytest.raises(ValueError, match="outside"):
-        capture_and_generate(tiny, plans, {0: 41}, chunk_size=CHUNK, max_new_tokens=1)
+        capture_and_generate(tiny, plans, [GenerationRequest(0, 41, 1)], chunk_size=CHUNK)

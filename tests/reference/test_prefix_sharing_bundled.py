@@ -14,7 +14,7 @@ from attnprobe.counterfactual.policies import parse_policy
 from attnprobe.counterfactual.run import build_context, choose_steps
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe_hooks.backend import get_backend
-from attnprobe_hooks.transformers.generate import capture_and_generate
+from attnprobe_hooks.transformers.generate import GenerationRequest, capture_and_generate
 
 LAYERS = (0, 14, 29)
 
@@ -56,8 +56,8 @@ def test_generation_from_the_captured_cache_equals_greedy_generation(smol, conte
     chat = TransformersChat(smol, stop_at_call=False)
     tok = smol.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    outs, new, counts = capture_and_generate(smol, plans, {i: c.prefix_tokens for i, (_, c) in enumerate(chosen)},
-                                             chunk_size=512, max_new_tokens=24, pad_token_id=pad)
+    requests = [GenerationRequest(i, c.prefix_tokens, 24, {"pad_token_id": pad}) for i, (_, c) in enumerate(chosen)]
+    outs, new, counts = capture_and_generate(smol, plans, requests, chunk_size=512)
     ref = get_backend("transformers").run(smol, plans, chunk_size=512, share_prefixes=False)
     assert_same(outs, ref, plans)
     for i, (messages, c) in enumerate(chosen):
