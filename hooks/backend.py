@@ -116,6 +116,16 @@ class BackendOutput(NamedTuple):
     info: dict[str, Any]
 
 
+class BackendOutputs(list):
+    """A run's outputs (one :class:`BackendOutput` per plan, in plan order) and its prefill counts.
+
+    ``sharing``: a :class:`attnprobe_hooks.sharing.SharingStats` (tokens in the plans, tokens
+    prefilled, prefix-trie size), or None for a backend that does not count.
+    """
+
+    sharing: Any = None
+
+
 @runtime_checkable
 class CaptureBackend(Protocol):
     """A capture backend: loads models and runs chunked prefills with the scoring hooks active."""
@@ -129,8 +139,14 @@ class CaptureBackend(Protocol):
         ...
 
     def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int,
-            progress: bool = False) -> list[BackendOutput]:
-        """Capture every plan; one output per plan, in order."""
+            progress: bool = False, share_prefixes: bool = True) -> list[BackendOutput]:
+        """Capture every plan; one output per plan, in order.
+
+        ``share_prefixes``: the backend may prefill a prefix common to several plans once (the
+        results equal independent captures within float rounding, 1e-5); False asks for one
+        independent prefill per plan. A backend returns a :class:`BackendOutputs` to report its
+        prefill counts.
+        """
         ...
 
 

@@ -222,7 +222,8 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
 def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries: str | Sequence[int] = "reasoning",
                  layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
                  max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
-                 batch_size: int | None = None, progress: bool = False) -> list[CaptureResult]:
+                 batch_size: int | None = None, progress: bool = False,
+                 share_prefixes: bool = False) -> list[CaptureResult]:
     """Capture several trajectories; one :class:`CaptureResult` per trajectory, in order.
 
     Every trajectory is rendered and checked first, then handed to the backend in batches of
@@ -236,6 +237,9 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     per-chunk prefill bar; ``tqdm.auto`` draws them as widgets in a notebook and as text on stderr
     elsewhere. ``False`` (the default, as callers such as ``attnprobe capture`` draw their own bar)
     writes nothing.
+
+    ``share_prefixes``: the backend prefills a prefix common to several trajectories of a batch once
+    (transformers; equal to independent captures within 1e-5, docs/prefix_sharing.md).
     """
     chunk = model.default_chunk_size if chunk_size is None else int(chunk_size)
     if chunk < 1:
@@ -257,7 +261,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
             batch = prepared[b:b + size]
             plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
             t0 = time.perf_counter()
-            outputs = backend.run(model, plans, chunk_size=chunk, progress=progress)
+            outputs = backend.run(model, plans, chunk_size=chunk, progress=progress, share_prefixes=share_prefixes)
             if len(outputs) != len(plans):
                 raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
             settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,

@@ -24,14 +24,27 @@ EAGER_NAME = "attnprobe_eager"
 
 
 @dataclass
-class CaptureState:
-    """What the attention function needs to know during one prefill pass."""
+class PlanTarget:
+    """One plan's accumulators: its scorer, the layers whose q/k it keeps, and how often it was scored."""
 
     scorer: QueryScorer
-    chunk_start: int = 0
     qk_layers: set[int] = field(default_factory=set)
     saved_q: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     saved_k: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    calls: int = 0
+
+
+@dataclass
+class CaptureState:
+    """What the attention function needs to know during one prefill pass.
+
+    ``targets``: (plan, limit) pairs; the running chunk's rows at positions below ``limit`` belong to
+    that plan too (the plan agrees with the running tokens up to there; see
+    :mod:`attnprobe_hooks.sharing`). Without sharing there is one target whose limit is its length.
+    """
+
+    targets: list[tuple[PlanTarget, int]]
+    chunk_start: int = 0
     calls: int = 0
 
 
@@ -57,21 +70,27 @@ def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kw
     if query.shape[0] != 1:
         raise RuntimeError("attnprobe captures one trajectory per forward pass (batch size 1)")
     state.calls += 1
-    chunk_len = query.shape[2]
-    end = state.chunk_start + chunk_len
+    start = state.chunk_start
+    end = start + query.shape[2]
     kv_len = key.shape[2]
     # Sliding-window caches keep only the newest keys: they are the last kv_len positions.
     k_positions = torch.arange(end - kv_len, end)
     window = kwargs.get("sliding_window")
-    state.scorer.score_layer(
-        layer, query[0], key[0], state.chunk_start, k_positions, kwargs.get("scaling"),
-        sliding_window=window if isinstance(window, int) and window > 0 else None,
-        softcap=kwargs.get("softcap"),
-        sinks=kwargs.get("s_aux"),
-    )
-    if layer in state.qk_layers:
-        state.saved_q.setdefault(layer, []).append(query[0].detach().float().cpu().clone())
-        state.saved_k.setdefault(layer, []).append(key[0, :, -chunk_len:].detach().float().cpu().clone())
+    window = window if isinstance(window, int) and window > 0 else None
+    for target, limit in state.targets:
+        stop = min(end, limit)  # this plan's tokens among the chunk's end at its limit
+        if stop <= start:
+            continue
+        target.calls += 1
+        cut = end - stop  # keys (and query rows) past the plan's limit are not its tokens
+        q, k = query[0, :, :stop - start], key[0, :, :kv_len - cut]
+        target.scorer.score_layer(
+            layer, q, k, start, k_positions[:kv_len - cut], kwargs.get("scaling"),
+            sliding_window=window, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
+        )
+        if layer in target.qk_layers:
+            target.saved_q.setdefault(layer, []).append(q.detach().float().cpu().clone())
+            target.saved_k.setdefault(layer, []).append(k[:, start - stop:].detach().float().cpu().clone())
 
 
 def _make(delegate_getter: Callable[[object], Callable]) -> Callable:

@@ -366,11 +366,13 @@ class VllmBackend:
         return loaded
 
     def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,
-            progress: bool = False) -> list[BackendOutput]:
+            progress: bool = False, share_prefixes: bool = True) -> list[BackendOutput]:
         """All plans in one ``generate`` call (the hooks slice the requests apart).
 
         The engine's prefill chunk is fixed when it is built (``load_model(..., chunk_size=...)``);
-        a different ``chunk_size`` here is recorded as ``chunk_size_requested``.
+        a different ``chunk_size`` here is recorded as ``chunk_size_requested``. ``share_prefixes`` is
+        accepted and has no effect: the engine runs with prefix caching off, because the hooks must see
+        every key of a prefix to stay exact (docs/vllm.md, "Prefix sharing").
         """
         if not isinstance(model, VllmModel):
             raise TypeError(f"the vllm backend needs a model loaded by it, not {type(model).__name__}")
