@@ -37,6 +37,7 @@ class CaptureOptions:
     save_qk_layers: list[int] = field(default_factory=list)
     max_tokens: int | None = None
     truncate: bool = False
+    share_prefixes: bool = True  # trajectories of one backend call share the prefill of common prefixes
 
 
 @dataclass
@@ -128,7 +129,8 @@ class CaptureJob(JobBase):
         trajs = [it.data for it in batch]
         results = capture_many(model, trajs, queries=o.queries, layers=o.layers, chunk_size=o.chunk_size,
                                rendering=o.rendering, max_tokens=o.max_tokens, truncate=o.truncate,
-                               save_qk_layers=o.save_qk_layers or (), progress=self.progress)
+                               save_qk_layers=o.save_qk_layers or (), progress=self.progress,
+                               share_prefixes=o.share_prefixes)
         for t, res in zip(trajs, results):
             res.meta["cli_settings"] = self.settings
             res.save(self.folder(t))

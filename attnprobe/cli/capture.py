@@ -24,7 +24,8 @@ def capture_options(args):
 
     return CaptureOptions(queries=args.queries, layers=args.layers, chunk_size=args.chunk_size,
                           rendering=args.rendering, save_qk_layers=list(args.save_qk_layers or []),
-                          max_tokens=args.max_tokens, truncate=args.truncate)
+                          max_tokens=args.max_tokens, truncate=args.truncate,
+                          share_prefixes=not args.no_prefix_sharing)
 
 
 def run_capture_files(args, files: list[Path], out: Path) -> int:

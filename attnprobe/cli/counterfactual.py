@@ -43,7 +43,7 @@ def add_counterfactual_options(p) -> None:
                         "(one forward pass each; transformers)")
     g.add_argument("--batch-size", type=positive_int, default=1,
                    help="steps per backend call (vLLM batches all their contexts in one generate)")
-    add_capture_options(p, only=("layers", "rendering", "max_tokens"))
+    add_capture_options(p, only=("layers", "rendering", "max_tokens", "no_prefix_sharing"))
 
 
 def run_options(args, progress: bool = True):
@@ -52,7 +52,8 @@ def run_options(args, progress: bool = True):
 
     return RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
-                      logprob=args.logprob, progress=progress and not args.no_progress)
+                      logprob=args.logprob, share_prefixes=not args.no_prefix_sharing,
+                      progress=progress and not args.no_progress)
 
 
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:

@@ -143,7 +143,8 @@ def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, dev
     return g
 
 
-CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "save_qk_layers")
+CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "save_qk_layers",
+                   "no_prefix_sharing")
 
 
 def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True,
@@ -171,6 +172,10 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
         g.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
     if "save_qk_layers" in wanted:
         g.add_argument("--save-qk-layers", type=parse_int_list, default=[], help="also save q/k of these layers")
+    if "no_prefix_sharing" in wanted:
+        g.add_argument("--no-prefix-sharing", action="store_true",
+                       help="prefill every context from token 0 (default: contexts of one backend call share the "
+                            "prefill of a common prefix, exactly; transformers backend; docs/prefix_sharing.md)")
     return g
 
 

@@ -95,6 +95,7 @@ class RunOptions:
     actions: bool = False
     max_new_tokens: int = 96
     logprob: bool = False  # teacher-forced log p of the recorded step in both contexts (one forward each)
+    share_prefixes: bool = True  # the batch's contexts share the prefill of their common prefixes (exact)
     progress: bool = False
 
 
@@ -177,7 +178,8 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     chunk = opts.chunk_size or model.default_chunk_size
     plans = [make_plan(c.rendered, c.points, chosen, desc=c.trajectory.id) for c in contexts]
     t0 = time.perf_counter()
-    outputs = get_backend(model.backend).run(model, plans, chunk_size=chunk, progress=opts.progress)
+    outputs = get_backend(model.backend).run(model, plans, chunk_size=chunk, progress=opts.progress,
+                                             share_prefixes=opts.share_prefixes)
     cs = CaptureSettings(queries="positions", layers=chosen, chunk_size=chunk,
                          seconds=(time.perf_counter() - t0) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
     results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]

@@ -26,7 +26,7 @@ def server():
         yield info
 
 
-# slow: a second model load in the server process, as in test_serve_hardening.py; .ci/run runs it once
+# slow: a second model load in the server process, as in test_server_hostile_clients.py; .ci/run runs it once
 @pytest.mark.slow
 def test_openai_backend_against_real_server(server, smol, tmp_path, capsys):
     folder = tmp_path / "served"
