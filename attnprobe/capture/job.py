@@ -31,7 +31,7 @@ class CaptureOptions:
     together with the model, backend and dtype, and compared on resume."""
 
     queries: str | list[int] = "reasoning"
-    layers: list[int] | None = None
+    layers: list[int] | str | None = None  # "full": the full-attention layers (seed 002 E.1)
     chunk_size: int | None = None
     rendering: str = "auto"
     save_qk_layers: list[int] = field(default_factory=list)

@@ -218,7 +218,7 @@ def _prepare(args, target: Target, items, generator: str) -> None:
     v = variant(dtype=args.dtype, model=args.model, endpoint=args.base_url if endpoint else None,
                 served_model=args.served_model if endpoint else None)
     prepare_folder(target.folder, items, name=target.name, protocol=args.protocol, this_variant=v,
-                   items_source=str(_items_path(args)))
+                   items_source=str(_items_path(args)), reminder=args.reminder)
 
 
 def _generation_executor(args, *, capture_on_cluster: bool = False):
@@ -242,18 +242,21 @@ def _generation_executor(args, *, capture_on_cluster: bool = False):
 
 def _stage_run(args, target: Target, items, ex) -> int:
     from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import BehaviourJob
 
     _prepare(args, target, items, args.backend)
-    inv = ex.call(invariants, items, args.protocol, args.reminder)
+    # built before the model loads: it refuses a resume with other generation settings
     job = BehaviourJob(target.folder, items, framings=args.framings, max_tokens=args.max_new_tokens,
                        protocol=args.protocol, batch_size=args.batch_size, force=args.force, reminder=args.reminder,
                        no_call_tokens=(args.no_call_tokens or None) if args.backend != "openai" else None)
+    inv = ex.call(invariants, items, args.protocol, args.reminder)
     counts = ex.run(job)
     counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
     update_run(target.folder, "behaviour", {"backend": args.backend, "base_url": args.base_url,
                                             "model_spec": args.model, "max_new_tokens": args.max_new_tokens,
-                                            "reminder": args.reminder, "no_call_tokens": job.no_call_tokens,
+                                            "reminder": resolve_reminder(args.protocol, args.reminder),
+                                            "no_call_tokens": job.no_call_tokens,
                                             "decoding": "greedy", "batch_size": args.batch_size,
                                             "framings": args.framings, "invariants": inv, **counts})
     print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "

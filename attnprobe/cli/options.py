@@ -109,6 +109,12 @@ def parse_int_list(text: str | None) -> list[int] | None:
     return out
 
 
+def parse_layers(text: str | None):
+    """--layers: ``all`` (None: every layer), ``full`` (the full-attention layers of a hybrid model,
+    seed 002 E.1; every layer of a model without a mix) or a list of integers (:func:`parse_int_list`)."""
+    return "full" if text == "full" else parse_int_list(text)
+
+
 def _queries(text: str):
     if text.startswith("positions:"):
         return parse_int_list(text.split(":", 1)[1])
@@ -160,8 +166,9 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
         g.add_argument("--queries", default="reasoning", type=_queries,
                        help="reasoning (default) | decision | reasoning+decision | positions:10,20,300")
     if "layers" in wanted:
-        g.add_argument("--layers", default=None, type=parse_int_list,
-                       help="layers to score, e.g. '0-3,10' (default all)")
+        g.add_argument("--layers", default=None, type=parse_layers,
+                       help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "
+                            "seed 002 E.1) or 'all' (default)")
     if "rendering" in wanted:
         g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
                        help="how the trajectory is rendered (default auto: the richest the chat template supports)")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnprobe.io import atomic_write_text, dumps_line, safe_name, write_jsonl
-from attnprobe.studies.ibis.framings import FRAMINGS, build_framing
+from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem, load_items
 from attnprobe.studies.ibis.metrics import read_run
 
@@ -51,7 +51,7 @@ def variant(*, dtype: str = "float32", model: str | None = None, endpoint: str |
 
 
 def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protocol: str, this_variant: dict,
-                   items_source: str) -> None:
+                   items_source: str, reminder: str | None = None) -> None:
     """Write items.jsonl (the exact items used, merged with earlier ones), framings.jsonl and run.json
     into the model folder; refuses changed items, another protocol and another variant."""
     from attnprobe._version import __version__
@@ -81,8 +81,9 @@ def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protoc
         raise ValueError(f"{folder} holds results of another variant ({'; '.join(diffs)}): use another --folder "
                          "(or --results; a dtype other than float32 gets its own default folder)")
     write_jsonl(folder / "framings.jsonl",
-                (build_framing(it, fr, protocol).to_dict() for it in all_items for fr in FRAMINGS))
-    run.update({"model": name, "protocol": protocol, "variant": merged_variant, "attnprobe_version": __version__,
+                (build_framing(it, fr, protocol, reminder=reminder).to_dict() for it in all_items for fr in FRAMINGS))
+    run.update({"model": name, "protocol": protocol, "reminder": resolve_reminder(protocol, reminder),
+                "variant": merged_variant, "attnprobe_version": __version__,
                 "items_source": items_source, "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})
     atomic_write_text(folder / "run.json", json.dumps(run, indent=1))
