@@ -26,6 +26,7 @@ job (:mod:`~attnprobe.counterfactual.job`) that any executor runs."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +50,8 @@ from attnprobe.render.rendering import message_turns
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import call_arguments
+
+log = logging.getLogger(__name__)
 
 # What a step's numbers mean, in its resume settings: 2 = refiners per round (seed 004 §3.3), errors
 # exempt from masking windows, actions named by the trajectory's own tools. Folders of 1 are redone.
@@ -180,6 +183,9 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     t0 = time.perf_counter()
     outputs = get_backend(model.backend).run(model, plans, chunk_size=chunk, progress=opts.progress,
                                              share_prefixes=opts.share_prefixes)
+    sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
+    if sharing is not None:
+        log.info("counterfactual batch: %s", sharing.line())
     cs = CaptureSettings(queries="positions", layers=chosen, chunk_size=chunk,
                          seconds=(time.perf_counter() - t0) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
     results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]

@@ -212,16 +212,16 @@ def test_position_inputs_read_the_captures(tmp_path):
     ra = np.zeros(20)
     ra[2:5] = [0.01, 0.02, 0.03]
     ra[7:17] = np.arange(10) / 100
-    save("agentic", [("template", "template", "template", 2), ("query", "tool_call", "self", 3),
+    save("agentic", [("template", "template", "external", 2), ("query", "tool_call", "self", 3),
                      ("call", "tool_call", "self", 2), ("results", "observation", "external", 10),
-                     ("template", "template", "template", 3)], ra)
+                     ("template", "template", "external", 3)], ra)
     # observer: 2 template, 3 query, 1 framing, 10 results, 1 template (decision = token 16)
     ro = np.zeros(17)
     ro[2:5] = [0.02, 0.02, 0.02]
     ro[6:16] = np.arange(10) / 100
-    save("observer", [("template", "template", "template", 2), ("query", "tool_call", "external", 3),
+    save("observer", [("template", "template", "external", 2), ("query", "tool_call", "external", 3),
                       ("framing", "task", "external", 1), ("results", "observation", "external", 10),
-                      ("template", "template", "template", 1)], ro)
+                      ("template", "template", "external", 1)], ro)
     p = position_inputs(tmp_path, ["i0"])
     assert p["qa"][0] == pytest.approx(0.06) and p["qo"][0] == pytest.approx(0.06)
     assert (p["da"][0], p["do"][0]) == (19 - 4, 16 - 4)  # from the query's last token to the decision token

@@ -87,7 +87,7 @@ def traj(name: str) -> SimpleNamespace:
 def fake_capture_setup(monkeypatch) -> tuple[SimpleNamespace, list]:
     """capture_many over a fake model and backend; returns (model, the progress flags the backend got)."""
     flags: list = []
-    backend = SimpleNamespace(name="fake", run=lambda model, plans, chunk_size, progress: flags.append(progress)
+    backend = SimpleNamespace(name="fake", run=lambda model, plans, chunk_size, progress, **kw: flags.append(progress)
                               or [None] * len(plans))
     monkeypatch.setattr(api, "get_backend", lambda name: backend)
     monkeypatch.setattr(api, "prepare", lambda model, traj, **kw: traj)
