@@ -221,10 +221,9 @@ def _prepare(args, target: Target, items, generator: str) -> None:
                    items_source=str(_items_path(args)), reminder=args.reminder)
 
 
-def _generation_executor(args, *, capture_on_cluster: bool = False):
+def _generation_executor(args):
     """Where generation runs: the executor of the model options (this process or Ray replicas), or an
-    endpoint's client here (--generator openai). An endpoint already serves many requests: with --ray
-    it is refused, except in ``all``, whose capture stage uses the cluster (``capture_on_cluster``)."""
+    endpoint's client here (--generator openai; ``ibis all`` then still captures on the cluster)."""
     from attnprobe.cli.options import executor, make_generator
 
     def load():
@@ -233,9 +232,6 @@ def _generation_executor(args, *, capture_on_cluster: bool = False):
     if args.backend == "openai":
         from attnprobe.execution.local import LocalExecutor
 
-        if not capture_on_cluster:
-            cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
-                               "the generation (drop --ray, or scale the server)")
         return LocalExecutor(load, progress=not args.no_progress)
     return executor(args, load=load)
 
@@ -290,6 +286,9 @@ def cmd_run(args) -> int:
     from attnprobe.io import hold_dir_lock
 
     items, target = _items(args), _target(args)
+    if args.backend == "openai":  # an endpoint already serves many requests: no replicas to run
+        cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
+                           "the generation (drop --ray, or scale the server)")
     with hold_dir_lock(target.folder, "IBIS model folder"), _generation_executor(args) as ex:
         return _stage_run(args, target, items, ex)
 
@@ -335,7 +334,7 @@ def _all_locked(args, items, target: Target) -> int:
               file=sys.stderr)
     # A group is what one generation batch holds; an executor that shards (Ray) gets the whole set.
     rc = 0
-    with _generation_executor(args, capture_on_cluster=True) as gen, executor(args) as cap:
+    with _generation_executor(args) as gen, executor(args) as cap:
         per = len(items) if getattr(gen, "shards", False) or getattr(cap, "shards", False) else \
             max(1, args.batch_size // max(1, len(args.framings)))
         for start in range(0, len(items), per):

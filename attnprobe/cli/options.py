@@ -321,10 +321,9 @@ def cluster_options(args):
 
 def cluster_free(args, reason: str) -> None:
     """Refuse --ray for a command (or combination) that runs no model replicas; ``reason`` says why."""
-    from attnprobe.errors import AttnprobeError
+    from attnprobe.distributed.executors import refuse_cluster
 
-    if getattr(args, "ray", None) is not None:
-        raise AttnprobeError(f"--ray: {reason}")
+    refuse_cluster(cluster_options(args), reason)
 
 
 def executor(args, load=None):

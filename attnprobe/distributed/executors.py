@@ -10,6 +10,15 @@ from attnprobe.distributed.cluster import Cluster
 from attnprobe.execution.local import LocalExecutor
 
 
+def refuse_cluster(cluster: Cluster | None, reason: str) -> None:
+    """For work that runs no model replicas (generation through an endpoint): a cluster is refused,
+    with ``reason``."""
+    from attnprobe.errors import AttnprobeError
+
+    if cluster is not None:
+        raise AttnprobeError(f"--ray: {reason}")
+
+
 def open_executor(load: Callable[[], Any], *, cluster: Cluster | None = None, model: ModelSpec | None = None,
                   progress: bool = True):
     """:class:`~attnprobe.distributed.pool.RayExecutor` replicas of ``model`` on ``cluster``, or, without
