@@ -77,9 +77,10 @@ def _truncate(rendered: Rendered, limit: int) -> Rendered:
 
 def prepare(model: LoadedModel, trajectory: Trajectory, *, rendering: str = "auto",
             max_tokens: int | None = None, truncate: bool = False) -> Rendered:
-    """Render and segment with the model's tokenizer, enforcing the token limit."""
-    rendered = render(trajectory, model.tokenizer, rendering=rendering)
+    """Render and segment with the model's tokenizer, enforcing the token limit (a text that cannot fit is
+    refused before it is tokenized, unless ``truncate``)."""
     limit = max_tokens if max_tokens is not None else model.max_positions
+    rendered = render(trajectory, model.tokenizer, rendering=rendering, max_tokens=None if truncate else limit)
     n = len(rendered.input_ids)
     if limit is not None and n > limit:
         if not truncate:

@@ -37,3 +37,21 @@ def test_a_10mb_observation_is_refused_quickly(smol):
     short = Trajectory.from_dict({"id": "s", "messages": [{"role": "user", "content": "hi"}]})
     assert len(render(short, tok, max_tokens=8192).input_ids) > 0  # what fits is rendered as before
     check_length("x" * 10, tok, None, "anything")  # no limit: no check
+
+
+def test_capture_refuses_a_huge_observation_before_tokenizing(smol):
+    """capture's prepare passes its limit to render: a 2 MB observation is refused in well under a
+    second (tokenizing it first took seconds and gigabytes), naming the limit; --truncate still works."""
+    import time
+
+    from attnprobe.capture.api import prepare
+    from attnprobe.errors import TooLongError
+    from attnprobe.trajectory.schema import Trajectory
+
+    huge = Trajectory(id="huge", messages=[{"role": "user", "content": "find it"},
+                                           {"role": "tool", "content": "word " * 400_000}])
+    t0 = time.perf_counter()
+    with pytest.raises(TooLongError, match="refused before tokenizing"):
+        prepare(smol, huge, max_tokens=1000)
+    assert time.perf_counter() - t0 < 1.0
+    assert len(prepare(smol, huge.__class__(id="small", messages=huge.messages[:1]), max_tokens=1000).input_ids) < 100
