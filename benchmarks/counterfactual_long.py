@@ -97,10 +97,10 @@ def from_baseline(specs: list[str]) -> None:
 
     import attnprobe
     from attnprobe.agents.policies import parse_policy
-    from attnprobe.capture.models import default_gguf_path
     from attnprobe.counterfactual.analysis import REMOVING, token_messages
     from attnprobe.counterfactual.refined import refined_mass_split
     from attnprobe.counterfactual.steps import choose_steps
+    from attnprobe.model_files import default_gguf_path
     from attnprobe.render.rendering import render
     from attnprobe.render.segments import QueryPoint, Segment
     from attnprobe.resources import data_path

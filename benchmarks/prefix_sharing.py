@@ -37,9 +37,9 @@ POLICIES = ("mask:5", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3")
 
 def counterfactual_plans(model, traj, steps, layers, policies=POLICIES):
     """{family: [plan per step]} for the originals and each policy."""
+    from attnprobe.agents.policies import parse_policy
     from attnprobe.capture.api import make_plan
-    from attnprobe.counterfactual.policies import parse_policy
-    from attnprobe.counterfactual.run import build_context
+    from attnprobe.counterfactual.contexts import build_context
 
     fam: dict[str, list] = {"original": [], **{p: [] for p in policies}}
     gen: dict[str, list[int]] = {k: [] for k in fam}  # prompt tokens of each context's next action
@@ -155,7 +155,7 @@ def main() -> None:
     import torch
 
     import attnprobe
-    from attnprobe.counterfactual.run import choose_steps
+    from attnprobe.counterfactual.steps import choose_steps
     from attnprobe.resources import data_path
     from attnprobe_hooks.sharing import schedule, stats
     from attnprobe_hooks.transformers.backend import run_plans
@@ -213,7 +213,7 @@ def main() -> None:
 def more_sets(model, traj, layers, policies, sets, count, report, data_path) -> list[str]:
     """The synthetic long trajectory, the recorded runner calls and the IBIS capture set (counts only here)."""
     import attnprobe
-    from attnprobe.counterfactual.run import choose_steps
+    from attnprobe.counterfactual.steps import choose_steps
 
     syn = synthetic_trajectory(traj)
     syn_steps = choose_steps(syn)

@@ -9,9 +9,10 @@ from support.paths import TRAJ_DIR
 from support.sharing import assert_same
 
 import attnprobe
+from attnprobe.agents.policies import parse_policy
 from attnprobe.capture.api import make_plan
-from attnprobe.counterfactual.policies import parse_policy
-from attnprobe.counterfactual.run import build_context, choose_steps
+from attnprobe.counterfactual.contexts import build_context
+from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe_hooks.backend import get_backend
 from attnprobe_hooks.transformers.generate import GenerationRequest, capture_and_generate
