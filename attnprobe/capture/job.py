@@ -130,7 +130,7 @@ class CaptureJob(JobBase):
         results = capture_many(model, trajs, queries=o.queries, layers=o.layers, chunk_size=o.chunk_size,
                                rendering=o.rendering, max_tokens=o.max_tokens, truncate=o.truncate,
                                save_qk_layers=o.save_qk_layers or (), progress=self.progress,
-                               share_prefixes=o.share_prefixes)
+                               share_prefixes=o.share_prefixes and len(trajs) > 1)  # one plan: nothing to share
         for t, res in zip(trajs, results):
             res.meta["cli_settings"] = self.settings
             res.save(self.folder(t))
