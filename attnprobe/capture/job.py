@@ -63,7 +63,7 @@ class CaptureJob(JobBase):
         self.out = Path(self.out)
         if self.weights is None:
             self.weights = weights_hash(self.model)
-        self._conflicts: dict[str, str] = {}
+        self._states: dict[str, tuple[bool, str | None]] = {}
 
     @property
     def settings(self) -> dict:
@@ -83,7 +83,15 @@ class CaptureJob(JobBase):
                 for t in self.trajectories]
 
     def _state(self, t: Trajectory, since: float | None = None) -> tuple[bool, str | None]:
-        """(done, conflict) of one trajectory's folder."""
+        """(done, conflict) of one trajectory's folder; decided once per trajectory (the driver asks for
+        conflicts before the model loads, then for what is done), so each reason is logged once."""
+        if since is None:
+            if t.id not in self._states:
+                self._states[t.id] = self._read_state(t, None)
+            return self._states[t.id]
+        return self._read_state(t, since)
+
+    def _read_state(self, t: Trajectory, since: float | None) -> tuple[bool, str | None]:
         meta_path = self.folder(t) / META_FILE
         if not written_since(meta_path, since):
             return False, None

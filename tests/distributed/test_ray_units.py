@@ -52,6 +52,7 @@ def test_capture_done_check_is_settings_weights_and_content(tmp_path):
     folder.mkdir()
     meta = {"cli_settings": job.settings, "weights_hash": "w1", "trajectory_hash": t.content_hash()}
     (folder / "meta.json").write_text(json.dumps(meta))
+    job = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w1")  # a run decides once
     assert job.done(item) and job.conflicts() == []
     other = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=256), weights="w1")
     assert not other.done(item) and other.conflicts() == [
