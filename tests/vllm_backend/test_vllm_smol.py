@@ -98,6 +98,10 @@ def test_chunk_edges(engines, shipped):
 def test_batched_equals_one_at_a_time(engines, shipped, singles):
     """Several shipped trajectories in one generate call: the scheduler mixes them in its chunks.
 
+    The batched capture equals vLLM's one-at-a-time capture within 1e-5. Against transformers it is held
+    to 2e-5: it sits one mixed-batch rounding (<= 1e-5, asserted here) from vLLM alone, which sits within
+    1e-5 of transformers (test_shipped_trajectories_match_transformers); a CI run measured 1.03e-5 on the
+    5.6k-token sample-reasoning-1, fp32 summation over different chunk groupings.
     (The 6k-token long_research sample is left out to keep the suite short on 2 cores.)
     """
     from attnprobe.capture.api import capture_many
@@ -110,7 +114,7 @@ def test_batched_equals_one_at_a_time(engines, shipped, singles):
     for traj, rb in zip(batch, many):
         assert rb.trajectory_id == traj.id and rb.meta["batch_size"] == len(batch)
         rv, rt = singles[traj.id]
-        worst = max(worst, assert_same(rb, rv), assert_same(rb, rt))
+        worst = max(worst, assert_same(rb, rv), assert_same(rb, rt, tol=2 * TOL))
     # the batch really mixed requests inside prefill steps (so slicing by query_start_loc was exercised)
     assert all(r.meta["prefill_steps_shared"] > 0 for r in many)
     assert all(r.meta["prefill_steps_shared"] == 0 for r, _ in singles.values())
