@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--min-past", type=int, default=5, help="5 keeps the old table's step set for every policy")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=1,
+                    help="steps per backend call: their contexts share the prefill of common prefixes (exact)")
     ap.add_argument("--no-actions", action="store_true")
     ap.add_argument("--no-logprob", action="store_true")
     ap.add_argument("--from-baseline", action="store_true", help="model-free reasoning-start numbers (see above)")
@@ -59,9 +61,9 @@ def main() -> None:
     turns = [int(x) for x in args.turns.split(",")] if args.turns else None
     t0 = time.perf_counter()
     counts = run_counterfactuals(model, trajs, policies, args.out, turns=turns, chat=TransformersChat(model),
-                                 min_past=args.min_past,
+                                 min_past=args.min_past, batch_size=args.batch_size,
                                  opts=RunOptions(actions=not args.no_actions, max_new_tokens=args.max_new_tokens,
-                                                 progress=True))
+                                                 logprob=not args.no_logprob, progress=True))
     t1 = time.perf_counter()
     out = Path(args.out)
     original_lp: dict[tuple[str, int], dict] = {}
