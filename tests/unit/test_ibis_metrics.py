@@ -147,7 +147,7 @@ def test_sample_warning_thresholds():
 
 # ------------------------------------------------------------------ position control of the attentional gap
 def test_placebo_range_is_at_the_same_distances_in_both_framings():
-    from attnprobe.studies.ibis.metrics import placebo_ranges
+    from attnprobe.studies.ibis.position import placebo_ranges
 
     # agentic results at tokens [100, 200), decision token 230: distances 31..130
     # observer results at [90, 190), decision 210: distances 21..120 -> common 31..120 (90 tokens)
@@ -159,7 +159,7 @@ def test_placebo_range_is_at_the_same_distances_in_both_framings():
 
 
 def test_position_control_on_hand_built_arrays():
-    from attnprobe.studies.ibis.metrics import position_control
+    from attnprobe.studies.ibis.position import position_control
 
     dd = np.array([10.0, 12, 14, 16, 18])
     do = np.full(5, 100.0)
@@ -190,7 +190,7 @@ def test_position_inputs_read_the_captures(tmp_path):
     """Hand-built captures: query and placebo masses from the per-token row, distances from the segments."""
     from attnprobe.render.segments import QueryPoint, Segment
     from attnprobe.results.result import CaptureResult
-    from attnprobe.studies.ibis.metrics import position_inputs
+    from attnprobe.studies.ibis.position import position_inputs
 
     def save(framing, layout, row):
         """layout: (category, role, author, length) pieces in order; the last token is the decision."""
