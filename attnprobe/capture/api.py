@@ -8,6 +8,7 @@ fills one :class:`attnprobe_hooks.QueryScorer` per trajectory.
 
 from __future__ import annotations
 
+import logging
 import platform
 import time
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,8 @@ from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory
 from attnprobe_hooks.backend import BackendOutput, CapturePlan, get_backend
+
+log = logging.getLogger(__name__)
 
 QUERY_MODES = ("reasoning", "decision", "reasoning+decision")
 
@@ -263,6 +266,9 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
             plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
             t0 = time.perf_counter()
             outputs = backend.run(model, plans, chunk_size=chunk, progress=progress, share_prefixes=share_prefixes)
+            sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
+            if sharing is not None and len(plans) > 1:
+                log.info("capture batch: %s", sharing.line())
             if len(outputs) != len(plans):
                 raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
             settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,

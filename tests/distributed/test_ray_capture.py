@@ -79,16 +79,17 @@ def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     from attnprobe.studies.ibis.jobs import AttentionJob, capture_dir
 
     items = load_items(data_path("ibis_items.jsonl"))[:2]
-    counts = pool.run(AttentionJob(tmp_path / "dist", items))
+    # batches of 2 pairs (each one sharing pass), 3 shards; the single process cuts the same batches
+    counts = pool.run(AttentionJob(tmp_path / "dist", items, batch_size=2))
     assert counts == {"done_before": 0, "done": 6, "failed": 0}
-    assert run_attention(smol, items, tmp_path / "single", progress=False)["captured"] == 6
+    assert run_attention(smol, items, tmp_path / "single", progress=False, batch_size=2)["captured"] == 6
     for it in items:
         for fr in ("agentic", "observer", "direct"):
             got = CaptureResult.load(capture_dir(tmp_path / "dist", it.id, fr))
             _assert_same(got, CaptureResult.load(capture_dir(tmp_path / "single", it.id, fr)))
             assert got.meta["ibis"]["framing"] == fr and got.meta["ibis"]["item_id"] == it.id
     run = json.loads((tmp_path / "dist" / RUN_FILE).read_text())["runs"][-1]
-    assert run["stage"] == "attention" and run["shards"] == 6 and run["written"] == 6
+    assert run["stage"] == "attention" and run["shards"] == 3 and run["written"] == 6
     assert [r["status"] for r in run["replicas"]] == ["idle", "idle"] and run["replicas_lost"] == 0
     assert all(r["torch_threads"] == 1 and r["load_seconds"] > 0 for r in run["replicas"])
     # per-replica throughput (a replica that loaded late may have found no work left)

@@ -117,3 +117,35 @@ def test_stop_at_call_is_a_prefix_of_the_full_generation(smol):
     early = TransformersChat(smol, stop_names=["web_search", "visit_page"], stop_check_every=1).complete(
         traj.messages, traj.tools, max_tokens=40)
     assert full.raw_text.startswith(early.raw_text) and early.output_tokens <= full.output_tokens
+
+
+def test_shared_prefix_captures_equal_one_at_a_time(smol, tmp_path, caplog):
+    """Two items x three framings in one sharing pass (system prompt and tools prefilled once) equal
+    the six captures made one at a time within 1e-5 on every stored array, and the pass prefilled
+    fewer tokens than its plans hold."""
+    import logging
+
+    import numpy as np
+
+    from attnprobe.resources import data_path
+    from attnprobe.results.result import CaptureResult
+    from attnprobe.studies.ibis.attention import run_attention
+    from attnprobe.studies.ibis.items import load_items
+    from attnprobe.studies.ibis.jobs import capture_dir
+
+    items = load_items(data_path("ibis_items.jsonl"))[:2]
+    with caplog.at_level(logging.INFO, logger="attnprobe.capture.api"):
+        assert run_attention(smol, items, tmp_path / "shared", progress=False, batch_size=6)["captured"] == 6
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("capture batch:"))
+    plan_tokens, prefilled = (int(x.replace(",", "")) for x in
+                              (line.split("plans, ")[1].split(" tokens")[0], line.split("prefilled ")[1].split(" ")[0]))
+    assert "reuse" in line and prefilled < plan_tokens
+    assert run_attention(smol, items, tmp_path / "alone", progress=False, batch_size=1)["captured"] == 6
+    for it in items:
+        for fr in ("agentic", "observer", "direct"):
+            a = CaptureResult.load(capture_dir(tmp_path / "shared", it.id, fr))
+            b = CaptureResult.load(capture_dir(tmp_path / "alone", it.id, fr))
+            np.testing.assert_array_equal(a.input_ids, b.input_ids)
+            assert a.segments == b.segments and a.meta["ibis"] == b.meta["ibis"]
+            for name in ("segment_attention", "layer_head_attention", "token_attention"):
+                np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=0, atol=1e-5, err_msg=name)

@@ -26,7 +26,7 @@ from attnprobe.io import atomic_write_text, load_json
 from attnprobe.results.result import META_FILE, CaptureResult
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.jobs import AttentionJob, capture_dir
+from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob, capture_dir
 
 
 def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
@@ -50,13 +50,14 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
 
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
                   force: bool = False, progress: bool = True, protocol: str = "paper",
-                  reminder: str | None = None) -> dict[str, int]:
+                  reminder: str | None = None, batch_size: int = CAPTURE_BATCH,
+                  share_prefixes: bool = True) -> dict[str, int]:
     """Capture every (item, framing) not captured yet in this process (:class:`AttentionJob` on the
     local executor); resumable (a finished capture has meta.json)."""
     from attnprobe.execution.local import LocalExecutor
 
     job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force,
-                       reminder=reminder)
+                       reminder=reminder, batch_size=batch_size, share_prefixes=share_prefixes)
     counts = LocalExecutor(lambda: model, progress=progress).run(job)
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 

@@ -111,6 +111,9 @@ class BehaviourJob(JobBase):
         append_jsonl(self.decisions, result)
 
 
+CAPTURE_BATCH = 12  # pairs per sharing pass: 4 items x 3 framings, the size of an `ibis all` group
+
+
 @dataclass
 class AttentionJob(JobBase):
     """Capture every (item, framing) at the decision token into ``capture_dir``; a finished capture
@@ -123,6 +126,8 @@ class AttentionJob(JobBase):
     protocol: str = "paper"
     reminder: str | None = None
     force: bool = False
+    batch_size: int = CAPTURE_BATCH  # (item, framing) pairs per backend call, which share the prefill of
+    share_prefixes: bool = True      # their common prefix (system prompt, tools, ...; exact, issue 20)
     stage: str = "attention"
     unit: str = "capture"
 
@@ -138,12 +143,13 @@ class AttentionJob(JobBase):
         return written_since(capture_dir(self.folder, it.id, fr) / META_FILE, since)
 
     def run(self, model, batch: Sequence[WorkItem]) -> list[None]:
-        from attnprobe.capture.api import capture
+        from attnprobe.capture.api import capture_many
 
-        for work in batch:
-            it, fr = work.data
-            traj = build_framing(it, fr, self.protocol, reminder=self.reminder)
-            res = capture(model, traj, queries="decision", chunk_size=self.chunk_size)
+        pairs = [work.data for work in batch]
+        trajs = [build_framing(it, fr, self.protocol, reminder=self.reminder) for it, fr in pairs]
+        results = capture_many(model, trajs, queries="decision", chunk_size=self.chunk_size,
+                               share_prefixes=self.share_prefixes and len(trajs) > 1)
+        for (it, fr), traj, res in zip(pairs, trajs, results):
             res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol,
                                 "reminder": traj.meta["ibis"].get("reminder"),
                                 "categories": segment_categories(res.segments, traj)}
