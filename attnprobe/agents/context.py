@@ -129,8 +129,10 @@ class ContextHistory:
     def link(self, cf: Counterfactual, kept: list[int] | None = None) -> dict:
         return history_link(self.id, cf, len(self.full), self.refined, kept)
 
-    def record_step(self, step, call_id: str) -> None:
-        self.steps.append({"step": step, "call_id": call_id, "messages": len(self.full)})
+    def record_step(self, step, call_id: str, messages: int | None = None) -> None:
+        """Note a recorded call: its step, id and how many history messages existed when it was made."""
+        self.steps.append({"step": step, "call_id": call_id,
+                           "messages": len(self.full) if messages is None else messages})
 
     def refine(self) -> list[int]:
         """Run the refiner once on this round's observations (none without a refiner); returns the indices
