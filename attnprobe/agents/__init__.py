@@ -9,5 +9,8 @@ live here, below all of them:
 - :mod:`.filter`: the context-isolated filter's prompt and the parser of its verdict;
 - :mod:`.recorder`: every model call written exactly as sent and received, as a trajectory;
 - :mod:`.policies` and :mod:`.refiners`: context policies (observation masking, IRCoT variants,
-  refiners), applied after the fact (counterfactuals) or in the loop.
+  refiners), applied after the fact (counterfactuals) or in the loop;
+- :mod:`.context`: a policy inside an agent loop (the view sent at each step, the once-per-round
+  refinement, the link from each recorded call to the full history), used by the loop's scaffolds and
+  the runner's search worker.
 """

@@ -49,6 +49,7 @@ class Recorder:
         self.replayed = 0
         self.call_index = 0
         self.per_agent: Counter = Counter()
+        self.last_call_id: str | None = None  # the id of the latest call (recorded or replayed)
         self.usage: dict[str, dict[str, int]] = defaultdict(lambda: {"calls": 0, "input_tokens": 0,
                                                                       "output_tokens": 0})
 
@@ -66,7 +67,7 @@ class Recorder:
         self.per_agent[agent] += 1
         if self.note is not None:
             self.note(f"call {self.call_index} ({agent})")
-        call_id = f"{self.run_id}/{agent}-{self.per_agent[agent]}"
+        call_id = self.last_call_id = f"{self.run_id}/{agent}-{self.per_agent[agent]}"
         reply = None
         if self.replay:
             rec = self.replay[0]

@@ -24,12 +24,15 @@ Examples:
   attnprobe run trajectories/questions.jsonl --preset baseline --out runs/baseline.jsonl
   attnprobe run trajectories/questions.jsonl --preset nis-agent --out runs/nis.jsonl --resume
   attnprobe run q.jsonl --filter in-context --validation stage1 --out runs/ablation.jsonl
+  attnprobe run q.jsonl --preset baseline --context-policy mask:5 --out runs/masked.jsonl
+  attnprobe run q.jsonl --context-policy ircot:oq --context-policy refine:bm25:3 --out runs/refined.jsonl
   OPENAI_API_KEY=... attnprobe run q.jsonl --generator openai --base-url http://127.0.0.1:8000/v1 \\
       --served-model my-model --out runs/x.jsonl
   ATTNPROBE_SEARCH_KEY=... attnprobe run q.jsonl --search http --out runs/web.jsonl
 
 Outputs: OUT (every model call as a trajectory; capture works on it), OUT with .results.ndjson (one
-line per finished question) and .summary.json (accuracy and average tokens per question).
+line per finished question) and .summary.json (accuracy and average tokens per question); with a
+context policy also .history.jsonl (each search worker's full history, which its calls link to).
 Questions: JSON Lines with "id", "question" and optionally "answer" and "aliases".
 """
 
@@ -60,6 +63,10 @@ def register(sub) -> None:
     g.add_argument("--max-validation-steps", type=positive_int, default=8,
                    help="stage-2 checks per validation; the answer step is always checked (default 8)")
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
+    g.add_argument("--context-policy", action="append", metavar="SPEC",
+                   help="a context policy applied to what the search worker sees at each step: mask:K, "
+                        "mask-turns:K, ircot:o|oq|oqp, refine:bm25[:N], refine:openai:URL:MODEL; repeat it or "
+                        "join with + to compose (default none: the worker sees its whole history)")
     g.add_argument("--final-check", action="store_true",
                    help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
     add_model_options(p)
@@ -85,7 +92,7 @@ def make_chat(args):
 def cmd_run(args) -> int:
     from attnprobe.agents.search import make_search
     from attnprobe.io import hold_file_lock
-    from attnprobe.studies.runner.run import check_output, load_questions, run_questions, token_table
+    from attnprobe.studies.runner.run import check_output, check_resume, load_questions, run_questions, token_table
 
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
     settings = RunSettings.preset(
@@ -93,6 +100,7 @@ def cmd_run(args) -> int:
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
         **({"final_check": True} if args.final_check else {}),
+        context_policy="+".join(args.context_policy or []) or "none",
         name=args.name or (args.preset if not overrides else "custom"))
     if args.questions is None:
         from attnprobe.resources import data_path
@@ -106,6 +114,8 @@ def cmd_run(args) -> int:
     # in use by another run, records there only with --resume/--force), the questions, the search backend
     with hold_file_lock(out, "output of attnprobe run"):
         check_output(out, resume=args.resume, overwrite=args.force)
+        if args.resume:
+            check_resume(out, settings)  # other settings (a context policy too) are refused here
         search = make_search(args.search, args.corpus)  # fails early on missing keys / corpus
         chat = make_chat(args)
         result = run_questions(chat, questions, settings, out, search=search, resume=args.resume,

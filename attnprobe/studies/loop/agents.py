@@ -31,10 +31,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from attnprobe.agents.context import Setting
 from attnprobe.agents.search import SearchBackend
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tags
-from attnprobe.studies.loop.context import Setting
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from attnprobe.agents.context import parse_setting
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
 
 FILTER_MODES = ("none", "in-context", "isolated")
@@ -45,6 +46,9 @@ class RunSettings:
     # Ours, off by default: a third, task-aware check after stage 2 (agent ``validator_final``) that sees
     # only the task, the steps' claims and the answer. Seed 000 has two stages.
     final_check: bool = False
+    # The context policy applied to what the search worker sees at each of its steps (``none``, or policies
+    # joined by ``+``: mask:K, mask-turns:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
+    context_policy: str = "none"
     name: str = "custom"
     extra: dict = field(default_factory=dict)
 
@@ -60,6 +64,10 @@ class RunSettings:
             raise ValueError("max_rewrites and validation_extra_steps must be >= 0 and max_validation_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
+        try:
+            self.context_policy = parse_setting(self.context_policy).spec
+        except ValueError as exc:  # the policy parser names --policy, the loop's option
+            raise ValueError(str(exc).replace("--policy ", "--context-policy ")) from None
 
     @classmethod
     def preset(cls, preset: str, **overrides) -> RunSettings:
@@ -74,4 +82,6 @@ class RunSettings:
         d = asdict(self)
         if not d["extra"]:
             d.pop("extra")
+        if d["context_policy"] == "none":  # runs without a policy record exactly what they recorded before
+            d.pop("context_policy")
         return d

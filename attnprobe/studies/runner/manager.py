@@ -51,6 +51,7 @@ class ManagerOutcome:
     forced: bool = False
     validation: dict = field(default_factory=dict)
     worker_reports: list[dict] = field(default_factory=list)
+    histories: list = field(default_factory=list)  # the workers' ContextHistory under a context policy
 
 
 class Manager:
@@ -140,6 +141,8 @@ class Manager:
                     out.delegations += 1
                     rep = SearchWorker(self.rec, self.toolbox, self.settings, out.delegations).run(sub)
                     out.worker_reports.append({"task": sub, **rep.summary()})
+                    if rep.history is not None:
+                        out.histories.append((sub, rep.history))
                     obs = rep.report
                     memory.append((f"search_worker({sub!r})", rep.report))
                 else:

@@ -4,6 +4,9 @@ Files for ``out = X.jsonl``:
 - ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
 - ``X.results.ndjson``   one line per finished run (answer, correctness, tokens per agent, seconds)
 - ``X.summary.json``     accuracy and the token table (rewritten atomically after each run)
+- ``X.history.jsonl``    only under a context policy: each search worker's full history (nothing masked or
+                         refined) as one trajectory, ``<run-id>/history-<worker>``, which the worker's
+                         recorded calls link to (``meta.history``)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from attnprobe.agents.recorder import Recorder
+from attnprobe.agents.recorder import Recorder, drop_records
 from attnprobe.agents.search import SearchBackend, make_search
 from attnprobe.agents.tools import ToolBox
 from attnprobe.errors import AttnprobeError
@@ -32,6 +35,7 @@ from attnprobe.io import (
 from attnprobe.studies.runner.answers import is_correct, normalize  # noqa: F401  (normalize: public API)
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
+from attnprobe.studies.runner.worker import WORKER_TOOLS
 
 
 def results_path(out: Path) -> Path:
@@ -40,6 +44,21 @@ def results_path(out: Path) -> Path:
 
 def summary_path(out: Path) -> Path:
     return Path(out).with_suffix(".summary.json")
+
+
+def history_path(out: Path) -> Path:
+    return Path(out).with_suffix(".history.jsonl")
+
+
+def history_record(history, *, run_id: str, question: dict, worker: int, task: str, model: str | None) -> dict:
+    """A search worker's full history (every observation as the tool returned it) as one trajectory; its
+    recorded calls point here (``meta.history.id``) and name, per message sent, the message it came from."""
+    return {"id": history.id, "task": task, "model": model, "framing": "trace", "tools": WORKER_TOOLS,
+            "messages": history.full, "labels": {},
+            "meta": {"runner": "nis-agent", "kind": "full-history", "run_id": run_id, "agent": "search_worker",
+                     "worker": worker, "question_id": question["id"], "context_policy": history.setting.spec,
+                     "steps": history.steps, "refined": {str(i): t for i, t in sorted(history.refined.items())},
+                     "refiner_calls": history.refiner_calls}}
 
 
 def _bad(path: Path, lineno: int, field: str, message: str) -> AttnprobeError:
@@ -106,6 +125,13 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
     rec.finish()
     seconds = time.perf_counter() - t0
     totals = rec.totals()
+    if outcome.histories:  # a resumed question's histories are written again: drop what an earlier try wrote
+        hpath = history_path(out)
+        drop_records(hpath, {r.get("id") for r in read_records(hpath, torn_tail="skip", missing_ok=True)
+                             if (r.get("meta") or {}).get("run_id") == run_id})
+        for k, (task, history) in enumerate(outcome.histories, 1):
+            append_jsonl(hpath, history_record(history, run_id=run_id, question=question, worker=k, task=task,
+                                               model=getattr(chat, "name", None)))
     return {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
         "gold": question.get("answer"), "answer": outcome.answer, "correct": is_correct(outcome.answer, question),
@@ -187,6 +213,35 @@ def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = Fal
     return out
 
 
+def _settings_diff(old, new: dict) -> str:
+    """The settings that differ, as ``key: OLD there, NEW now`` (a key a record lacks has its default)."""
+    if not isinstance(old, dict):
+        return f"settings {old!r} there"
+    defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": "none"}
+    full_old, full_new = {**defaults, **old}, {**defaults, **new}
+    keys = [k for k in dict.fromkeys([*full_new, *full_old]) if full_old.get(k) != full_new.get(k)]
+    if not keys:  # the same values, but a key recorded or not: a run made by another version of the runner
+        return "recorded by another version of the runner: " + ", ".join(sorted(set(old) ^ set(new)))
+    return "; ".join(f"{k}: {full_old.get(k)!r} there, {full_new.get(k)!r} now" for k in keys)
+
+
+def check_resume(out: Path, settings: RunSettings) -> None:
+    """Refuse to resume ``out`` with settings other than those its runs were made with (a context policy
+    included), naming the file, line and the settings that differ. Called before any model is loaded."""
+    want = settings.to_dict()
+    for path, what in ((results_path(out), "run"), (Path(out), "call")):
+        for lineno, r in read_jsonl(path, torn_tail="skip", missing_ok=True, error=located_error(AttnprobeError)):
+            meta = r.get("meta") if what == "call" and isinstance(r, dict) else None
+            if what == "call" and not (isinstance(meta, dict) and "settings" in meta):
+                continue  # not a call of this runner
+            got = meta["settings"] if meta is not None else r.get("settings") if isinstance(r, dict) else None
+            if got != want:
+                name = (r.get("id") if what == "call" else r.get("run_id")) if isinstance(r, dict) else None
+                raise located_error(AttnprobeError)(
+                    f"{what} {name} was made with other settings ({_settings_diff(got, want)}); resume with "
+                    "the same options or use another --out", path, lineno)
+
+
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
                   search: SearchBackend | None = None, resume: bool = False, overwrite: bool = False,
                   progress: bool = False) -> dict:
@@ -206,14 +261,11 @@ def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *
     rpath = results_path(out)
     check_output(out, resume=resume, overwrite=overwrite)
     if overwrite:
-        for p in (out, rpath, summary_path(out)):
+        for p in (out, rpath, summary_path(out), history_path(out)):
             p.unlink(missing_ok=True)
     search = search or make_search("bm25")
+    check_resume(out, settings)
     done = {r["run_id"]: r for r in read_records(rpath, torn_tail="skip", missing_ok=True)}
-    for r in done.values():
-        if r.get("settings") != settings.to_dict():
-            raise AttnprobeError(f"{rpath}: run {r['run_id']} was made with other settings ({r.get('settings')}); "
-                                 "resume with the same options or use another --out")
     calls = read_records(out, torn_tail="skip", missing_ok=True)
     by_run: dict[str, list[dict]] = {}
     for c in calls:

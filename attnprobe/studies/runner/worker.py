@@ -1,9 +1,16 @@
-"""The search worker: web_search -> (filter decides what it sees) -> visit_page / find_in_page -> final_answer."""
+"""The search worker: web_search -> (filter decides what it sees) -> visit_page / find_in_page -> final_answer.
+
+Under a context policy (``RunSettings.context_policy``) the worker keeps its history in a
+:class:`attnprobe.agents.context.ContextHistory`: at each step it is sent the policy's view of it (the
+in-context filter too, which is asked in the worker's context), a refiner runs once per round on that
+round's observations, and each recorded call carries ``meta.history`` linking it to the full history.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attnprobe.agents.context import ContextHistory, parse_setting
 from attnprobe.agents.filter import (
     ask_query_messages,
     decide,
@@ -41,21 +48,42 @@ MAX_CALLS_PER_REPLY = 3  # ours: tool calls of one reply that are run (the rest 
 UNABLE_NOTE = "Unable to find a relevant result for this query; try a different approach."
 
 
-def agent_turn(rec: Recorder, agent: str, messages: list[dict], tools: list[dict], meta: dict,
-               no_call_hint: str):
-    """One step of an agent loop: call the model (recorded), append its reply to ``messages`` and
-    return (reply, tool calls). A reply without calls gets ``no_call_hint`` appended and no calls."""
-    reply = rec.call(agent, messages, tools, extra_meta=meta)
+def agent_turn(rec: Recorder, agent: str, messages, tools: list[dict], meta: dict, no_call_hint: str, *,
+               sent: list[dict] | None = None):
+    """One step of an agent loop: call the model (recorded) with ``sent`` (default: ``messages``), append its
+    reply to ``messages`` (a list or a :class:`ContextHistory`) and return (reply, tool calls). A reply
+    without calls gets ``no_call_hint`` appended and no calls."""
+    reply = rec.call(agent, messages if sent is None else sent, tools, extra_meta=meta)
     msg = reply.as_message()
     if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
         msg["content"] = "(empty reply)"
     if msg.get("tool_calls"):
         msg["tool_calls"] = msg["tool_calls"][:MAX_CALLS_PER_REPLY]
+        if isinstance(messages, ContextHistory):
+            msg["tool_calls"] = fresh_call_ids(messages.full, msg["tool_calls"])
     messages.append(msg)
     if not reply.tool_calls:
         messages.append({"role": "user", "content": no_call_hint})
         return reply, []
     return reply, msg["tool_calls"]
+
+
+def fresh_call_ids(history: list[dict], calls: list[dict]) -> list[dict]:
+    """``calls`` with ids unique in ``history``: a view that removed earlier calls (IRCoT-oq) lets a backend
+    that numbers calls from its context reuse an id, which would make a later placeholder or refiner read
+    the wrong call. Unique ids are kept as they are (so without a policy nothing changes); otherwise every
+    call of the reply is renumbered ``call<n>``, on from the calls already in the history."""
+    taken = {c.get("id") for m in history for c in m.get("tool_calls") or []}
+    ids = [c.get("id") for c in calls]
+    if all(ids) and len(set(ids)) == len(ids) and not taken & set(ids):
+        return calls
+    n, out = sum(len(m.get("tool_calls") or []) for m in history), []
+    for c in calls:
+        n += 1
+        while f"call{n}" in taken:
+            n += 1
+        out.append({**c, "id": f"call{n}"})
+    return out
 
 
 @dataclass
@@ -72,12 +100,18 @@ class WorkerReport:
     replaced: int = 0         # observations that were not the worker's own raw results
     unable: int = 0           # observations replaced by UNABLE_NOTE
     filter_events: list[dict] = field(default_factory=list)
+    history: ContextHistory | None = None  # the worker's full history under a context policy (None without)
 
     def summary(self) -> dict:
-        return {"report": self.report, "steps": self.steps, "searches": self.searches, "rewrites": self.rewrites,
-                "filter_calls": self.filter_calls, "filter_decisions": dict(self.filter_decisions),
-                "replaced": self.replaced, "unable": self.unable, "parse_failures": self.parse_failures,
-                "forced": self.forced, "filter_events": self.filter_events}
+        out = {"report": self.report, "steps": self.steps, "searches": self.searches, "rewrites": self.rewrites,
+               "filter_calls": self.filter_calls, "filter_decisions": dict(self.filter_decisions),
+               "replaced": self.replaced, "unable": self.unable, "parse_failures": self.parse_failures,
+               "forced": self.forced, "filter_events": self.filter_events}
+        if self.history is not None:
+            h = self.history
+            out["context"] = {"policy": h.setting.spec, "history_id": h.id, "refiner_calls": h.refiner_calls,
+                              "refined": sorted(h.refined)}
+        return out
 
 
 def unknown_tool(name: str, allowed: list[dict]) -> str:
@@ -97,13 +131,22 @@ def unable_observation(tried: list[str]) -> str:
 class SearchWorker:
     def __init__(self, rec: Recorder, toolbox: ToolBox, settings: RunSettings, index: int):
         self.rec, self.toolbox, self.settings, self.index = rec, toolbox, settings, index
+        self.history = ContextHistory(parse_setting(settings.context_policy), f"{rec.run_id}/history-{index}")
+
+    def _view(self, meta: dict) -> tuple[list[dict], dict]:
+        """What the worker's context is now under the policy, and ``meta`` with its ``history`` link
+        (only under a policy: without one the history is sent as it is and nothing is added)."""
+        cf = self.history.view()
+        if not self.history.setting.active:
+            return cf.messages, meta
+        return cf.messages, {**meta, "history": self.history.link(cf)}
 
     def _ask_query(self, msgs: list[dict], reply_text: str, meta: dict) -> str | None:
         """A bare No: ask the same filter context for the rewritten query (recorded as a filter call)."""
         r = self.rec.call("filter", ask_query_messages(msgs, reply_text), None, extra_meta={**meta, "purpose": "rewrite"})
         return query_from_reply(r)
 
-    def _filtered_search(self, task: str, query: str, history: list[dict], info: WorkerReport,
+    def _filtered_search(self, task: str, query: str, info: WorkerReport,
                          call_id: str) -> tuple[str, dict | None]:
         """Run web_search and, unless the filter is off, let it decide what the worker sees.
 
@@ -122,12 +165,13 @@ class SearchWorker:
         notes = ""
         current, tried = query, [query]
         for round_ in range(self.settings.max_rewrites + 1):
+            meta = {"filter_mode": mode, "worker": self.index, "query": current, "round": round_}
             if mode == "isolated":
                 msgs = isolated_messages(task, current, text)
-            else:
-                msgs = in_context_messages(history + [{"role": "tool", "tool_call_id": call_id,
-                                                       "content": notes + text}])
-            meta = {"filter_mode": mode, "worker": self.index, "query": current, "round": round_}
+            else:  # asked in the worker's context, as the worker sees it (the policy's view)
+                seen, meta = self._view(meta)
+                msgs = in_context_messages(seen + [{"role": "tool", "tool_call_id": call_id,
+                                                    "content": notes + text}])
             reply = self.rec.call("filter", msgs, None, extra_meta=meta)
             info.filter_calls += 1
             d = decide(reply, results)
@@ -175,7 +219,11 @@ class SearchWorker:
 
     def run(self, task: str) -> WorkerReport:
         info = WorkerReport(report="", steps=0)
-        messages: list[dict] = [{"role": "system", "content": WORKER_SYSTEM}, {"role": "user", "content": f"Task: {task}\n\n{CALL_HINT}"}]
+        if self.history.setting.active:
+            info.history = self.history
+        messages = self.history  # full history, refined copy and the view sent at each step
+        messages.append({"role": "system", "content": WORKER_SYSTEM})
+        messages.append({"role": "user", "content": f"Task: {task}\n\n{CALL_HINT}"})
         meta = {"worker": self.index, "worker_task": task}
         pending: list[dict] = []  # filter events the next recorded worker call has in its context
 
@@ -186,7 +234,10 @@ class SearchWorker:
 
         for step in range(self.settings.worker_steps):
             info.steps += 1
-            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, step_meta(step), NO_CALL_HINT)
+            sent, m = self._view(step_meta(step))
+            before = len(messages)
+            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, m, NO_CALL_HINT, sent=sent)
+            messages.record_step(step, self.rec.last_call_id, before)
             if not calls:
                 info.parse_failures += 1
                 continue
@@ -196,7 +247,7 @@ class SearchWorker:
                     info.report = arg(args, "answer") or reply.content or "(no report)"
                     return info
                 if name == "web_search":
-                    obs, event = self._filtered_search(task, arg(args, "query"), messages, info, call["id"])
+                    obs, event = self._filtered_search(task, arg(args, "query"), info, call["id"])
                     if event is not None:
                         pending.append({"call_id": call["id"], **event})
                 elif name == "visit_page":
@@ -209,12 +260,19 @@ class SearchWorker:
                 else:
                     obs = unknown_tool(name, WORKER_TOOLS)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": obs})
+            # seed 004 §3.3: the round's observations are refined once, as they arrive (no refiner: nothing)
+            messages.refine()
         info.forced = True
         messages.append({"role": "user", "content": WORKER_OUT_OF_STEPS})
-        reply = self.rec.call("search_worker", messages, [FINAL_ANSWER], extra_meta=step_meta("forced"))
+        sent, m = self._view(step_meta("forced"))
+        reply = self.rec.call("search_worker", sent, [FINAL_ANSWER], extra_meta=m)
+        messages.record_step("forced", self.rec.last_call_id)
+        last = reply.as_message()  # the full history ends with the forced reply
+        messages.append(last if (last.get("content") or "").strip() or last.get("tool_calls")
+                        else {**last, "content": "(empty reply)"})
         if reply.tool_calls and reply.tool_calls[0]["function"]["name"] == "final_answer":
             info.report = arg(call_args(reply.tool_calls[0]), "answer")
-        info.report = info.report or reply.content.strip() or _last_observation(messages) or "(no report)"
+        info.report = info.report or reply.content.strip() or _last_observation(messages.work) or "(no report)"
         return info
 
 
