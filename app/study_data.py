@@ -22,6 +22,7 @@ from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
 
 STUDY_FILE = "study.json"
+ATTENTION_FILE = "attention.json"  # written by `attnprobe study attention`; shown as it is
 CAPTURE_DIR = "capture"
 COUNTERFACTUAL_DIR = "counterfactual"
 CHANGE_KINDS = ("placeholder", "removed", "calls_removed", "refined")  # what a policy did to a history message
@@ -294,3 +295,9 @@ def has_counterfactuals(root: Path, study: Study, setting: str) -> bool:
         return D.resolve_inside(root, Path(study.setting_rel(setting)) / COUNTERFACTUAL_DIR).is_dir()
     except D.DataError:
         return False
+
+
+def attention_summary(root: Path, study: Study):
+    """The study's ``attention.json`` (None when absent); a DataError when unreadable."""
+    rel = Path(study.rel) / ATTENTION_FILE
+    return D.read_json(root, rel) if D.resolve_inside(root, rel).is_file() else None

@@ -4,6 +4,9 @@ agent's steps under each chosen setting with the attention of each recorded call
 
 from __future__ import annotations
 
+from pathlib import Path
+from urllib.parse import quote
+
 import pandas as pd
 import streamlit as st
 
@@ -62,6 +65,8 @@ def render(root, inv) -> None:
     else:
         st.info("Only the baseline was run: nothing to compare.")
 
+    _attention_summary(root, study)
+
     st.subheader("Per question")
     grid = SD.outcome_grid(study)
     if not grid:
@@ -94,7 +99,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
     steps = C.study_steps(root, study, setting, qid)
     C.show_problems(steps.problems)
     if not steps.capture_folder:
-        st.info(FILL.format(out=study.rel, slug=study.setting_rel(setting).rsplit("/", 1)[-1]))
+        st.info(FILL.format(out=(Path(root) / study.rel).as_posix(), slug=study.setting_rel(setting).rsplit("/", 1)[-1]))
     if SD.has_counterfactuals(root, study, setting):
         st.caption("Counterfactuals of this setting's steps: the **Counterfactual** page.")
     if not steps.steps:
@@ -132,5 +137,17 @@ def _call_attention(root, s: SD.Step, key: str) -> None:
         st.plotly_chart(F.segment_figure(res.attention()[len(res.queries) - 1], res.segments, res.num_turns),
                         key=f"study_seg:{key}", config={"displaylogo": False})
         st.caption(f"Attention of the call's last captured query ({q.kind}, token {q.position}, turn {q.turn}: "
-                   f"the reply) per turn and role, mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={s.capture}"
+                   f"the reply) per turn and role, mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
                    f"&q={len(res.queries) - 1})")
+
+
+def _attention_summary(root, study: SD.Study) -> None:
+    """``attention.json`` as ``attnprobe study attention`` writes it, shown as it is (when present)."""
+    try:
+        summary = SD.attention_summary(root, study)
+    except D.DataError as exc:
+        st.error(f"Cannot show the attention summary: {exc}")
+        return
+    if summary is not None:
+        with st.expander(f"Attention summary ({SD.ATTENTION_FILE}, written by `attnprobe study attention`)"):
+            st.json(summary, expanded=2)

@@ -128,10 +128,8 @@ def _study_of(root: Path) -> SD.Study:
 
 
 # ------------------------------------------------------------------ the page
-pytest.importorskip("streamlit")
-
-
 def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, data):
+    pytest.importorskip("streamlit")
     from streamlit.testing.v1 import AppTest
     from support.appdata import APP_FILE, charts, decode, is_heatmap
 
@@ -156,7 +154,9 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
                                                              "placeholder: 3; refined: 5"]
     assert list(other_steps["capture"])[1:] == ["no capture", "captured"]
     infos = [i.value for i in at.info]
-    assert any("attnprobe study attention study" in i and "study/none/calls.jsonl" in i for i in infos)
+    assert any(f"attnprobe study attention {data}/study`" in i and f"{data}/study/none/calls.jsonl" in i
+               for i in infos)
+    assert not any("Attention summary" in e.label for e in at.expander)  # no attention.json
     cs = charts(at)
     assert sum(is_heatmap(c) for c in cs) == 1  # only step 3 was captured
     hm = next(c for c in cs if is_heatmap(c))
@@ -165,3 +165,13 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     obs = next(t for t in seg["data"] if t["name"] == "observation")
     # last query (token 11) weights token k by (k + 1) / 78: observations are tokens 6-7 (turn 0) and 10 (turn 1)
     np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
+
+
+def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(data):
+    study = _study(data)
+    assert SD.attention_summary(data, study) is None  # not written yet: behaviour only
+    (data / "study" / "attention.json").write_text('{"settings": {"none": {"observation": 0.25}}}')
+    assert SD.attention_summary(data, study) == {"settings": {"none": {"observation": 0.25}}}
+    (data / "study" / "attention.json").write_text('{"settings": ')
+    with pytest.raises(D.DataError, match=r"^study/attention.json"):
+        SD.attention_summary(data, study)
