@@ -175,3 +175,21 @@ def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(dat
     (data / "study" / "attention.json").write_text('{"settings": ')
     with pytest.raises(D.DataError, match=r"^study/attention.json"):
         SD.attention_summary(data, study)
+
+
+def test_study_page_lists_a_corrupt_study_json_and_says_how_to_make_one(monkeypatch, tmp_path):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "study.json").write_text('{"settings": ')
+    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(tmp_path))
+    at = AppTest.from_file(APP_FILE, default_timeout=60)
+    at.query_params["page"] = "Study"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.label for e in at.expander] == ["1 file(s) skipped"]
+    assert [t.value for t in at.text] == ["skipped: broken/study.json, line 1: invalid JSON (Expecting value at "
+                                          "column 14)"]
+    assert "No interference studies found" in at.info[0].value and "attnprobe study interference" in at.info[0].value
