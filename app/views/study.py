@@ -15,6 +15,7 @@ from attnprobe_app import common as C
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
 
+ATTENTION = ("every captured step", "last captured step", "none")
 HOW = ("Run `attnprobe study interference QUESTIONS.jsonl --scaffold ircot --policy none --policy ircot:oq "
        "--out DIR/study` (docs/loop.md), then press **Rescan data directory**.")
 FILL = ("No captures for this setting yet: `attnprobe study attention {out}` captures every recorded call "
@@ -83,7 +84,8 @@ def render(root, inv) -> None:
     others = [s for s in study.settings if s != study.baseline]
     chosen = st.multiselect("settings", study.settings, default=[study.baseline] + others[:1],
                             key=f"study_settings:{study.rel}")
-    attention = st.toggle("attention of each captured call", value=True, key="study_attention")
+    attention = st.radio("attention of the captured calls", ATTENTION, horizontal=True, key="study_attention",
+                         help="Every heatmap of a long study costs a capture load each; 'last' draws one per setting.")
     if not chosen:
         st.info("Choose at least one setting.")
         return
@@ -93,7 +95,7 @@ def render(root, inv) -> None:
             _setting_column(root, study, setting, qid, row[setting], attention)
 
 
-def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str, attention: bool) -> None:
+def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str, attention: str) -> None:
     answer = ((study.data.get("questions") or {}).get(qid, {}).get("answer") or {}).get(setting)
     st.markdown(f"#### `{setting}`\n{outcome}" + (f" · answer: {answer}" if answer is not None else ""))
     steps = C.study_steps(root, study, setting, qid)
@@ -109,6 +111,8 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
                                 "reply": (" ".join(s.tool_calls) or s.reply)[:120], "in": s.input_tokens,
                                 "out": s.output_tokens, "capture": s.capture_note} for s in steps.steps]),
                  hide_index=True, key=f"study_steps:{setting}")
+    captured = [s.step for s in steps.steps if s.capture]
+    draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
     for s in steps.steps:
         with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.capture is not None):
             st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
@@ -117,7 +121,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
                 st.code("\n".join(s.tool_calls), language=None)
             if s.reply:
                 st.text(s.reply)
-            if s.capture and attention:
+            if s.step in draw:
                 _call_attention(root, s, key=f"{setting}:{s.step}")
 
 

@@ -165,6 +165,8 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     obs = next(t for t in seg["data"] if t["name"] == "observation")
     # last query (token 11) weights token k by (k + 1) / 78: observations are tokens 6-7 (turn 0) and 10 (turn 1)
     np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
+    at.radio(key="study_attention").set_value("none").run()
+    assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
 
 
 def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(data):
