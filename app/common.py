@@ -10,6 +10,7 @@ from typing import Any
 import streamlit as st
 
 from attnprobe_app import data as D
+from attnprobe_app import study_data as SD
 
 PAGE_SIZE = 50
 
@@ -79,6 +80,30 @@ def ibis(root: Path, rel: str) -> D.IbisFolder:
     mt = tuple(_mtime(folder / n) for n in ("items.jsonl", "decisions.jsonl", "metrics.json", "attention.json",
                                             "attention.safetensors"))
     return _ibis(str(root), rel, mt)
+
+
+@st.cache_resource(ttl=20, show_spinner="Loading studies…")
+def _studies(root: str, rels: tuple, mtimes: tuple) -> tuple[list[SD.Study], list[str]]:
+    return SD.load_studies(Path(root), list(rels))
+
+
+def studies(root: Path, inv: D.Inventory) -> tuple[list[SD.Study], list[str]]:
+    """(readable studies, 'skipped: ...' lines) of the study folders the scan found."""
+    rels = tuple(inv.studies)
+    return _studies(str(root), rels, tuple(_mtime(Path(root) / r / SD.STUDY_FILE) for r in rels))
+
+
+@st.cache_resource(ttl=20, max_entries=64, show_spinner=False)
+def _steps(root: str, _study: SD.Study, rel: str, setting: str, qid: str, mtimes: tuple) -> SD.Steps:
+    return SD.question_steps(Path(root), _study, setting, qid)
+
+
+def study_steps(root: Path, study: SD.Study, setting: str, qid: str) -> SD.Steps:
+    """The recorded calls of one question under one setting, with their captures (cached per file times)."""
+    folder = Path(root) / study.setting_rel(setting)
+    mt = (_mtime(folder / "calls" / f"{qid}.jsonl"), _mtime(folder / "calls.jsonl"), _mtime(folder / SD.CAPTURE_DIR),
+          _mtime(Path(root) / study.rel / SD.STUDY_FILE))
+    return _steps(str(root), study, study.rel, setting, qid, mt)
 
 
 def paginate(df, key: str, page_size: int = PAGE_SIZE):

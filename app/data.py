@@ -142,11 +142,12 @@ class Inventory:
     captures: list[CaptureEntry] = field(default_factory=list)
     ibis: list[str] = field(default_factory=list)      # IBIS model folders (relative)
     compares: list[str] = field(default_factory=list)  # folders with compare.json
+    studies: list[str] = field(default_factory=list)   # folders with study.json (attnprobe study interference)
     problems: list[str] = field(default_factory=list)  # unreadable things, shown to the user
 
     @property
     def empty(self) -> bool:
-        return not (self.captures or self.ibis or self.compares)
+        return not (self.captures or self.ibis or self.compares or self.studies)
 
 
 def _is_ibis_folder(names: set[str]) -> bool:
@@ -154,8 +155,8 @@ def _is_ibis_folder(names: set[str]) -> bool:
 
 
 def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
-    """Walk ``root`` (without following symlinked folders) for captures, IBIS model folders and
-    compare outputs. Unreadable candidates are listed in ``problems``; nothing here raises."""
+    """Walk ``root`` (without following symlinked folders) for captures, IBIS model folders, compare
+    outputs and interference studies. Unreadable candidates are listed in ``problems``; nothing here raises."""
     root = Path(root).resolve()
     inv = Inventory(root)
     ibis_dirs: list[Path] = []
@@ -177,6 +178,8 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
             ibis_dirs.append(d)
         if "compare.json" in names:
             inv.compares.append(rel)
+        if "study.json" in names:
+            inv.studies.append(rel)  # read (and refused if bad) by the Study page
         if META_FILE in names:
             try:
                 meta = read_json(root, Path(rel) / META_FILE)

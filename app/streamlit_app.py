@@ -22,10 +22,10 @@ import streamlit as st  # noqa: E402
 
 from attnprobe_app import common as C  # noqa: E402
 from attnprobe_app import data as D  # noqa: E402
-from attnprobe_app.views import counterfactual, decay, framings, models, trajectory  # noqa: E402
+from attnprobe_app.views import counterfactual, decay, framings, models, study, trajectory  # noqa: E402
 
 PAGES = {"Trajectory": trajectory, "Decay": decay, "Framings": framings, "Models": models,
-         "Counterfactual": counterfactual}
+         "Counterfactual": counterfactual, "Study": study}
 
 
 def main() -> None:
@@ -54,7 +54,9 @@ def main() -> None:
             f"The data directory `{root}` holds no attnprobe outputs yet.\n\n"
             "- captures: `attnprobe capture TRAJECTORIES.jsonl --out DIR/captures`\n"
             "- IBIS: `attnprobe ibis all --results DIR/ibis`\n"
-            "- across models: `attnprobe compare DIR/ibis --out DIR/compare`\n\n"
+            "- across models: `attnprobe compare DIR/ibis --out DIR/compare`\n"
+            "- policies in the loop: `attnprobe study interference QUESTIONS.jsonl --policy none --policy "
+            "ircot:oq --out DIR/study`\n\n"
             "then press **Rescan data directory**.")
         C.show_problems(inv.problems)
         return

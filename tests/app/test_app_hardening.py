@@ -28,7 +28,7 @@ from attnprobe.io import MAX_JSON_BYTES  # noqa: E402
 from attnprobe.render.segments import QueryPoint, Segment  # noqa: E402
 from attnprobe.results.result import CaptureResult  # noqa: E402
 
-PAGES = ("Trajectory", "Decay", "Framings", "Models")
+PAGES = ("Trajectory", "Decay", "Framings", "Models", "Study")
 N = 12  # tokens
 
 

@@ -223,9 +223,10 @@ def test_no_data_dir_and_empty_dir(monkeypatch, tmp_path):
     assert "does not exist" in texts(at, "error")
     empty = tmp_path / "empty"
     empty.mkdir()
-    for page in ("Trajectory", "Decay", "Framings", "Models"):
+    for page in ("Trajectory", "Decay", "Framings", "Models", "Study"):
         at = run_app(monkeypatch, empty, page=page)
         assert "holds no attnprobe outputs yet" in texts(at, "info")
+        assert "attnprobe study interference QUESTIONS.jsonl" in texts(at, "info")
 
 
 def test_corrupt_and_partial_data(monkeypatch, app_data, tmp_path):

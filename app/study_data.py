@@ -1,0 +1,303 @@
+"""Data for the Study page: the folders ``attnprobe study interference`` writes (docs/loop.md, "Output").
+
+A study folder holds ``study.json`` (per-setting summaries with CIs, paired comparisons with the baseline,
+per-question outcomes; :func:`attnprobe.studies.loop.metrics.summarize`) and, per setting, ``<slug>/calls/<qid>.jsonl``
+(every model call of a question, as sent, with ``meta.history``) and, once ``attnprobe study attention`` (or
+``attnprobe capture OUT/<slug>/calls.jsonl --out OUT/<slug>/capture``) has run, ``<slug>/capture/<safe id>/``
+(one capture per call). Everything is read through :mod:`attnprobe_app.data`, so only inside the data
+directory and only JSON; every function returns problems as text instead of raising on bad files.
+No Streamlit import: the page (``views/study.py``) caches these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnprobe.io import safe_name
+from attnprobe.results.formatting import format_ci
+from attnprobe.studies.loop.context import slug
+from attnprobe.studies.loop.metrics import MEASURES
+from attnprobe_app import data as D
+
+STUDY_FILE = "study.json"
+ATTENTION_FILE = "attention.json"  # written by `attnprobe study attention`; shown as it is
+CAPTURE_DIR = "capture"
+COUNTERFACTUAL_DIR = "counterfactual"
+CHANGE_KINDS = ("placeholder", "removed", "calls_removed", "refined")  # what a policy did to a history message
+OUTCOMES = {True: "correct", False: "wrong"}
+NO_ANSWER, NOT_SCORED, NOT_RUN = "no answer", "not scored", "not run"
+REPLY_CHARS = 400
+
+
+@dataclass
+class Study:
+    """One study folder: ``data`` is its study.json; ``settings`` in the study's order, baseline first
+    among equals as the study wrote them."""
+
+    rel: str
+    data: dict
+    settings: list[str]
+    baseline: str
+
+    @property
+    def label(self) -> str:
+        cfg = self.data.get("config") or {}
+        models = ", ".join(str(m) for m in self.data.get("models") or []) or "?"
+        return f"{self.rel} · {cfg.get('scaffold', '?')} · {models} · {len(self.settings)} settings"
+
+    def setting_rel(self, setting: str) -> str:
+        """The setting's folder, relative to the data directory (``:`` written ``-``, as the study writes it)."""
+        return (Path(self.rel) / slug(setting)).as_posix()
+
+
+@dataclass
+class Step:
+    """One recorded model call of a question under a setting."""
+
+    step: int
+    call_id: str
+    sent: int                      # messages sent to the model (the reply not counted)
+    history_messages: int | None   # messages of the full history at that step
+    changes: dict[str, list[int]]  # kind -> full-history indices (CHANGE_KINDS)
+    reply: str
+    tool_calls: list[str]
+    input_tokens: int | None
+    output_tokens: int | None
+    capture: str | None = None     # capture folder relative to the data directory, when one exists
+    capture_note: str = "no capture"
+
+    @property
+    def policy(self) -> str:
+        parts = [f"{k.replace('_', ' ')}: {', '.join(map(str, v))}" for k, v in self.changes.items() if v]
+        return "; ".join(parts) or "nothing changed"
+
+
+@dataclass
+class Steps:
+    steps: list[Step] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    capture_folder: bool = False  # the setting has a capture/ folder at all
+
+
+# ------------------------------------------------------------------ study.json
+def _num(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+def _ci_ok(v) -> bool:
+    return v is None or (isinstance(v, list) and len(v) == 2 and all(_num(x) and x is not None for x in v))
+
+
+def study_problem(obj) -> str | None:
+    """The first thing in a parsed study.json the page cannot show, or None. Only what the page reads."""
+    if not isinstance(obj, dict):
+        return "expected a JSON object"
+    settings = obj.get("settings")
+    if not isinstance(settings, dict) or not settings:
+        return "'settings' is not an object of per-setting summaries"
+    keys = ["accuracy"] + [k for k, _, _ in MEASURES]
+    for s, m in settings.items():
+        if not isinstance(m, dict):
+            return f"'settings.{s}' is not an object"
+        for k in keys:
+            if not _num(m.get(k)):
+                return f"'settings.{s}.{k}' is {m.get(k)!r}, not a finite number"
+            if not _ci_ok(m.get(f"{k}_ci")):
+                return f"'settings.{s}.{k}_ci' is {m.get(f'{k}_ci')!r}, not [low, high]"
+    if not isinstance(obj.get("baseline"), str) or obj["baseline"] not in settings:
+        return f"'baseline' {obj.get('baseline')!r} is not one of the settings"
+    for name in ("paired", "questions"):
+        if not isinstance(obj.get(name, {}), dict):
+            return f"'{name}' is not an object"
+    for s, c in (obj.get("paired") or {}).items():
+        if not isinstance(c, dict) or not isinstance(c.get("fixed", []), list) or \
+                not isinstance(c.get("broken", []), list):
+            return f"'paired.{s}' is not an object with 'fixed' and 'broken' lists"
+    for q, rec in (obj.get("questions") or {}).items():
+        if not isinstance(rec, dict) or not isinstance(rec.get("correct", {}), dict) or \
+                not isinstance(rec.get("answer", {}), dict):
+            return f"'questions.{q}' is not an object with 'correct' and 'answer' objects"
+    return None
+
+
+def load_study(root: Path, rel: str) -> Study:
+    """The study in folder ``rel`` (inside ``root``); a DataError naming the file on anything wrong."""
+    obj = D.read_json(root, Path(rel) / STUDY_FILE)
+    problem = study_problem(obj)
+    if problem:
+        raise D.DataError(f"{D.rel_to(root, D.resolve_inside(root, rel))}/{STUDY_FILE}: {problem}")
+    return Study(D.rel_to(root, D.resolve_inside(root, rel)), obj, list(obj["settings"]), obj["baseline"])
+
+
+def load_studies(root: Path, rels: list[str]) -> tuple[list[Study], list[str]]:
+    """(readable studies, one 'skipped: ...' line per unreadable study.json)."""
+    out, problems = [], []
+    for rel in rels:
+        try:
+            out.append(load_study(root, rel))
+        except D.DataError as exc:
+            problems.append(f"skipped: {exc}")
+    return out, problems
+
+
+# ------------------------------------------------------------------ tables
+def _cell(v, ci, *, pct: bool = False, digits: int = 1) -> str:
+    """A value with its 95% CI, digits as study.md writes them (accuracy in %, ART 2 digits, else 1)."""
+    return format_ci(v, ci, pct=pct, signed=False, digits=digits, unit="")
+
+
+def settings_table(study: Study) -> list[dict]:
+    """One row per setting: the study table's columns (study.md), each value with its bootstrap CI."""
+    rows = []
+    scorer = study.data.get("scorer")
+    acc = "EM (%)" if scorer in (None, "em") else f"accuracy ({scorer}, %)"
+    for s in study.settings:
+        m = study.data["settings"][s]
+        row = {"setting": s + (" (baseline)" if s == study.baseline else ""), "n": m.get("questions"),
+               acc: _cell(m.get("accuracy"), m.get("accuracy_ci"), pct=True)}
+        for key, _, label in MEASURES:
+            row[label] = _cell(m.get(key), m.get(f"{key}_ci"), digits=2 if key == "art" else 1)
+        row["no answer"] = m.get("no_answer")
+        rows.append(row)
+    return rows
+
+
+def paired_table(study: Study) -> list[dict]:
+    """Each setting against the baseline on the same questions: fixed, broken, accuracy difference, McNemar p."""
+    rows = []
+    for s, c in (study.data.get("paired") or {}).items():
+        p = c.get("mcnemar_p")
+        rows.append({"setting": s, "questions": c.get("questions"),
+                     "fixed": len(c.get("fixed", [])), "broken": len(c.get("broken", [])),
+                     "difference (points) [95% CI]": format_ci(c.get("accuracy_diff"), c.get("accuracy_diff_ci"),
+                                                               pct=True, unit=""),
+                     "McNemar exact p": f"{p:.3g}" if _num(p) and p is not None else "n/a",
+                     "fixed questions": ", ".join(map(str, c.get("fixed", []))),
+                     "broken questions": ", ".join(map(str, c.get("broken", [])))})
+    return rows
+
+
+def outcome(correct, answer, ran: bool = True) -> str:
+    """correct / wrong / no answer (wrong, and the agent gave none) / not scored / not run."""
+    if not ran:
+        return NOT_RUN
+    if answer is None and correct is not True:
+        return NO_ANSWER
+    return OUTCOMES.get(correct, NOT_SCORED)
+
+
+def outcome_grid(study: Study) -> list[dict]:
+    """One row per question: its outcome under every setting, and which settings fixed or broke it."""
+    rows = []
+    for qid, q in (study.data.get("questions") or {}).items():
+        corr, ans = q.get("correct") or {}, q.get("answer") or {}
+        rows.append({"question": qid, "type": q.get("type") or "",
+                     **{s: outcome(corr.get(s), ans.get(s), s in corr) for s in study.settings},
+                     "fixed by": ", ".join(q.get("fixed_by") or []), "broken by": ", ".join(q.get("broken_by") or []),
+                     "text": q.get("question") or ""})
+    return rows
+
+
+# ------------------------------------------------------------------ steps of one question
+def _reply(msg: dict) -> tuple[str, list[str]]:
+    from attnprobe.trajectory.schema import message_text
+
+    text = message_text(msg.get("content")) if msg.get("content") is not None else ""
+    calls = []
+    for c in msg.get("tool_calls") or []:
+        f = (c or {}).get("function") or {} if isinstance(c, dict) else {}
+        calls.append(f"{f.get('name', '?')}({f.get('arguments', '')})")
+    return (text if len(text) <= REPLY_CHARS else text[:REPLY_CHARS] + " …"), calls
+
+
+def _step(rec: dict, index: int) -> Step:
+    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    hist = meta.get("history") if isinstance(meta.get("history"), dict) else {}
+    changes: dict[str, list[int]] = {k: [] for k in CHANGE_KINDS}
+    for i, kind in (hist.get("changes") or {}).items():
+        if kind in changes:
+            changes[kind].append(int(i))
+    refined = sorted(int(i) for i in hist.get("refined") or [])
+    changes["refined"] = sorted(set(changes["refined"]) | set(refined))
+    for k in changes:
+        changes[k].sort()
+    messages = rec.get("messages") or []
+    reply, calls = _reply(messages[-1]) if messages and isinstance(messages[-1], dict) else ("", [])
+    usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
+    step = meta.get("step")
+    return Step(step=int(step) if isinstance(step, int) else index + 1, call_id=str(rec.get("id", "")),
+                sent=max(len(messages) - 1, 0), history_messages=hist.get("messages"), changes=changes,
+                reply=reply, tool_calls=calls, input_tokens=usage.get("input_tokens"),
+                output_tokens=usage.get("output_tokens"))
+
+
+def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
+    """The recorded calls of question ``qid`` under ``setting``, in step order, each with its capture
+    (matched by the capture's ``trajectory_id`` = the call's id) when ``<slug>/capture/`` holds one."""
+    out = Steps()
+    folder = Path(study.setting_rel(setting))
+    path = folder / "calls" / f"{qid}.jsonl"  # the job names it by the question id as is
+    try:
+        if D.resolve_inside(root, path).is_file():
+            records, problems = D.read_jsonl(root, path)
+        else:  # only the gathered file: this question's calls of it
+            path = folder / "calls.jsonl"
+            records, problems = D.read_jsonl(root, path)
+            records = [r for r in records if isinstance(r.get("meta"), dict) and r["meta"].get("question_id") == qid]
+    except D.DataError as exc:
+        return Steps(problems=[str(exc)])
+    out.problems += problems
+    if not records:
+        out.problems.append(f"{folder.as_posix()}: no recorded calls of question {qid}")
+        return out
+    for i, rec in enumerate(records):
+        try:
+            out.steps.append(_step(rec, i))
+        except (TypeError, ValueError, AttributeError) as exc:
+            out.problems.append(f"{path.as_posix()} line {i + 1}: malformed call record ({exc})")
+    out.steps.sort(key=lambda s: s.step)
+    try:
+        out.capture_folder = D.resolve_inside(root, folder / CAPTURE_DIR).is_dir()
+    except D.DataError as exc:
+        out.problems.append(str(exc))
+        return out
+    if out.capture_folder:
+        for s in out.steps:
+            _match_capture(root, folder / CAPTURE_DIR, s, out.problems)
+    return out
+
+
+def _match_capture(root: Path, capdir: Path, step: Step, problems: list[str]) -> None:
+    """Set ``step.capture`` when ``capdir/<safe id>/meta.json`` is a capture of exactly this call."""
+    rel = capdir / safe_name(step.call_id)
+    try:
+        meta_path = D.resolve_inside(root, rel / "meta.json")
+        if not meta_path.is_file():
+            return
+        meta = D.read_json(root, rel / "meta.json")
+    except D.DataError as exc:
+        step.capture_note = f"capture unreadable: {exc}"
+        problems.append(str(exc))
+        return
+    tid = meta.get("trajectory_id") if isinstance(meta, dict) else None
+    if tid != step.call_id:
+        step.capture_note = f"capture folder holds trajectory {tid!r}, not this call"
+        problems.append(f"{rel.as_posix()}: holds trajectory {tid!r}, not call {step.call_id!r}")
+        return
+    step.capture, step.capture_note = rel.as_posix(), "captured"
+
+
+def has_counterfactuals(root: Path, study: Study, setting: str) -> bool:
+    """Whether ``<slug>/counterfactual/`` exists (the Counterfactual page shows its steps)."""
+    try:
+        return D.resolve_inside(root, Path(study.setting_rel(setting)) / COUNTERFACTUAL_DIR).is_dir()
+    except D.DataError:
+        return False
+
+
+def attention_summary(root: Path, study: Study):
+    """The study's ``attention.json`` (None when absent); a DataError when unreadable."""
+    rel = Path(study.rel) / ATTENTION_FILE
+    return D.read_json(root, rel) if D.resolve_inside(root, rel).is_file() else None

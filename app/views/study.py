@@ -1,0 +1,157 @@
+"""Study page: the settings of one ``attnprobe study interference`` side by side (accuracy and cost with
+CIs, paired comparisons with the baseline, every question's outcome) and, for a chosen question, the
+agent's steps under each chosen setting with the attention of each recorded call where it was captured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+import pandas as pd
+import streamlit as st
+
+from attnprobe.results import figures as F
+from attnprobe_app import common as C
+from attnprobe_app import data as D
+from attnprobe_app import study_data as SD
+
+ATTENTION = ("every captured step", "last captured step", "none")
+HOW = ("Run `attnprobe study interference QUESTIONS.jsonl --scaffold ircot --policy none --policy ircot:oq "
+       "--out DIR/study` (docs/loop.md), then press **Rescan data directory**.")
+FILL = ("No captures for this setting yet: `attnprobe study attention {out}` captures every recorded call "
+        "(or `attnprobe capture {out}/{slug}/calls.jsonl --out {out}/{slug}/capture` for this setting); "
+        "the steps below show behaviour only.")
+
+
+def _pick_study(studies: list[SD.Study]) -> SD.Study:
+    labels = {s.rel: s.label for s in studies}
+    rels = list(labels)
+    want = st.query_params.get("study", "")
+    with st.sidebar:
+        st.markdown("### Study")
+        rel = st.selectbox("study folder", rels, format_func=labels.get, key="study_rel",
+                           index=rels.index(want) if want in rels else 0)
+    return next(s for s in studies if s.rel == rel)
+
+
+def render(root, inv) -> None:
+    st.title("Study: policies in the loop")
+    C.show_problems(inv.problems)
+    studies, skipped = C.studies(root, inv)
+    C.show_problems(skipped, "skipped")
+    if not studies:
+        C.no_data("interference studies", HOW)
+        return
+    study = _pick_study(studies)
+    d = study.data
+    cfg = d.get("config") or {}
+    boot = d.get("bootstrap") or {}
+    st.caption(f"Folder `{study.rel}` · scaffold **{cfg.get('scaffold', '?')}** · model "
+               f"{', '.join(map(str, d.get('models') or [])) or '?'} · scorer {d.get('scorer', '?')} · "
+               f"{len(d.get('questions') or {})} of {d.get('questions_total', '?')} questions finished · "
+               f"brackets: 95% bootstrap CI over questions ({boot.get('resamples', '?')} resamples)")
+
+    st.subheader("Settings side by side")
+    st.dataframe(pd.DataFrame(SD.settings_table(study)), hide_index=True, key="study_table")
+    st.caption("Per setting, means per question: ART = retrievals, Len. = mean prompt tokens per call, rolling "
+               "input tokens = prompt tokens summed over the calls, AIT = seconds per question (docs/methods.md, "
+               "\"Seeds 002 and 004 in the loop\"). A question without an answer counts as wrong.")
+
+    st.subheader(f"Against the baseline `{study.baseline}` (same questions)")
+    paired = SD.paired_table(study)
+    if paired:
+        st.dataframe(pd.DataFrame(paired), hide_index=True, key="study_paired")
+        st.caption("fixed: wrong under the baseline, right under the setting; broken: the reverse. Difference: "
+                   "paired-bootstrap CI; p: exact McNemar test of fixed vs broken.")
+    else:
+        st.info("Only the baseline was run: nothing to compare.")
+
+    _attention_summary(root, study)
+
+    st.subheader("Per question")
+    grid = SD.outcome_grid(study)
+    if not grid:
+        st.info("No question has finished yet.")
+        return
+    C.paginate(pd.DataFrame(grid), key=f"study_grid:{study.rel}")
+
+    st.subheader("One question, setting by setting")
+    qids = [r["question"] for r in grid]
+    texts = {r["question"]: r["text"] for r in grid}
+    want = st.query_params.get("question", "")
+    qid = st.selectbox("question", qids, index=qids.index(want) if want in qids else 0, key=f"study_q:{study.rel}",
+                       format_func=lambda q: f"{q} · {texts[q][:90]}")
+    others = [s for s in study.settings if s != study.baseline]
+    chosen = st.multiselect("settings", study.settings, default=[study.baseline] + others[:1],
+                            key=f"study_settings:{study.rel}")
+    attention = st.radio("attention of the captured calls", ATTENTION, horizontal=True, key="study_attention",
+                         help="Every heatmap of a long study costs a capture load each; 'last' draws one per setting.")
+    if not chosen:
+        st.info("Choose at least one setting.")
+        return
+    row = next(r for r in grid if r["question"] == qid)
+    for col, setting in zip(st.columns(len(chosen)), chosen):
+        with col:
+            _setting_column(root, study, setting, qid, row[setting], attention)
+
+
+def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str, attention: str) -> None:
+    answer = ((study.data.get("questions") or {}).get(qid, {}).get("answer") or {}).get(setting)
+    st.markdown(f"#### `{setting}`\n{outcome}" + (f" · answer: {answer}" if answer is not None else ""))
+    steps = C.study_steps(root, study, setting, qid)
+    C.show_problems(steps.problems)
+    if not steps.capture_folder:
+        st.info(FILL.format(out=(Path(root) / study.rel).as_posix(), slug=study.setting_rel(setting).rsplit("/", 1)[-1]))
+    if SD.has_counterfactuals(root, study, setting):
+        st.caption("Counterfactuals of this setting's steps: the **Counterfactual** page.")
+    if not steps.steps:
+        return
+    st.dataframe(pd.DataFrame([{"step": s.step, "sent": s.sent, "history": s.history_messages,
+                                "policy (history messages)": s.policy,
+                                "reply": (" ".join(s.tool_calls) or s.reply)[:120], "in": s.input_tokens,
+                                "out": s.output_tokens, "capture": s.capture_note} for s in steps.steps]),
+                 hide_index=True, key=f"study_steps:{setting}")
+    captured = [s.step for s in steps.steps if s.capture]
+    draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
+    for s in steps.steps:
+        with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.capture is not None):
+            st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
+                       f"out {s.output_tokens} · call `{s.call_id}`")
+            if s.tool_calls:
+                st.code("\n".join(s.tool_calls), language=None)
+            if s.reply:
+                st.text(s.reply)
+            if s.step in draw:
+                _call_attention(root, s, key=f"{setting}:{s.step}")
+
+
+def _call_attention(root, s: SD.Step, key: str) -> None:
+    """The Trajectory page's turn heatmap and the reply's attention per turn and role, from the capture."""
+    try:
+        res = C.capture(root, s.capture)
+        views = C.capture_views(root, s.capture)
+    except D.DataError as exc:
+        st.error(f"Cannot show the capture of step {s.step}: {exc}")
+        return
+    if any(q.kind == "reasoning" for q in res.queries):
+        st.plotly_chart(F.heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"]), key=f"study_hm:{key}",
+                        config={"displaylogo": False})
+    if res.queries:
+        q = res.queries[-1]
+        st.plotly_chart(F.segment_figure(res.attention()[len(res.queries) - 1], res.segments, res.num_turns),
+                        key=f"study_seg:{key}", config={"displaylogo": False})
+        st.caption(f"Attention of the call's last captured query ({q.kind}, token {q.position}, turn {q.turn}: "
+                   f"the reply) per turn and role, mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
+                   f"&q={len(res.queries) - 1})")
+
+
+def _attention_summary(root, study: SD.Study) -> None:
+    """``attention.json`` as ``attnprobe study attention`` writes it, shown as it is (when present)."""
+    try:
+        summary = SD.attention_summary(root, study)
+    except D.DataError as exc:
+        st.error(f"Cannot show the attention summary: {exc}")
+        return
+    if summary is not None:
+        with st.expander(f"Attention summary ({SD.ATTENTION_FILE}, written by `attnprobe study attention`)"):
+            st.json(summary, expanded=2)

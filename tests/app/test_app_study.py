@@ -1,0 +1,197 @@
+"""The Study page and its data layer on a hand-built study folder with known numbers (tests/support/studydir.py):
+the side-by-side table, the paired comparison, the outcome grid, one question's steps per setting with their
+policy flags and captures, and the refusals (corrupt study.json, anything outside the data directory). No model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.studydir import BASE, OTHER, call_id, make_study
+
+from attnprobe.io import safe_name
+from attnprobe.studies.loop.job import setting_dir
+from attnprobe_app import data as D
+from attnprobe_app import study_data as SD
+
+OTHER_DIR = "study/mask-1_refine-bm25-a01c95f0"  # slug of OTHER: ':' -> '-', '+' hashed by safe_name
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    root = tmp_path / "data"
+    make_study(root / "study")
+    return root.resolve()
+
+
+def _study(root: Path) -> SD.Study:
+    inv = D.discover(root)
+    studies, problems = SD.load_studies(root, inv.studies)
+    assert problems == [] and [s.rel for s in studies] == ["study"]
+    return studies[0]
+
+
+def test_the_scan_finds_the_study_and_the_table_has_its_numbers(data):
+    study = _study(data)
+    assert study.settings == [BASE, OTHER] and study.baseline == BASE
+    assert study.setting_rel(OTHER) == OTHER_DIR and (data / OTHER_DIR).is_dir()
+    rows = {r["setting"]: r for r in SD.settings_table(study)}
+    base, other = rows["none (baseline)"], rows[OTHER]
+    # none: q1 right, q2 no answer; tool calls / retrievals 1 and 3; tokens (calls + 1) x 100 in, x 10 out
+    assert base == {"setting": "none (baseline)", "n": 2, "EM (%)": "50.0 [0.0, 100.0]", "ART": "2.00 [1.00, 3.00]",
+                    "tool calls": "2.0 [1.0, 3.0]", "Len. (tokens)": "50.0 [50.0, 50.0]",
+                    "rolling input tokens": "300.0 [200.0, 400.0]", "output tokens": "30.0 [20.0, 40.0]",
+                    "AIT (s)": "1.5 [1.5, 1.5]", "no answer": 1}
+    assert other["EM (%)"] == "100.0 [100.0, 100.0]" and other["ART"] == "1.00 [1.00, 1.00]"
+    assert other["rolling input tokens"] == "200.0 [200.0, 200.0]" and other["no answer"] == 0
+    [paired] = SD.paired_table(study)
+    assert paired == {"setting": OTHER, "questions": 2, "fixed": 1, "broken": 0,
+                      "difference (points) [95% CI]": "+50.0 [+0.0, +100.0]", "McNemar exact p": "1",
+                      "fixed questions": "q2", "broken questions": ""}
+    grid = {r["question"]: r for r in SD.outcome_grid(study)}
+    assert (grid["q1"][BASE], grid["q1"][OTHER]) == ("correct", "correct")
+    assert (grid["q2"][BASE], grid["q2"][OTHER]) == ("no answer", "correct")
+    assert grid["q2"]["fixed by"] == OTHER and grid["q2"]["broken by"] == ""
+    assert SD.outcome(False, "Rome") == "wrong" and SD.outcome(None, "x") == "not scored"
+    assert SD.outcome(None, None, ran=False) == "not run"
+
+
+def test_steps_come_in_order_with_policy_flags_and_their_captures(data):
+    study = _study(data)
+    got = SD.question_steps(data, study, OTHER, "q1")
+    assert [s.step for s in got.steps] == [1, 2, 3]  # the file holds 2, 1, 3
+    assert [s.call_id for s in got.steps] == [call_id(OTHER, "q1", k) for k in (1, 2, 3)]
+    s1, s2, s3 = got.steps
+    assert (s1.sent, s1.history_messages, s3.sent, s3.history_messages) == (2, 2, 6, 6)
+    assert s3.changes == {"placeholder": [3], "removed": [], "calls_removed": [], "refined": [5]}
+    assert s3.policy == "placeholder: 3; refined: 5" and s2.policy == "nothing changed"
+    assert s1.tool_calls == ['search({"query": "capital"})'] and s3.reply == "Exact Answer: Paris"
+    assert (s3.input_tokens, s3.output_tokens) == (120, 5)
+    assert got.capture_folder
+    # step 3: its own capture; step 2: none; step 1: a folder of another trajectory is not this call's
+    assert s3.capture == f"{OTHER_DIR}/capture/{safe_name(s3.call_id)}" and s3.capture_note == "captured"
+    assert D.load_capture(data, s3.capture).trajectory_id == s3.call_id
+    assert (s2.capture, s2.capture_note) == (None, "no capture")
+    assert s1.capture is None and s1.capture_note == "capture folder holds trajectory 'someone-else', not this call"
+    assert got.problems == [f"{OTHER_DIR}/capture/{safe_name(s1.call_id)}: holds trajectory 'someone-else', "
+                            f"not call '{s1.call_id}'"]
+    base = SD.question_steps(data, study, BASE, "q1")  # no capture folder at all: behaviour only, no error
+    assert [s.step for s in base.steps] == [1, 2] and not base.capture_folder and base.problems == []
+    assert all(s.capture is None and s.capture_note == "no capture" for s in base.steps)
+    missing = SD.question_steps(data, study, BASE, "q2")
+    assert missing.steps == [] and missing.problems == ["study/none: no recorded calls of question q2"]
+
+
+def test_corrupt_or_malformed_study_json_is_skipped_with_a_message(data):
+    (data / "broken").mkdir()
+    (data / "broken" / "study.json").write_text('{"settings": ')
+    (data / "odd").mkdir()
+    (data / "odd" / "study.json").write_text('{"settings": {"none": {"accuracy": "high"}}, "baseline": "none"}')
+    (data / "nobase").mkdir()
+    (data / "nobase" / "study.json").write_text('{"settings": {"none": {}}, "baseline": "other"}')
+    inv = D.discover(data)
+    assert inv.studies == ["broken", "nobase", "odd", "study"]
+    studies, problems = SD.load_studies(data, inv.studies)
+    assert [s.rel for s in studies] == ["study"]
+    assert problems[0].startswith("skipped: broken/study.json") and len(problems) == 3
+    assert problems[1:] == ["skipped: nobase/study.json: 'baseline' 'other' is not one of the settings",
+                            "skipped: odd/study.json: 'settings.none.accuracy' is 'high', not a finite number"]
+
+
+def test_nothing_outside_the_data_directory_is_read(tmp_path, data):
+    outside = make_study(tmp_path / "elsewhere" / "study")
+    os.symlink(outside, data / "linked")  # a symlinked study folder: not followed by the scan
+    assert D.discover(data).studies == ["study"]
+    with pytest.raises(D.PathEscapeError, match="outside the data directory"):
+        SD.load_study(data, "linked")
+    with pytest.raises(D.PathEscapeError):
+        SD.load_study(data, str(outside))
+    (data / "leak").mkdir()  # a study.json that is a symlink to one outside
+    os.symlink(outside / "study.json", data / "leak" / "study.json")
+    studies, problems = SD.load_studies(data, D.discover(data).studies)
+    assert [s.rel for s in studies] == ["study"] and "outside the data directory" in problems[0]
+    # a calls file and a capture linked from outside are refused, not read
+    study = _study_of(data)
+    calls = setting_dir(data / "study", BASE) / "calls" / "q1.jsonl"
+    calls.unlink()
+    os.symlink(setting_dir(outside, BASE) / "calls" / "q1.jsonl", calls)
+    got = SD.question_steps(data, study, BASE, "q1")
+    assert got.steps == [] and "outside the data directory" in got.problems[0]
+    escaped = SD.question_steps(data, study, BASE, "../../../../elsewhere/study/none/calls/q1")
+    assert escaped.steps == [] and "outside the data directory" in escaped.problems[0]
+
+
+def _study_of(root: Path) -> SD.Study:
+    return SD.load_study(root, "study")
+
+
+# ------------------------------------------------------------------ the page
+def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, data):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE, charts, decode, is_heatmap
+
+    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(data))
+    at = AppTest.from_file(APP_FILE, default_timeout=60)
+    at.query_params["page"] = "Study"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Study: policies in the loop"
+    frames = [d.value for d in at.dataframe]
+    table = frames[0]
+    assert list(table["setting"]) == ["none (baseline)", OTHER]
+    assert list(table["EM (%)"]) == ["50.0 [0.0, 100.0]", "100.0 [100.0, 100.0]"]
+    assert list(table["tool calls"]) == ["2.0 [1.0, 3.0]", "1.0 [1.0, 1.0]"]
+    assert frames[1].iloc[0]["difference (points) [95% CI]"] == "+50.0 [+0.0, +100.0]"
+    grid = frames[2].set_index("question")
+    assert grid.loc["q2", BASE] == "no answer" and grid.loc["q2", OTHER] == "correct"
+    # q1, baseline + the other setting side by side: the baseline has no captures (says how to make them)
+    base_steps, other_steps = frames[3], frames[4]
+    assert list(base_steps["step"]) == [1, 2] and list(other_steps["step"]) == [1, 2, 3]
+    assert list(other_steps["policy (history messages)"]) == ["nothing changed", "nothing changed",
+                                                             "placeholder: 3; refined: 5"]
+    assert list(other_steps["capture"])[1:] == ["no capture", "captured"]
+    infos = [i.value for i in at.info]
+    assert any(f"attnprobe study attention {data}/study`" in i and f"{data}/study/none/calls.jsonl" in i
+               for i in infos)
+    assert not any("Attention summary" in e.label for e in at.expander)  # no attention.json
+    cs = charts(at)
+    assert sum(is_heatmap(c) for c in cs) == 1  # only step 3 was captured
+    hm = next(c for c in cs if is_heatmap(c))
+    assert decode(hm["data"][0]["z"]).shape == (3, 3)
+    seg = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar")
+    obs = next(t for t in seg["data"] if t["name"] == "observation")
+    # last query (token 11) weights token k by (k + 1) / 78: observations are tokens 6-7 (turn 0) and 10 (turn 1)
+    np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
+    at.radio(key="study_attention").set_value("none").run()
+    assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
+
+
+def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(data):
+    study = _study(data)
+    assert SD.attention_summary(data, study) is None  # not written yet: behaviour only
+    (data / "study" / "attention.json").write_text('{"settings": {"none": {"observation": 0.25}}}')
+    assert SD.attention_summary(data, study) == {"settings": {"none": {"observation": 0.25}}}
+    (data / "study" / "attention.json").write_text('{"settings": ')
+    with pytest.raises(D.DataError, match=r"^study/attention.json"):
+        SD.attention_summary(data, study)
+
+
+def test_study_page_lists_a_corrupt_study_json_and_says_how_to_make_one(monkeypatch, tmp_path):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "study.json").write_text('{"settings": ')
+    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(tmp_path))
+    at = AppTest.from_file(APP_FILE, default_timeout=60)
+    at.query_params["page"] = "Study"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.label for e in at.expander] == ["1 file(s) skipped"]
+    assert [t.value for t in at.text] == ["skipped: broken/study.json, line 1: invalid JSON (Expecting value at "
+                                          "column 14)"]
+    assert "No interference studies found" in at.info[0].value and "attnprobe study interference" in at.info[0].value
