@@ -31,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from attnprobe.agents.context import Setting
+from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.search import SearchBackend
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tags
@@ -81,26 +81,19 @@ class LoopConfig:
 
 
 @dataclass
-class Episode:
-    """One question under one setting: the recorded calls, the full history and the counts."""
+class Episode(ContextHistory):
+    """One question under one setting: the history bookkeeping every scaffold shares (full and refined
+    history, the view sent, the once-per-round refinement, the links: :class:`ContextHistory`), plus the
+    recorded calls and the counts."""
 
     calls: list[dict] = field(default_factory=list)
-    full: list[dict] = field(default_factory=list)
-    work: list[dict] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)
-    refined: dict[int, str] = field(default_factory=dict)
     response: str | None = None
     answer: str | None = None
     retrievals: int = 0
     tool_calls: int = 0
-    refiner_calls: int = 0
     input_tokens: list[int] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
     context_chars: list[int] = field(default_factory=list)
-
-    def append(self, msg: dict) -> None:
-        self.full.append(copy.deepcopy(msg))
-        self.work.append(copy.deepcopy(msg))
 
 
 def _chars(messages: list[dict]) -> int:
@@ -115,7 +108,7 @@ class Loop:
                  question: dict):
         self.chat, self.search, self.setting, self.config = chat, search, setting, config
         self.run_id, self.question = run_id, question
-        self.ep = Episode()
+        self.ep = Episode(setting, f"{run_id}/history")
 
     # ------------------------------------------------------------------ one model call
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
@@ -127,37 +120,27 @@ class Loop:
         msg: dict[str, Any] = reply.as_message()
         if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
             msg["content"] = "(empty reply)"
-        changes = {str(i): s for i, s in sorted(cf.changes.items()) if s != "kept"}
         call_id = f"{self.run_id}/step-{step}"
         record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
                   "framing": "trace", "messages": copy.deepcopy(sent) + [msg],
                   "labels": {}, "meta": {
                       "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": self.setting.spec,
                       "question_id": self.question["id"], "step": step,
-                      "history": {"id": f"{self.run_id}/history", "messages": len(ep.full),
-                                  "source": [cf.source[k] for k in (range(len(cf.source)) if kept is None
-                                                                    else kept)], "changes": changes,
-                                  "refined": [i for i in cf.source if i in ep.refined]},
+                      "history": ep.link(cf, kept),
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
                       "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
                       "raw_text": reply.raw_text}}
         if tools:
             record["tools"] = tools
         ep.calls.append(record)
-        ep.steps.append({"step": step, "call_id": call_id, "messages": len(ep.full)})
+        ep.record_step(step, call_id)
         ep.input_tokens.append(reply.input_tokens)
         ep.output_tokens.append(reply.output_tokens)
         ep.context_chars.append(_chars(sent))
         return reply
 
     def _refine(self) -> None:
-        before = [m.get("content") for m in self.ep.work]
-        self.ep.work, refined = self.setting.refine_round(self.ep.work)
-        if self.setting.refine is not None:
-            self.ep.refiner_calls += 1
-        for i in refined:
-            if self.ep.work[i].get("content") != before[i]:
-                self.ep.refined[i] = self.ep.work[i]["content"]
+        self.ep.refine()
 
     # ------------------------------------------------------------------ seed 002
     def _seed002(self) -> None:
@@ -166,7 +149,7 @@ class Loop:
         ep.append({"role": "system", "content": seed002_system(TOOLS)})
         ep.append({"role": "user", "content": SEED002_TASK.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
-            cf = self.setting.sees(ep.work)
+            cf = ep.view()
             reply = self._call(cf.messages, cf, TOOLS)
             if not reply.tool_calls:
                 ep.append({"role": "assistant", "content": reply.content or "(empty reply)"})
@@ -198,7 +181,7 @@ class Loop:
         ep = self.ep
         ep.append({"role": "user", "content": IRCOT_PROMPT.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
-            cf = self.setting.sees(ep.work)
+            cf = ep.view()
             sent, kept = as_tags(cf.messages)
             reply = self._call(sent, cf, None, kept)
             act = parse_tags(reply.content or reply.raw_text or "")
