@@ -23,17 +23,19 @@ from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import CATEGORIES, QUERIES, call_shares, run_attention
 from attnprobe.studies.loop.study import run_study
 
+pytestmark = pytest.mark.slow  # captures with the bundled model (one load per session)
+
 R = {r: i for i, r in enumerate(ROLES)}
 QUESTIONS = [{"id": "q1", "question": "Who discovered holmium?", "answers": ["Per Teodor Cleve"], "type": None},
              {"id": "q2", "question": "What is two plus two?", "answers": ["4"], "type": None}]
-QUERIES_Q1 = ["holmium", "Cleve", "Uppsala", "chemist", "element", "Sweden"]
+QUERIES_Q1 = ["holmium", "Cleve", "Uppsala"]
 FINAL = "Explanation: known.\nExact Answer: 4\nConfidence: 90%"
 LAYERS = [0, 1, 2]
 
 
 def script(messages, tools):
-    """q1: six turns of reasoning plus one search each, then an answer (7 calls: steps at turns 5 and 6
-    have >= 5 past turns, masking's default); q2: answers at once (1 call)."""
+    """q1: three turns of reasoning plus one search each, then an answer (4 calls; its steps at turns 2 and 3
+    have >= 2 past turns); q2: answers at once (1 call)."""
     turns = sum(m["role"] == "assistant" for m in messages)
     if "two plus two" in messages[1]["content"] or turns >= len(QUERIES_Q1):
         return FINAL
@@ -55,9 +57,9 @@ def study(tmp_path_factory, smol):
         return run_on_executor(ex, folder, trajs, [spec], opts, min_past=min_past)
 
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
-    first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=200)
+    first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, n_boot=200)
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("meta.json")}
-    again = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=200)
+    again = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, n_boot=200)
     return out, first, again, stamps
 
 
@@ -69,11 +71,11 @@ def test_every_recorded_call_is_captured_once(study):
     out, (counts, doc), _, _ = study
     for setting, folder in (("none", "none"), ("mask:1", "mask-1")):
         n = len(_calls(out, folder))
-        assert n == 8  # q1: 7 calls, q2: 1
+        assert n == 5  # q1: 4 calls, q2: 1
         assert len(find_results(out / folder / "capture")) == n
         d = doc["settings"][setting]
         assert (d["recorded_calls"], d["captured_calls"], d["questions"]) == (n, n, 2)
-    assert counts == {"done_before": 0, "done": 16, "failed": 0}
+    assert counts == {"done_before": 0, "done": 10, "failed": 0}
 
 
 def test_shares_sum_to_one_and_placeholders_are_where_the_policy_put_them(study):
@@ -125,8 +127,8 @@ def test_counterfactuals_at_the_baselines_steps(study):
     out, (_, doc), _, _ = study
     assert "counterfactual" not in doc["settings"]["none"]
     rep = doc["settings"]["mask:1"]["counterfactual"]
-    # q1's full history: the 6th and 7th assistant messages are the steps with >= 5 past turns; q2 has none
-    assert (rep["status"], rep["steps"], rep["min_past"]) == ("ran", 2, 5)
+    # q1's full history: its 3rd and 4th assistant messages are the steps with >= 2 past turns; q2 has none
+    assert (rep["status"], rep["steps"], rep["min_past"]) == ("ran", 2, 2)
     steps = sorted(p.parent.name for p in (out / "mask-1" / "counterfactual").rglob("record.json"))
     assert len(steps) == 2
     s = rep["summary"]["mask:1"]
@@ -137,27 +139,35 @@ def test_counterfactuals_at_the_baselines_steps(study):
 
 def test_a_rerun_does_nothing(study):
     out, _, (counts, doc), stamps = study
-    assert counts == {"done_before": 16, "done": 0, "failed": 0}
+    assert counts == {"done_before": 10, "done": 0, "failed": 0}
     assert doc["settings"]["mask:1"]["counterfactual"]["counts"] == {"done_before": 2, "done": 0, "failed": 0}
     assert {p: p.stat().st_mtime_ns for p in out.rglob("meta.json")} == stamps
 
 
-def test_no_eligible_step_is_reported_not_failed(study, smol, tmp_path):
+def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is_reported(study, smol):
     out, *_ = study
     ex = LocalExecutor(lambda: smol, progress=False)
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
-    _, doc = run_attention(ex, out, model=smol, capture=cap, min_past=50, n_boot=50, only=["mask:1"],
-                           counterfactual=lambda f, t, spec, mp: run_on_executor(ex, f, t, [spec], RunOptions(),
-                                                                                 min_past=mp))
-    assert doc["settings"]["mask:1"]["counterfactual"]["status"] == "no eligible step (none with >= 50 past turns)"
+    asked = []
+
+    def cf(folder, trajs, spec, min_past):
+        asked.append((folder.relative_to(out).as_posix(), sorted(t.id for t in trajs), spec, min_past))
+        return run_on_executor(ex, folder, trajs, [spec], RunOptions(layers=LAYERS, chunk_size=512), min_past=min_past)
+
+    _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=50, only=["mask:1"])
+    # masking's default, 5 past turns (seed 002 E.5), on the baseline's full histories; q1 has 3 past turns at most
+    assert asked == [("mask-1/counterfactual", ["none/q1/history", "none/q2/history"], "mask:1", 5)]
+    assert doc["settings"]["mask:1"]["counterfactual"]["status"] == "no eligible step (none with >= 5 past turns)"
     assert list(doc["settings"]) == ["mask:1"]
+    assert "- **mask:1**: no eligible step" in (out / "study.md").read_text()
 
 
 def test_cli(study, tmp_path, capsys):
     out, *_ = study
-    assert main(["study", "attention", str(out), "--layers", "0-2", "--no-progress", "--bootstrap", "50"]) == 0
+    assert main(["study", "attention", str(out), "--layers", "0-2", "--min-past", "2", "--no-progress",
+                 "--bootstrap", "50"]) == 0  # everything resumed: nothing is captured again
     assert (out / "attention.json").is_file() and (out / "attention.md").is_file()
-    assert "## Attention per setting" in capsys.readouterr().out
+    assert "**mask:1**: 2 steps with >= 2 past turns (0 run, 2 already done" in capsys.readouterr().out
     assert main(["study", "attention", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"attnprobe: error: {tmp_path / 'missing'}: not an interference study folder (no study.json); "
