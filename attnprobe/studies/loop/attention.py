@@ -44,7 +44,7 @@ from attnprobe.results.analysis import R, token_owners
 from attnprobe.results.formatting import format_ci
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
-from attnprobe.studies.loop.job import setting_dir
+from attnprobe.studies.loop.job import read_result, setting_dir
 from attnprobe.trajectory.schema import Trajectory, load_trajectories
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,11 @@ def recorded_calls(out: Path, setting: str) -> list[Trajectory]:
 
 
 def histories(out: Path, setting: str) -> list[Trajectory]:
-    """The setting's full histories (one trajectory per finished question), in file-name order."""
-    folder = setting_dir(out, setting) / "history"
-    return [t for p in sorted(folder.glob("*.jsonl")) for t in load_trajectories(p)] if folder.is_dir() else []
+    """The setting's full histories of finished questions (those with a result: an item interrupted after
+    its history was written has none), in file-name order."""
+    folder = setting_dir(out, setting)
+    return [t for p in sorted((folder / "history").glob("*.jsonl"))
+            if read_result(folder / "results" / f"{p.stem}.json") is not None for t in load_trajectories(p)]
 
 
 def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | None]:
