@@ -233,7 +233,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             rep = counterfactual(setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, spec, mp)
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
-        doc = attention_document(out, settings, baseline, jobs, cf, model=model, capture=capture, n_boot=n_boot)
+        doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot)
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
         atomic_write_text(out / ATTENTION_MD, markdown(doc))
         study_md = out / "study.md"
@@ -243,7 +243,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
 
 
 def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict[str, CaptureJob],
-                       cf: dict[str, dict], *, model, capture: CaptureOptions, n_boot: int) -> dict:
+                       cf: dict[str, dict], *, model, n_boot: int) -> dict:
     """attention.json: per setting the capture counts and shares, and the counterfactual report."""
     per: dict[str, dict] = {}
     for s in settings:
@@ -252,10 +252,7 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
         per[s] = {"recorded_calls": len(job.trajectories), "captured_calls": len(results),
                   "capture_folder": str(job.out.relative_to(out)), **setting_attention(results, n_boot=n_boot)}
         if s in cf:
-            rep = {k: v for k, v in cf[s].items() if k != "markdown"}
-            rep["folder"] = str((setting_dir(out, s) / COUNTERFACTUAL_DIR).relative_to(out))
-            rep["markdown"] = cf[s].get("markdown")
-            per[s]["counterfactual"] = rep
+            per[s]["counterfactual"] = {**cf[s], "folder": f"{setting_dir(out, s).name}/{COUNTERFACTUAL_DIR}"}
     return {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
             "capture": {**jobs[settings[0]].settings, "model": model.spec}, "study_models": read_study(out)["models"],
             "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions"}}
