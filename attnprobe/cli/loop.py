@@ -1,4 +1,5 @@
-"""``attnprobe study interference``: run the seeds' agents with context policies in the loop, side by side.
+"""``attnprobe study interference``: run the seeds' agents with context policies in the loop, side by side;
+``attnprobe study attention``: the attention side of the same runs (captures and counterfactuals).
 
 One question set, one scaffold (``ircot``: seed 004's IRCoT with tags; ``seed002``: seed 002's
 search/open/find agent), several settings (``--policy``, repeatable; ``none`` is the baseline), every
@@ -15,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    add_capture_options,
     add_cluster_options,
     add_generation_options,
     add_model_options,
@@ -68,6 +70,7 @@ def register(studies) -> None:
     add_cluster_options(p)
     add_output_options(p, out_required=True, out_help="study folder (one subfolder per setting, study.md)")
     p.set_defaults(func=cmd_interference)
+    _register_attention(studies)
 
 
 DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
@@ -118,3 +121,68 @@ def cmd_interference(args) -> int:
     print(f"study interference: {counts['done']} run, {counts['done_before']} already done, {counts['failed']} "
           f"failed -> {Path(args.out) / 'study.md'}", file=sys.stderr)
     return 1 if counts["failed"] else 0
+
+
+ATTENTION_EPILOG = """\
+Examples:
+  attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --out runs/masking
+  attnprobe study attention runs/masking            # captures + counterfactuals; study.md gets the section
+  attnprobe study attention runs/masking --layers full --ray auto
+  attnprobe report runs/masking/mask-5/capture      # or the app, on any OUT/<setting>/capture
+
+Writes OUT/<setting>/capture/ (attnprobe capture's format), OUT/<setting>/counterfactual/ (attnprobe
+counterfactual's), OUT/attention.json, OUT/attention.md, and the attention section of OUT/study.md.
+"""
+
+
+def _register_attention(studies) -> None:
+    p = studies.add_parser(
+        "attention", help="the attention side of an interference study: capture every recorded call, "
+                          "counterfactuals at the baseline's steps, one report",
+        description="Capture every recorded call of every setting of an interference study folder (OUT/<setting>/"
+                    "capture/, queries reasoning+decision unless --queries), run each other setting's context "
+                    "policy as a counterfactual on the baseline's full histories (OUT/<setting>/counterfactual/), "
+                    "and write the attention shares per setting with bootstrap CIs over questions to "
+                    "OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
+                    "skipped; --force redoes them). A folder that is not a study is exit code 2.",
+        epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
+    g = p.add_argument_group("study")
+    g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
+                   help="only this setting of the study (repeatable; default: every setting)")
+    g.add_argument("--min-past", type=int, default=None,
+                   help="counterfactual steps with at least this many past turns (default per policy family, as "
+                        "'attnprobe counterfactual': 5 for masking, 1 for IRCoT and refiners)")
+    g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
+    add_model_options(p, backends=True)
+    add_capture_options(p, queries="reasoning+decision")
+    add_cluster_options(p)
+    add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
+    p.set_defaults(func=cmd_attention)
+
+
+def cmd_attention(args) -> int:
+    from attnprobe.cli.capture import capture_options
+    from attnprobe.cli.options import executor, model_options
+    from attnprobe.counterfactual.job import run_on_executor
+    from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.studies.loop.attention import ATTENTION_MD, read_study, run_attention
+
+    out = Path(args.out)
+    read_study(out)  # exit 2 for a folder that is not a study, before any model loads
+    opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
+                      chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
+                      progress=not args.no_progress)
+    with executor(args) as ex:
+        def counterfactual(folder, trajectories, spec, min_past):
+            return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force)
+
+        counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
+                                    counterfactual=counterfactual, min_past=args.min_past, force=args.force,
+                                    n_boot=args.bootstrap, only=args.policies)
+    print((out / ATTENTION_MD).read_text(encoding="utf-8"))
+    cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
+    print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "
+          f"{counts['failed']} failed; {cf_failed} counterfactual steps failed -> {out / ATTENTION_MD}",
+          file=sys.stderr)
+    return 1 if counts["failed"] or cf_failed else 0

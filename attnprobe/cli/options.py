@@ -154,17 +154,18 @@ CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "
 
 
 def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True,
-                        only: tuple[str, ...] | None = None):
+                        only: tuple[str, ...] | None = None, queries: str = "reasoning"):
     """The "capture" group: --chunk-size and, for trajectory capture, --queries, --layers, --rendering,
     --max-tokens, --truncate, --save-qk-layers. ``trajectories=False`` (IBIS, whose query is fixed: the
     decision token) keeps only --chunk-size; ``only`` keeps --chunk-size and the named ones (the
-    counterfactual run chooses its own queries)."""
+    counterfactual run chooses its own queries); ``queries``: the default of --queries."""
     g = p.add_argument_group("capture")
     g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
     wanted = set(CAPTURE_OPTIONS if only is None else only) if trajectories else set()
     if "queries" in wanted:
-        g.add_argument("--queries", default="reasoning", type=_queries,
-                       help="reasoning (default) | decision | reasoning+decision | positions:10,20,300")
+        modes = [queries] + [m for m in ("reasoning", "decision", "reasoning+decision") if m != queries]
+        g.add_argument("--queries", default=queries, type=_queries,
+                       help=f"{modes[0]} (default) | {' | '.join(modes[1:])} | positions:10,20,300")
     if "layers" in wanted:
         g.add_argument("--layers", default=None, type=parse_layers,
                        help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "

@@ -10,8 +10,9 @@ from typing import Any
 from attnprobe.agents.policies import Policy, parse_policy, policy_name
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
-from attnprobe.counterfactual.steps import Step, plan_steps
+from attnprobe.counterfactual.steps import Step, choose_steps, plan_steps
 from attnprobe.counterfactual.store import clear_steps, step_dir, step_done
+from attnprobe.counterfactual.summary import markdown_table, summarize_dir
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import recover_atomic_dirs
@@ -101,3 +102,21 @@ def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], 
     job = CounterfactualJob(Path(out), steps, list(policies), settings, opts, batch_size=batch_size, force=force,
                             chat=chat)
     return LocalExecutor(lambda: model, progress=opts.progress).run(job)
+
+
+def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
+                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False) -> dict:
+    """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns on ``executor`` (any
+    executor; resumable) into ``out``, then the summary of ``out``: ``{"steps", "min_past", "counts",
+    "summary", "skipped", "markdown": {query: table}}``. No step qualifies: ``steps`` 0, nothing run and
+    no model loaded (callers that compose studies report it instead of failing)."""
+    if not any(choose_steps(t, min_past=min_past) for t in trajectories):
+        return {"steps": 0, "min_past": min_past}
+    names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
+    settings = executor.call(counterfactual_settings, names, replace(opts, progress=False))
+    job = CounterfactualJob(Path(out), steps, list(specs), settings, opts, batch_size=batch_size, force=force)
+    counts = executor.run(job)
+    skipped: list = []
+    summary = summarize_dir(out, skipped=skipped) if Path(out).is_dir() else {}
+    return {"steps": len(steps), "min_past": min_past, "counts": counts, "summary": summary, "skipped": skipped,
+            "markdown": {q: markdown_table(summary, q) for q in ("decision", "reasoning")}}

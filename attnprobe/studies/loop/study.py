@@ -1,7 +1,8 @@
 """Run the settings side by side on one question set and write the study's tables.
 
 ``OUT/study.json`` (config, per-setting summaries with CIs, paired comparisons, per-question outcomes) and
-``OUT/study.md`` (the table), rewritten atomically after every run of the study; ``OUT/<setting>/calls.jsonl``
+``OUT/study.md`` (the table, then the attention section of ``attnprobe study attention`` once that has run:
+:mod:`attnprobe.studies.loop.attention`), rewritten atomically after every run of the study; ``OUT/<setting>/calls.jsonl``
 gathers that setting's recorded calls in question order (one file to capture).
 """
 
@@ -31,7 +32,9 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
              "questions_total": len(questions), **summary}
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None)
-    atomic_write_text(out / "study.md", md)
+    from attnprobe.studies.loop.attention import with_attention  # (it imports the capture stage; only here)
+
+    atomic_write_text(out / "study.md", with_attention(md, out))  # the attention section, once it is run
     for s in settings:
         folder = setting_dir(out, s)
         calls = [c for r in by[s] for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl",
