@@ -152,6 +152,19 @@ def _attention_summary(root, study: SD.Study) -> None:
     except D.DataError as exc:
         st.error(f"Cannot show the attention summary: {exc}")
         return
-    if summary is not None:
-        with st.expander(f"Attention summary ({SD.ATTENTION_FILE}, written by `attnprobe study attention`)"):
-            st.json(summary, expanded=2)
+    if summary is None:
+        return
+    st.subheader("Attention per setting")
+    st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls, per question "
+               "the mean over its calls, then the mean over questions, with 95% bootstrap CIs over questions. "
+               "Settings send contexts of different lengths: compare shares with the tokens per call beside them.")
+    for query in ("decision", "reasoning"):
+        try:
+            rows = SD.attention_rows(summary, query)
+        except D.DataError as exc:
+            st.error(f"Cannot show the attention summary: {exc}")
+            break
+        st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+    with st.expander(f"{SD.ATTENTION_FILE} as written"):
+        st.json(summary, expanded=2)

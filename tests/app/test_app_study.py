@@ -156,7 +156,7 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     infos = [i.value for i in at.info]
     assert any(f"attnprobe study attention {data}/study`" in i and f"{data}/study/none/calls.jsonl" in i
                for i in infos)
-    assert not any("Attention summary" in e.label for e in at.expander)  # no attention.json
+    assert not any("attention.json" in e.label for e in at.expander)  # no attention.json
     cs = charts(at)
     assert sum(is_heatmap(c) for c in cs) == 1  # only step 3 was captured
     hm = next(c for c in cs if is_heatmap(c))
@@ -174,6 +174,8 @@ def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(dat
     assert SD.attention_summary(data, study) is None  # not written yet: behaviour only
     (data / "study" / "attention.json").write_text('{"settings": {"none": {"observation": 0.25}}}')
     assert SD.attention_summary(data, study) == {"settings": {"none": {"observation": 0.25}}}
+    with pytest.raises(D.DataError, match="unexpected layout"):  # the page shows this, then the raw file
+        SD.attention_rows(SD.attention_summary(data, study), "decision")
     (data / "study" / "attention.json").write_text('{"settings": ')
     with pytest.raises(D.DataError, match=r"^study/attention.json"):
         SD.attention_summary(data, study)
@@ -195,3 +197,27 @@ def test_study_page_lists_a_corrupt_study_json_and_says_how_to_make_one(monkeypa
     assert [t.value for t in at.text] == ["skipped: broken/study.json, line 1: invalid JSON (Expecting value at "
                                           "column 14)"]
     assert "No interference studies found" in at.info[0].value and "attnprobe study interference" in at.info[0].value
+
+
+def test_attention_rows_print_the_shares_of_attention_json():
+    """attention.json (as `attnprobe study attention` writes it) as the page's per-setting table: the
+    shares as attention.md prints them, "n/a" for a setting without captures, a malformed file refused."""
+    from attnprobe.studies.loop.attention import CATEGORIES
+
+    def shares(first):
+        return {c: {"mean": first if i == 0 else 0.0, "lo": first - 0.01 if i == 0 else 0.0,
+                    "hi": first + 0.01 if i == 0 else 0.0} for i, c in enumerate(CATEGORIES)}
+
+    doc = {"settings": {
+        "none": {"recorded_calls": 4, "captured_calls": 4, "tokens_per_call": 337.2,
+                 "decision": {"questions": 2, "shares": shares(0.456)}, "reasoning": {"questions": 2}},
+        "mask:1": {"recorded_calls": 3, "captured_calls": 0, "tokens_per_call": None,
+                   "decision": {"questions": 0}, "reasoning": {"questions": 0}}}}
+    rows = SD.attention_rows(doc, "decision")
+    assert [r["setting"] for r in rows] == ["none", "mask:1"]
+    assert rows[0]["calls captured / recorded"] == "4 / 4" and rows[0]["tokens per call"] == "337"
+    assert rows[0]["system"] == "45.6 [44.6, 46.6]" and rows[0]["current step"] == "0.0 [0.0, 0.0]"
+    assert rows[1]["system"] == "n/a" and rows[1]["tokens per call"] == "n/a" and rows[1]["questions"] == 0
+    assert SD.attention_rows(doc, "reasoning")[0]["system"] == "n/a"
+    with pytest.raises(D.DataError, match="unexpected layout"):
+        SD.attention_rows({"settings": {"none": {"decision": {}}}}, "decision")
