@@ -9,33 +9,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.fixed_search import FixedSearch
 from support.scripted_chat import ScriptedChat, tool_call, words
 
 from attnprobe.agents.policies import DEFAULT_PLACEHOLDER, refine_latest
-from attnprobe.agents.search import SearchResult
 from attnprobe.studies.loop.agents import LoopConfig, as_tags, run_question
 from attnprobe.studies.loop.context import Setting, parse_setting
 from attnprobe.studies.loop.pool import Browser
 from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM, SEED002_TASK
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.schema import Trajectory
-
-
-class FixedSearch:
-    """Documents by query word: 'q1' -> A, B; 'q2' -> C, B; anything else -> nothing."""
-
-    name = "fixed"
-    DOCS = {"u/a": ("A", "Alpha one. Alpha two."), "u/b": ("B", "Beta one."), "u/c": ("C", "Gamma one. Answer is 42.")}
-    HITS = {"q1": ["u/a", "u/b"], "q2": ["u/c", "u/b"]}
-
-    def search(self, query: str, k: int) -> list[SearchResult]:
-        urls = self.HITS.get(query.split()[0] if query.split() else "", [])[:k]
-        return [SearchResult(self.DOCS[u][0], u, self.DOCS[u][1][:9]) for u in urls]
-
-    def fetch(self, url: str) -> str | None:
-        d = self.DOCS.get(url)
-        return f"{d[0]}\n\n{d[1]}" if d else None
-
 
 Q = {"id": "t1", "question": "What is the answer?", "answers": ["42"]}
 D1 = "Doc 1(Title: A) Alpha one. Alpha two.\nDoc 2(Title: B) Beta one."

@@ -11,32 +11,21 @@ import hashlib
 import json
 
 import pytest
+from support.fixed_search import FixedSearch as _FixedSearch
 from support.scripted_chat import ScriptedChat, tool_call
 
 import attnprobe
 from attnprobe.agents import refiners
-from attnprobe.agents.search import SearchResult
 from attnprobe.generation.toolparse import call_ids
 from attnprobe.studies.runner import RunSettings, run_questions
 from attnprobe.studies.runner import validation as V
 from attnprobe.studies.runner.worker import CALL_HINT, WORKER_SYSTEM
 
 
-class FixedSearch:
-    """'q1 ...' -> pages A, B; 'q2 ...' -> C, B; anything else -> nothing."""
+class FixedSearch(_FixedSearch):
+    """The shared fixed pages, page C with a third sentence (the refiner has something to drop)."""
 
-    name = "fixed"
-    DOCS = {"u/a": ("A", "Alpha one. Alpha two."), "u/b": ("B", "Beta one."),
-            "u/c": ("C", "Gamma one. Answer is 42. Gamma three.")}
-    HITS = {"q1": ["u/a", "u/b"], "q2": ["u/c", "u/b"]}
-
-    def search(self, query: str, k: int) -> list[SearchResult]:
-        urls = self.HITS.get(query.split()[0] if query.split() else "", [])[:k]
-        return [SearchResult(self.DOCS[u][0], u, self.DOCS[u][1][:9]) for u in urls]
-
-    def fetch(self, url: str) -> str | None:
-        d = self.DOCS.get(url)
-        return f"{d[0]}\n\n{d[1]}" if d else None
+    DOCS = {**_FixedSearch.DOCS, "u/c": ("C", "Gamma one. Answer is 42. Gamma three.")}
 
 
 Q = [{"id": "t1", "question": "What is the answer?", "answer": "42", "aliases": []}]
