@@ -97,6 +97,7 @@ def _executor(args):
 
 def cmd_interference(args) -> int:
     from attnprobe.agents.search import make_search
+    from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.context import parse_setting
     from attnprobe.studies.loop.questions import read_questions
@@ -114,7 +115,7 @@ def cmd_interference(args) -> int:
                         open_lines=args.open_lines, max_tokens=args.max_new_tokens, temperature=args.temperature,
                         judge=args.judge, search=args.search, corpus=args.corpus)
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
-    with _executor(args) as ex:
+    with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
                                   force=args.force, n_boot=args.bootstrap)
     print((Path(args.out) / "study.md").read_text(encoding="utf-8"))
@@ -166,6 +167,7 @@ def cmd_attention(args) -> int:
     from attnprobe.cli.options import executor, model_options
     from attnprobe.counterfactual.job import run_on_executor
     from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, read_study, run_attention
 
     out = Path(args.out)
@@ -173,7 +175,7 @@ def cmd_attention(args) -> int:
     opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
                       progress=not args.no_progress)
-    with executor(args) as ex:
+    with hold_dir_lock(out, "study folder"), executor(args) as ex:  # not while the study itself runs
         def counterfactual(folder, trajectories, spec, min_past):
             return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force)
 

@@ -277,3 +277,38 @@ def test_tag_log_import_cli(tmp_path, capsys):
     assert main(["import", str(_write(tmp_path / "bad.jsonl", ["[]"])), "--format", "tags", "--out",
                  str(tmp_path / "o2.jsonl")]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from attnprobe.io import hold_dir_lock
+with hold_dir_lock(Path(sys.argv[1]), "study folder"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_study_folder_in_use_is_refused_by_both_study_commands(tmp_path, capsys):
+    """One run per study folder: `study interference` and `study attention` refuse a folder another process
+    holds, in one line naming it, before any model loads (both rewrite study.md)."""
+    import subprocess
+    import sys
+
+    from support.studydir import make_study
+
+    from attnprobe.cli.main import main
+    from attnprobe.resources import data_path
+
+    out = make_study(tmp_path / "study")
+    proc = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert main(["study", "attention", str(out)]) == 2
+        assert main(["study", "interference", str(data_path("questions_loop.jsonl")), "--scaffold", "seed002",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count(f"the study folder is in use by process {proc.pid}") == 2, err
+    finally:
+        proc.kill()
+        proc.wait()
