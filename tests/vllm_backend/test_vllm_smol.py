@@ -10,7 +10,12 @@ import pytest
 # a submodule: (kept as a guard: a folder named vllm on sys.path would look like a namespace package)
 pytest.importorskip("vllm.sampling_params", reason="the vLLM backend tests need vLLM (run .ci/vllm.sh)")
 
-TOL = 1e-5
+# fp32 vLLM (CPU kernels) vs the transformers backend on the 1.6k-5.6k-token shipped trajectories: two
+# kernels summing the same ~5k-term softmax rows in different orders. Measured (2026-12-02, 2 cores): 9e-6
+# one at a time, 4.8e-6 at chunk edges, 1.03e-5 batched (also 1.03e-5 on the project's CI machine). The
+# bound is 2e-5: twice the worst measured, so a machine with other vector widths does not fail on rounding.
+# (The transformers capture against eager attention is held to 1e-5 in tests/reference.)
+TOL = 2e-5
 
 CHUNK = 256
 
@@ -98,10 +103,9 @@ def test_chunk_edges(engines, shipped):
 def test_batched_equals_one_at_a_time(engines, shipped, singles):
     """Several shipped trajectories in one generate call: the scheduler mixes them in its chunks.
 
-    The batched capture equals vLLM's one-at-a-time capture within 1e-5. Against transformers it is held
-    to 2e-5: it sits one mixed-batch rounding (<= 1e-5, asserted here) from vLLM alone, which sits within
-    1e-5 of transformers (test_shipped_trajectories_match_transformers); a CI run measured 1.03e-5 on the
-    5.6k-token sample-reasoning-1, fp32 summation over different chunk groupings.
+    The batched capture equals vLLM's one-at-a-time capture and the transformers capture within TOL (a CI
+    run measured 1.03e-5 against transformers on the 5.6k-token sample-reasoning-1: fp32 summation over
+    different chunk groupings).
     (The 6k-token long_research sample is left out to keep the suite short on 2 cores.)
     """
     from attnprobe.capture.api import capture_many
@@ -114,7 +118,7 @@ def test_batched_equals_one_at_a_time(engines, shipped, singles):
     for traj, rb in zip(batch, many):
         assert rb.trajectory_id == traj.id and rb.meta["batch_size"] == len(batch)
         rv, rt = singles[traj.id]
-        worst = max(worst, assert_same(rb, rv), assert_same(rb, rt, tol=2 * TOL))
+        worst = max(worst, assert_same(rb, rv), assert_same(rb, rt))
     # the batch really mixed requests inside prefill steps (so slicing by query_start_loc was exercised)
     assert all(r.meta["prefill_steps_shared"] > 0 for r in many)
     assert all(r.meta["prefill_steps_shared"] == 0 for r, _ in singles.values())
