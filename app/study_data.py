@@ -17,8 +17,7 @@ from pathlib import Path
 
 from attnprobe.io import safe_name
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.loop.attention import CATEGORIES as ATTENTION_CATEGORIES
-from attnprobe.studies.loop.attention import QUERY_LABELS
+from attnprobe.studies.loop.attention import QUERY_LABELS, share_rows
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
@@ -306,25 +305,13 @@ def attention_summary(root: Path, study: Study):
 
 
 def attention_rows(summary: dict, query: str) -> list[dict]:
-    """One row per setting of ``attention.json`` at ``query`` (``decision`` or ``reasoning``): calls
-    captured / recorded, questions, tokens per call and each category's share as "x.x [lo, hi]" (%), as
-    attention.md prints them; "n/a" where the setting has no capture at that query. Malformed entries
-    raise DataError (the page shows it and goes on)."""
-    rows = []
+    """attention.json's per-setting table at ``query`` (``decision`` or ``reasoning``), as attention.md
+    prints it (:func:`attnprobe.studies.loop.attention.share_rows`); a malformed file is a DataError (the
+    page shows it and goes on)."""
     try:
-        for setting, d in summary["settings"].items():
-            shares = (d.get(query) or {}).get("shares")
-            tok = d.get("tokens_per_call")
-            row = {"setting": setting, "calls captured / recorded": f"{d['captured_calls']} / {d['recorded_calls']}",
-                   "questions": (d.get(query) or {}).get("questions", 0),
-                   "tokens per call": "n/a" if tok is None else f"{tok:.0f}"}
-            for c in ATTENTION_CATEGORIES:
-                row[c.replace("_", " ")] = "n/a" if not shares else format_ci(
-                    shares[c]["mean"], (shares[c]["lo"], shares[c]["hi"]), pct=True, signed=False, unit="")
-            rows.append(row)
+        return share_rows(summary, query)
     except (KeyError, TypeError, AttributeError) as exc:
         raise D.DataError(f"{ATTENTION_FILE}: unexpected layout ({type(exc).__name__}: {exc})") from None
-    return rows
 
 
 def attention_query_label(query: str) -> str:

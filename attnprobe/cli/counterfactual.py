@@ -60,9 +60,8 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     """Plan, run resumably on the executor the options choose, write OUT/summary.json and
     OUT/summary.md; (exit code, summary)."""
     from attnprobe.agents.policies import default_min_past
-    from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
+    from attnprobe.counterfactual.job import run_steps
     from attnprobe.counterfactual.steps import plan_steps
-    from attnprobe.counterfactual.summary import markdown_table, summarize_dir
     from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
     from attnprobe.trajectory.schema import load_files
 
@@ -75,24 +74,21 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
              "" if args.min_past is not None else " (the default for these policies)")
     ensure_writable_dir(out)
     with hold_dir_lock(out), executor(args) as ex:
-        opts = run_options(args)
-        settings = ex.call(counterfactual_settings, names, run_options(args, progress=False))
-        job = CounterfactualJob(out, steps, specs, settings, opts, batch_size=args.batch_size, force=args.force)
-        counts = ex.run(job)
-    skipped: list = []
-    summary = summarize_dir(out, skipped=skipped)
+        report = run_steps(ex, out, steps, names, specs, run_options(args), batch_size=args.batch_size,
+                           force=args.force)
+    counts, summary, skipped = report["counts"], report["summary"], report["skipped"]
     for where, why in skipped:
         log.warning("summary: skipped %s: %s", where, why)
     atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
     notes = [f"Steps with >= {min_past} past turns.", ""]
     notes += [f"Skipped {len(skipped)} unreadable step record(s): " + "; ".join(f"{w}: {r}" for w, r in skipped), ""] \
         if skipped else []
-    md = "\n".join(notes + [f"## query: {q}\n\n{markdown_table(summary, q)}" for q in ("decision", "reasoning")])
+    md = "\n".join(notes + [f"## query: {q}\n\n{table}" for q, table in report["markdown"].items()])
     atomic_write_text(out / "summary.md", md)
     log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
              counts["done"], counts["done_before"], counts["failed"], out / "summary.md")
     if not getattr(args, "quiet", False):
-        print(markdown_table(summary, "decision"))
+        print(report["markdown"]["decision"])
     return (1 if counts["failed"] else 0), summary
 
 

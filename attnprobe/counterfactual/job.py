@@ -104,19 +104,27 @@ def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], 
     return LocalExecutor(lambda: model, progress=opts.progress).run(job)
 
 
-def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
-                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False) -> dict:
-    """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns on ``executor`` (any
-    executor; resumable) into ``out``, then the summary of ``out``: ``{"steps", "min_past", "counts",
-    "summary", "skipped", "markdown": {query: table}}``. No step qualifies: ``steps`` 0, nothing run and
-    no model loaded (callers that compose studies report it instead of failing)."""
-    if not any(choose_steps(t, min_past=min_past) for t in trajectories):
-        return {"steps": 0, "min_past": min_past}
-    names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
-    settings = executor.call(counterfactual_settings, names, replace(opts, progress=False))
-    job = CounterfactualJob(Path(out), steps, list(specs), settings, opts, batch_size=batch_size, force=force)
+def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[str], specs: Sequence[str],
+              opts: RunOptions, *, batch_size: int = 1, force: bool = False) -> dict:
+    """Planned ``steps`` (:func:`plan_steps`) under every policy of ``specs`` on ``executor`` (any executor;
+    resumable) into ``out``, then the summary of ``out``: ``{"counts", "summary", "skipped", "markdown":
+    {query: table}}``. The settings are made where the model is."""
+    settings = executor.call(counterfactual_settings, list(names), replace(opts, progress=False))
+    job = CounterfactualJob(Path(out), list(steps), list(specs), settings, opts, batch_size=batch_size, force=force)
     counts = executor.run(job)
     skipped: list = []
     summary = summarize_dir(out, skipped=skipped) if Path(out).is_dir() else {}
-    return {"steps": len(steps), "min_past": min_past, "counts": counts, "summary": summary, "skipped": skipped,
+    return {"counts": counts, "summary": summary, "skipped": skipped,
             "markdown": {q: markdown_table(summary, q) for q in ("decision", "reasoning")}}
+
+
+def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
+                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False) -> dict:
+    """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns (:func:`run_steps`), as
+    ``{"steps", "min_past", **run_steps(...)}``. No step qualifies: ``steps`` 0, nothing run and no model
+    loaded (callers that compose studies report it instead of failing)."""
+    if not any(choose_steps(t, min_past=min_past) for t in trajectories):
+        return {"steps": 0, "min_past": min_past}
+    names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
+    return {"steps": len(steps), "min_past": min_past,
+            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force)}

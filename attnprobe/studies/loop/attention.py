@@ -263,6 +263,20 @@ def _pct(d: dict) -> str:
     return format_ci(d["mean"], (d["lo"], d["hi"]), pct=True, signed=False, unit="")
 
 
+def share_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """One row per setting of attention.json at ``query``: calls captured / recorded, questions, tokens per
+    call and each category's share as "x.x [lo, hi]" (%), "n/a" where the setting has no capture there
+    (attention.md's table and the app's Study page)."""
+    rows = []
+    for s, d in doc["settings"].items():
+        sh = d[query].get("shares")
+        tok = d["tokens_per_call"]
+        rows.append({"setting": s, "calls captured / recorded": f"{d['captured_calls']} / {d['recorded_calls']}",
+                     "questions": d[query]["questions"], "tokens per call": "n/a" if tok is None else f"{tok:.0f}",
+                     **{c.replace("_", " "): _pct(sh[c]) if sh else "n/a" for c in CATEGORIES}})
+    return rows
+
+
 def markdown(doc: dict) -> str:
     """attention.md: the shares per setting at both queries, then the counterfactuals per setting."""
     labels = [c.replace("_", " ") for c in CATEGORIES]
@@ -276,12 +290,7 @@ def markdown(doc: dict) -> str:
         lines += [f"### {QUERY_LABELS[q].capitalize()}", "",
                   "| setting | calls captured / recorded | questions | tokens per call | " + " | ".join(labels) + " |",
                   "|---" * (len(CATEGORIES) + 4) + "|"]
-        for s, d in doc["settings"].items():
-            sh = d[q].get("shares")
-            cells = [_pct(sh[c]) for c in CATEGORIES] if sh else ["n/a"] * len(CATEGORIES)
-            tok = f"{d['tokens_per_call']:.0f}" if d["tokens_per_call"] is not None else "n/a"
-            lines.append(f"| {s} | {d['captured_calls']} / {d['recorded_calls']} | {d[q]['questions']} | {tok} | "
-                         + " | ".join(cells) + " |")
+        lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in share_rows(doc, q)]
         lines.append("")
     lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']})", "",
               f"Each setting's policy applied after the fact to the full histories of {doc['baseline']} "
