@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=1,
-                    help="steps per backend call: their contexts share the prefill of common prefixes (exact)")
+                    help="trajectories per backend call (the steps of a trajectory always share one pass)")
     ap.add_argument("--no-actions", action="store_true")
     ap.add_argument("--no-logprob", action="store_true")
     ap.add_argument("--from-baseline", action="store_true", help="model-free reasoning-start numbers (see above)")

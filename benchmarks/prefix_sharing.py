@@ -144,6 +144,8 @@ def main() -> None:
     ap.add_argument("--truncate-layers", type=int, default=None,
                     help="keep only the first N decoder layers (a cheaper model with the same per-token structure, "
                          "for timing on a crowded machine; the counts do not depend on it)")
+    ap.add_argument("--modes", default="shared,plain-trie,independent",
+                    help="comma-separated timing modes, in this order (default: all three)")
     ap.add_argument("--markdown", default=None, help="only print the tables of an existing report (JSON) and exit")
     ap.add_argument("--timings", default=None, help="comma-separated set names to time (default: all, in this order: "
                     "counterfactual growth, synthetic, runner, ibis); 'none' for counts only")
@@ -239,7 +241,7 @@ def run_timings(args, model, sets, report, order, save, t_start, run_plans) -> N
     for name in order:
         plans = sets[name]
         c = report["counts"][name]
-        for mode in ("shared", "plain-trie", "independent"):
+        for mode in args.modes.split(","):
             tokens = c["plan_tokens"] if mode == "independent" else c["prefilled_tokens"]
             left = budget - (time.perf_counter() - t_start)
             if rate is not None and tokens / rate > left:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -126,6 +126,32 @@ class BackendOutputs(list):
     sharing: Any = None
 
 
+@dataclass(frozen=True)
+class GenerationCounts:
+    """Tokens of one generation: the prompt, what was prefilled before the first new token (1 when the
+    capture's cache is reused; the whole prompt for a plain ``generate``), and the new tokens."""
+
+    prompt_tokens: int
+    prefilled_tokens: int
+    new_tokens: int
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.prompt_tokens - self.prefilled_tokens
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Continue ``plans[plan].input_ids[:prompt_length]`` greedily for up to ``max_new_tokens``;
+    ``kwargs`` go to ``model.generate`` (``pad_token_id``, ``eos_token_id``, a fresh
+    ``stopping_criteria`` per request, ...)."""
+
+    plan: int
+    prompt_length: int
+    max_new_tokens: int
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
 @runtime_checkable
 class CaptureBackend(Protocol):
     """A capture backend: loads models and runs chunked prefills with the scoring hooks active."""
@@ -148,6 +174,11 @@ class CaptureBackend(Protocol):
         prefill counts.
         """
         ...
+
+    # Optional: ``capture_and_generate(model, plans, requests, *, chunk_size, progress=False)`` ->
+    # (outputs, new token ids per request, GenerationCounts per request): capture with prefix sharing
+    # and answer each GenerationRequest greedily from the cache the capture built (the transformers
+    # backend has it; callers check with ``hasattr`` and otherwise generate in full).
 
 
 # ---------------------------------------------------------------------------------------- registry

@@ -4,10 +4,15 @@ Done means a readable meta.json made with the same settings and weights from a t
 same content hash. A corrupt meta.json (named in a warning) or a changed trajectory (one info line)
 means recapture. Other settings or weights are a *conflict*: :meth:`CaptureJob.conflicts` lists them
 before any model loads, and the command refuses to mix variants in one folder unless ``--force``.
+
+Trajectories that begin alike (same tools, same first two messages: the calls of one recorded agent
+run, which extend each other) form a group of up to :data:`GROUP_LIMIT`, captured in one backend call
+that prefills their common prefixes once (:func:`sharing_groups`); the rest are captured one by one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -23,6 +28,33 @@ from attnprobe.results.result import META_FILE
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
+
+# Trajectories per sharing group: one backend call, written when it ends (the resume granularity).
+GROUP_LIMIT = 32
+
+
+def sharing_groups(trajectories: Sequence[Trajectory]) -> list[tuple[Trajectory, str | None]]:
+    """The trajectories in capture order with their group (None: alone). A family is the trajectories
+    with the same tools and first two messages (system and task, or the task and the first reply),
+    in first-appearance order; inside it they are sorted by their messages, so a call comes right
+    before the calls that extend it, and cut into groups of up to :data:`GROUP_LIMIT`."""
+    def dump(x) -> str:
+        return json.dumps(x, sort_keys=True, default=str)
+
+    families: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        key = hashlib.sha1(dump([t.tools, t.messages[:2]]).encode()).hexdigest()[:16]
+        families.setdefault(key, []).append(t)
+    out: list[tuple[Trajectory, str | None]] = []
+    for key, ts in families.items():
+        if len(ts) == 1:
+            out.append((ts[0], None))
+            continue
+        ts = sorted(ts, key=lambda t: [dump(m) for m in t.messages])
+        for k in range(0, len(ts), GROUP_LIMIT):
+            part = ts[k:k + GROUP_LIMIT]
+            out += [(t, f"{key}/{k // GROUP_LIMIT}" if len(part) > 1 else None) for t in part]
+    return out
 
 
 @dataclass(frozen=True)
@@ -79,8 +111,9 @@ class CaptureJob(JobBase):
 
     def items(self) -> list[WorkItem]:
         cap = self.options.max_tokens if self.options.truncate else None
-        return [WorkItem(key=t.id, tokens=t.estimated_tokens(cap), describe={"trajectory_id": t.id}, data=t)
-                for t in self.trajectories]
+        return [WorkItem(key=t.id, tokens=t.estimated_tokens(cap), describe={"trajectory_id": t.id}, data=t,
+                         group=group if self.options.share_prefixes else None)
+                for t, group in sharing_groups(self.trajectories)]
 
     def _state(self, t: Trajectory, since: float | None = None) -> tuple[bool, str | None]:
         """(done, conflict) of one trajectory's folder; decided once per trajectory (the driver asks for

@@ -42,7 +42,8 @@ def add_counterfactual_options(p) -> None:
                    help="also the teacher-forced log-probability of the recorded step in both contexts "
                         "(one forward pass each; transformers)")
     g.add_argument("--batch-size", type=positive_int, default=1,
-                   help="steps per backend call (vLLM batches all their contexts in one generate)")
+                   help="trajectories per backend call; the steps of one trajectory always share one call, which "
+                        "prefills their common prefixes once (vLLM batches all their contexts in one generate)")
     add_capture_options(p, only=("layers", "rendering", "max_tokens", "no_prefix_sharing"))
 
 

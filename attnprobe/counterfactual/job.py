@@ -1,4 +1,9 @@
-"""The counterfactual run as a job: one work item per step, every policy of the step in its batch."""
+"""The counterfactual run as a job: one work item per step, every policy of the step in its batch.
+
+The steps of one trajectory form one group (:class:`~attnprobe.execution.job.WorkItem`), so they
+always run in one backend call whatever ``batch_size`` (which counts trajectories): their original
+contexts are prefixes of each other and their policies' contexts share everything before the first
+message a policy changes, so one prefix-sharing pass prefills each unique token once."""
 
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ class CounterfactualJob(JobBase):
         for s in self.steps:
             prefix = replace(s.trajectory, messages=s.trajectory.messages[: s.message_index + 1])
             out.append(WorkItem(key=f"{s.trajectory.id}#{s.key}", tokens=prefix.estimated_tokens() * (1 + len(self.names)),
-                                describe={"trajectory_id": s.trajectory.id, "step": s.message_index}, data=s))
+                                describe={"trajectory_id": s.trajectory.id, "step": s.message_index}, data=s,
+                                group=s.trajectory.id))
         return out
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
@@ -94,7 +100,8 @@ def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], 
     """Run every policy at every chosen step of every trajectory into ``out`` in this process
     (resumable: finished (step, policy) folders with the same settings are skipped; failures go to
     ``out/errors.jsonl``): :class:`~attnprobe.counterfactual.job.CounterfactualJob` on the local
-    executor. ``batch_size`` steps share one backend call (vLLM batches their prefills)."""
+    executor. Every step of a trajectory shares one backend call; ``batch_size`` trajectories do
+    (vLLM batches their prefills)."""
     opts = opts or RunOptions()
     names, steps = plan_steps(trajectories, policies, min_past=min_past, include_actions=include_actions,
                               turns=turns, max_steps=max_steps)

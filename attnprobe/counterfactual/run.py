@@ -7,9 +7,12 @@ message appended (teacher forcing), at two queries: the **decision** position (t
 the generation prompt, where step t's action is predicted) and the step's **reasoning start** (its
 first token, seed 002 E.2/E.3's query).
 
-Costs: one prefill of the whole original trajectory serves the original rows of every step (causal
-attention: later tokens never change an earlier query's row), plus one prefill per (step, policy).
-All plans of a batch of steps go to the capture backend in one ``run`` call, so vLLM batches them.
+Costs: one capture of the original trajectory serves the original rows of every step (causal
+attention: later tokens never change an earlier query's row), plus one plan per (step, policy). All
+plans of a batch (every step of a trajectory: :mod:`~attnprobe.counterfactual.job`) go to the capture
+backend in one ``run`` call, which prefills each unique token once (transformers) or batches them
+(vLLM). With ``actions`` on transformers, each next action continues greedily from the cache the
+capture built (:func:`cache_requests`): 1 token prefilled per generation instead of the prompt.
 
 The rows are analysed in :mod:`~attnprobe.counterfactual.analysis`:
 
@@ -59,11 +62,16 @@ SEMANTICS = 2
 
 
 # ------------------------------------------------------------------ next action
-def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: Sequence[str]) -> dict:
+def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: Sequence[str],
+                reply=None, prefilled: int | None = None) -> dict:
     """Greedy next action, named by the trajectory's own tools or seed 004's tags
     (:func:`attnprobe.counterfactual.actions.classify_action`: ``decision``, ``method`` = its kind),
-    plus the exact first structured tool call and the reply text."""
-    reply = chat.complete(messages, tools, max_tokens=max_tokens, temperature=0.0)
+    plus the exact first structured tool call and the reply text. ``reply``: the chat's reply already
+    generated (from the captured cache, :func:`cache_replies`; ``prefilled``: the prompt tokens its
+    generation prefilled); else ``chat.complete`` generates it, prefilling the whole prompt."""
+    if reply is None:
+        reply = chat.complete(messages, tools, max_tokens=max_tokens, temperature=0.0)
+        prefilled = reply.input_tokens
     text = reply.raw_text or reply.content or ""
     parsed = classify_action(text, reply.tool_calls, vocabulary)
     call = None
@@ -73,7 +81,29 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: 
         call = {"name": fn.get("name"), "arguments": call_arguments(fn, on_error="raw") if isinstance(args, str)
                 else args}
     return {"decision": parsed["action"], "method": parsed["kind"], "call": call, "text": text[:2000],
-            "output_tokens": reply.output_tokens}
+            "output_tokens": reply.output_tokens,
+            "generation": {"prompt_tokens": reply.input_tokens, "prefilled_tokens": prefilled}}
+
+
+def cache_requests(chat, plans: Sequence, wanted: Sequence[tuple[Any, int, list[dict], Any]], max_tokens: int):
+    """Which next actions can continue from the capture's KV cache: those whose chat prompt (the
+    messages rendered with the generation prompt, as ``chat.complete`` renders them) is a token prefix
+    of a plan. ``wanted``: (key, plan index, messages, tools). Returns (generation requests, and per
+    request (key, prompt, messages, tools, stopping criterion)); the rest generate in full."""
+    from attnprobe_hooks.backend import GenerationRequest
+
+    if not hasattr(chat, "generation_settings"):
+        return [], []
+    requests, pending = [], []
+    for key, pi, messages, tools in wanted:
+        prompt = chat.prompt(messages, tools)
+        n = len(prompt.ids)
+        if n <= plans[pi].n and np.array_equal(np.asarray(plans[pi].input_ids[:n]), prompt.ids):
+            kw, stop = chat.generation_settings(n, tools, max_tokens=max_tokens)
+            kw = {k: v for k, v in kw.items() if k not in ("max_new_tokens", "do_sample")}
+            requests.append(GenerationRequest(pi, n, max_tokens, kw))
+            pending.append((key, prompt, messages, tools, stop))
+    return requests, pending
 
 
 def actions_chat(model: LoadedModel):
@@ -133,6 +163,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     if not todo:
         return
     by_traj: dict[str, list[Step]] = {}
+    trajs = {s.trajectory.id: s.trajectory for s, _, _ in todo}
     for s, _, _ in todo:
         if s not in by_traj.setdefault(s.trajectory.id, []):
             by_traj[s.trajectory.id].append(s)
@@ -180,9 +211,29 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     chosen = check_layers(model, opts.layers)
     chunk = opts.chunk_size or model.default_chunk_size
     plans = [make_plan(c.rendered, c.points, chosen, desc=c.trajectory.id) for c in contexts]
+    # Next actions continue from the cache the capture builds (sharing path, transformers): the
+    # prompt is already prefilled there, so each generation prefills 1 token instead of the prompt.
+    backend = get_backend(model.backend)
+    wanted = []
+    if opts.actions and chat is not None and opts.share_prefixes and hasattr(backend, "capture_and_generate"):
+        wanted = [(("o", tid, mi), ci, trajs[tid].messages[:mi], trajs[tid].tools)
+                  for (tid, mi), (ci, _r, _p, _c) in orig_slot.items()]
+        wanted += [(("c", tid, mi, n), k, cfx.messages, trajs[tid].tools) for (tid, mi, n), (k, cfx) in cf_slot.items()]
+    requests, pending = cache_requests(chat, plans, wanted, opts.max_new_tokens)
+    replies: dict[Any, tuple[Any, int]] = {}
     t0 = time.perf_counter()
-    outputs = get_backend(model.backend).run(model, plans, chunk_size=chunk, progress=opts.progress,
-                                             share_prefixes=opts.share_prefixes)
+    if requests:
+        outputs, new, counts = backend.capture_and_generate(model, plans, requests, chunk_size=chunk,
+                                                            progress=opts.progress)
+        for (key, prompt, messages, tools, stop), ids, c in zip(pending, new, counts):
+            replies[key] = (chat.finish(prompt, ids, tools, opts.max_new_tokens, messages, stop), c.prefilled_tokens)
+        log.info("counterfactual batch: %d next actions from the captured cache: %d prompt tokens, prefilled %d "
+                 "(the rest were in the cache); %d by a full prefill", len(requests),
+                 sum(c.prompt_tokens for c in counts), sum(c.prefilled_tokens for c in counts),
+                 len(wanted) - len(requests))
+    else:
+        outputs = backend.run(model, plans, chunk_size=chunk, progress=opts.progress,
+                              share_prefixes=opts.share_prefixes)
     sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
     if sharing is not None:
         log.info("counterfactual batch: %s", sharing.line())
@@ -214,9 +265,10 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
             vocab = tool_vocabulary(traj.tools, traj.messages[: s.message_index])
             if key not in actions_orig:
                 actions_orig[key] = next_action(chat, traj.messages[: s.message_index], traj.tools,
-                                                opts.max_new_tokens, vocab)
+                                                opts.max_new_tokens, vocab, *replies.get(("o", *key), (None, None)))
             a_o = actions_orig[key]
-            a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens, vocab)
+            a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens, vocab,
+                              *replies.get(("c", *key, n), (None, None)))
             record["action"] = {"original": a_o, "counterfactual": a_c,
                                 "changed": a_o["decision"] != a_c["decision"],
                                 "call_changed": a_o["call"] != a_c["call"]}

@@ -24,12 +24,15 @@ from attnprobe.io import EXPECTED_ERRORS
 class WorkItem:
     """One unit of work. ``key``: unique within the job; ``tokens``: estimated cost (Ray balances
     shards by it; no tokenizer needed); ``describe``: what ``errors.jsonl`` says failed; ``data``:
-    what ``run`` needs."""
+    what ``run`` needs; ``group``: items with the same group always run in one batch (they share
+    work, e.g. the steps of one trajectory share its prefill), and a group counts as one toward the
+    job's ``batch_size``."""
 
     key: str
     tokens: int = 1
     describe: dict = field(default_factory=dict)
     data: Any = None
+    group: str | None = None
 
 
 @runtime_checkable
@@ -104,11 +107,22 @@ class JobBase:
 
 
 def batches(todo: Sequence[WorkItem], size: int) -> list[list[WorkItem]]:
-    """The batches every executor runs: consecutive unfinished items, ``size`` at a time, in order.
-    Both executors cut them the same way, so results that depend on the batch (counterfactual
-    originals prefilled to the batch's last step) are the same bit for bit."""
+    """The batches every executor runs: the unfinished items in order, ``size`` units at a time, where a
+    unit is one item, or all items of one ``group`` (gathered at the group's first item). Both
+    executors cut them the same way, so results that depend on the batch (captures that share a
+    prefill) are the same bit for bit."""
     size = max(1, int(size))
-    return [list(todo[i:i + size]) for i in range(0, len(todo), size)]
+    units: list[list[WorkItem]] = []
+    where: dict[str, int] = {}
+    for it in todo:
+        if it.group is None:
+            units.append([it])
+        elif it.group in where:
+            units[where[it.group]].append(it)
+        else:
+            where[it.group] = len(units)
+            units.append([it])
+    return [[it for u in units[i:i + size] for it in u] for i in range(0, len(units), size)]
 
 
 def written_since(path: Path, since: float | None) -> bool:

@@ -175,14 +175,28 @@ class TransformersChat:
         ids = torch.as_tensor(prompt.ids)[None]
         if self._device() is not None:
             ids = ids.to(self._device())
+        kw, stop = self.generation_settings(len(prompt.ids), tools, max_tokens=max_tokens, temperature=temperature,
+                                            on_progress=on_progress)
+        with torch.inference_mode():
+            out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        return self.finish(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens, messages, stop)
+
+    def generation_settings(self, n_prompt: int, tools: list[dict] | None = None, *, max_tokens: int = 256,
+                            temperature: float = 0.0, on_progress=None) -> tuple[dict[str, Any], Any]:
+        """The ``model.generate`` keywords :meth:`complete` uses for one prompt of ``n_prompt`` tokens
+        (a fresh stopping criterion each call), and that criterion (None when nothing stops early):
+        whoever decodes the prompt another way (e.g. from a captured KV cache) passes these and hands
+        the new tokens to :meth:`finish`, and gets the reply :meth:`complete` would give."""
         kw = self._gen_kwargs(max_tokens, temperature)
         names = self._active_stop_names(tools) or []
         stop = None
         if names or self.no_call_tokens is not None or on_progress is not None:
-            stop = kw["stopping_criteria"] = self._stopping(ids.shape[1], names, on_progress)
-        with torch.inference_mode():
-            out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        new = out[0, ids.shape[1]:].tolist()
+            stop = kw["stopping_criteria"] = self._stopping(n_prompt, names, on_progress)
+        return kw, stop
+
+    def finish(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
+               messages: list[dict], stop: Any = None) -> ChatReply:
+        """The reply for one prompt's ``new`` token ids, generated with :meth:`generation_settings`."""
         no_call = stop is not None and stop[0].reason.get(0) == "no_call"
         return self._reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
 

@@ -214,3 +214,11 @@ class TransformersBackend:
         """Plans one pass after the other (batch size 1 per forward pass), each unique token prefilled
         once unless ``share_prefixes`` is off (see :func:`run_plans`)."""
         return run_plans(model, plans, chunk_size=chunk_size, progress=progress, share_prefixes=share_prefixes)
+
+    def capture_and_generate(self, model: LoadedModel, plans: Sequence[CapturePlan], requests: Sequence[Any], *,
+                             chunk_size: int, progress: bool = False):
+        """Capture with prefix sharing and continue each ``GenerationRequest`` greedily from the cache the
+        capture built (:func:`attnprobe_hooks.transformers.generate.capture_and_generate`)."""
+        from attnprobe_hooks.transformers.generate import capture_and_generate
+
+        return capture_and_generate(model, plans, requests, chunk_size=chunk_size, progress=progress)

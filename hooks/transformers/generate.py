@@ -14,29 +14,21 @@ Greedy decoding only: the first new token comes from the same logits a full pref
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from attnprobe_hooks.backend import BackendOutput, BackendOutputs, CapturePlan, LoadedModel
+from attnprobe_hooks.backend import (
+    BackendOutput,
+    BackendOutputs,
+    CapturePlan,
+    GenerationCounts,
+    GenerationRequest,
+    LoadedModel,
+)
 from attnprobe_hooks.transformers.backend import crop_to, run_plans
-
-
-@dataclass(frozen=True)
-class GenerationCounts:
-    """Tokens of one generation: the prompt, what was prefilled before the first new token (1 when the
-    capture's cache is reused; the whole prompt for a plain ``generate``), and the new tokens."""
-
-    prompt_tokens: int
-    prefilled_tokens: int
-    new_tokens: int
-
-    @property
-    def saved_tokens(self) -> int:
-        return self.prompt_tokens - self.prefilled_tokens
 
 
 def _cache_kw(model: torch.nn.Module) -> str:
@@ -72,18 +64,6 @@ def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence
             layer.keys, layer.values = k, v
     new = out[0, n:].tolist()
     return new, GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(new))
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """Continue ``plans[plan].input_ids[:prompt_length]`` greedily for up to ``max_new_tokens``;
-    ``kwargs`` go to ``model.generate`` (``pad_token_id``, ``eos_token_id``, a fresh
-    ``stopping_criteria`` per request, ...)."""
-
-    plan: int
-    prompt_length: int
-    max_new_tokens: int
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def capture_and_generate(loaded: LoadedModel, plans: Sequence[CapturePlan], requests: Sequence[GenerationRequest], *,

@@ -143,24 +143,26 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     from attnprobe.resources import data_path
     from attnprobe.trajectory.schema import load_trajectories
 
-    trajs = load_trajectories(data_path("reasoning_content.jsonl"))[:1]
+    trajs = load_trajectories(data_path("reasoning_content.jsonl"))[:2]
     opts = RunOptions(actions=True, max_new_tokens=8)
     specs = ["mask:1", "ircot:oq"]
-    kw = {"min_past": 2, "batch_size": 2}
+    kw = {"min_past": 2, "batch_size": 1}
 
     def job():
         names, steps = plan_steps(trajs, specs, min_past=2)
         settings = pool.call(counterfactual_settings, names, opts)
-        return CounterfactualJob(tmp_path / "dist", steps, specs, settings, opts, batch_size=2)
+        return CounterfactualJob(tmp_path / "dist", steps, specs, settings, opts, batch_size=1)
 
     counts = pool.run(job())
-    assert counts == {"done_before": 0, "done": 3, "failed": 0}  # steps at turns 2, 3, 4; batches of 2 and 1
+    # steps at turns 2, 3, 4 of each trajectory; a trajectory's steps are one batch, one shard each
+    assert counts == {"done_before": 0, "done": 6, "failed": 0}
+    assert json.loads((tmp_path / "dist" / "distributed.json").read_text(encoding="utf-8"))["runs"][0]["shards"] == 2
 
     single = run_counterfactuals(smol, trajs, [parse_policy(p) for p in specs], tmp_path / "single", opts=opts,
                                  chat=TransformersChat(smol), **kw)
-    assert single["done"] == 3
+    assert single["done"] == 6
     folders = sorted(p.parent.relative_to(tmp_path / "single") for p in (tmp_path / "single").glob("*/*/step_*/record.json"))
-    assert len(folders) == 6
+    assert len(folders) == 12
     for rel in folders:
         a, b = tmp_path / "dist" / rel, tmp_path / "single" / rel
         ra, rb = (json.loads((x / "record.json").read_text(encoding="utf-8")) for x in (a, b))
@@ -171,7 +173,7 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
             for k in fb:
                 np.testing.assert_array_equal(fa[k], fb[k], err_msg=f"{rel}/{part}:{k}")
     stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")}
-    assert pool.run(job()) == {"done_before": 3, "done": 0, "failed": 0}
+    assert pool.run(job()) == {"done_before": 6, "done": 0, "failed": 0}
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "dist").rglob("record.json")} == stamps
 
 

@@ -39,7 +39,7 @@ def small_trajectory() -> Trajectory:
 POLICIES = [mask_observations(1), ircot("o"), ircot("oq"), ircot("oqp"), refine_latest(bm25_refiner(1), name="refine")]
 
 
-pytestmark = pytest.mark.slow  # ~1 min on an idle 2-core machine (model load, 8 captures, 7 short generations)
+pytestmark = pytest.mark.slow  # ~1.5 min on an idle 2-core machine (model load, 12 captures, 11 short generations)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,27 @@ def test_summary_table(small_run):
     assert all(v["decision"]["conservation_error"] < 1e-5 for v in s.values())
     table = markdown_table(s)
     assert table.count("\n") == 2 + len(s) and "| ircot:oqp | 1 |" in table
+
+
+def test_next_actions_from_the_captured_cache_equal_full_generation(small_run, smol, tmp_path):
+    """The run above generated every next action from the capture's cache (1 token prefilled each);
+    the same steps without prefix sharing generate with ``chat.complete`` (the whole prompt
+    prefilled): identical text, call and decision."""
+    from attnprobe.generation.transformers_chat import TransformersChat
+
+    out, traj, _ = small_run
+    shared = {r["policy"]: r["action"] for r in iter_records(out)}
+    run_counterfactuals(smol, [traj], [ircot("oq"), mask_observations(1)], tmp_path, turns=[5],
+                        opts=RunOptions(actions=True, max_new_tokens=24, share_prefixes=False),
+                        chat=TransformersChat(smol))
+    plain = {r["policy"]: r["action"] for r in iter_records(tmp_path)}
+    assert sorted(plain) == ["ircot:oq", "mask:1"]
+    for name, a in plain.items():
+        for side in ("original", "counterfactual"):
+            got, want = dict(shared[name][side]), dict(a[side])
+            g, w = got.pop("generation"), want.pop("generation")
+            assert got == want
+            assert g["prompt_tokens"] == w["prompt_tokens"] == w["prefilled_tokens"] > 100
+            assert g["prefilled_tokens"] == 1
+    assert shared["ircot:oq"]["counterfactual"]["generation"]["prompt_tokens"] < \
+        shared["ircot:oq"]["original"]["generation"]["prompt_tokens"]
