@@ -28,7 +28,7 @@ from attnprobe_hooks.backend import (
     GenerationRequest,
     LoadedModel,
 )
-from attnprobe_hooks.transformers.backend import crop_to, run_plans
+from attnprobe_hooks.transformers.prefill import crop_to, run_plans
 
 
 def _cache_kw(model: torch.nn.Module) -> str:

@@ -4,6 +4,7 @@ the same calls captured one at a time within 1e-5 (bundled model)."""
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
@@ -16,9 +17,11 @@ from attnprobe.trajectory.schema import load_trajectories
 
 def test_a_recorded_runs_calls_share_their_prefill_and_equal_one_at_a_time(smol, tmp_path, caplog):
     calls = load_trajectories(data_path("runs/nis_agent_sample.jsonl"))
-    grouped = [(t, g) for t, g in sharing_groups(calls) if g is not None]
-    first = grouped[0][1]
-    chain = [t for t, g in grouped if g == first][:4]  # one worker's first calls: each extends the one before
+    groups: dict[str, list] = {}
+    for t, g in sharing_groups(calls):
+        if g is not None:
+            groups.setdefault(g, []).append(t)
+    chain = max(groups.values(), key=len)[:4]  # calls that begin alike, in extension order
     assert len(chain) == 4
 
     def capture(out, share):
@@ -31,6 +34,9 @@ def test_a_recorded_runs_calls_share_their_prefill_and_equal_one_at_a_time(smol,
         shared = capture(tmp_path / "shared", True)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("capture batch:"))
     assert "4 plans" in line, line  # one backend call for the four calls
+    planned, prefilled = (int(re.search(w, line).group(1).replace(",", ""))
+                          for w in (r"plans, ([\d,]+) tokens", r"prefilled ([\d,]+)"))
+    assert prefilled < 0.7 * planned, line  # they share the system prompt, the task and the history
     alone = capture(tmp_path / "alone", False)
     for tid, a in alone.items():
         s = shared[tid]
