@@ -134,6 +134,7 @@ class GenerationCounts:
     prompt_tokens: int
     prefilled_tokens: int
     new_tokens: int
+    seconds: float = field(default=0.0, compare=False)  # wall time of the generation (not of the capture)
 
     @property
     def saved_tokens(self) -> int:

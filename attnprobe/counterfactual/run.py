@@ -67,7 +67,7 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: 
     """Greedy next action, named by the trajectory's own tools or seed 004's tags
     (:func:`attnprobe.counterfactual.actions.classify_action`: ``decision``, ``method`` = its kind),
     plus the exact first structured tool call and the reply text. ``reply``: the chat's reply already
-    generated (from the captured cache, :func:`cache_replies`; ``prefilled``: the prompt tokens its
+    generated (from the captured cache, :func:`cache_requests`; ``prefilled``: the prompt tokens its
     generation prefilled); else ``chat.complete`` generates it, prefilling the whole prompt."""
     if reply is None:
         reply = chat.complete(messages, tools, max_tokens=max_tokens, temperature=0.0)
@@ -222,11 +222,13 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     requests, pending = cache_requests(chat, plans, wanted, opts.max_new_tokens)
     replies: dict[Any, tuple[Any, int]] = {}
     t0 = time.perf_counter()
+    generating = 0.0  # seconds spent generating inside the capture call (not capture time)
     if requests:
         outputs, new, counts = backend.capture_and_generate(model, plans, requests, chunk_size=chunk,
                                                             progress=opts.progress)
         for (key, prompt, messages, tools, stop), ids, c in zip(pending, new, counts):
             replies[key] = (chat.finish(prompt, ids, tools, opts.max_new_tokens, messages, stop), c.prefilled_tokens)
+        generating = sum(c.seconds for c in counts)
         log.info("counterfactual batch: %d next actions from the captured cache: %d prompt tokens, prefilled %d "
                  "(the rest were in the cache); %d by a full prefill", len(requests),
                  sum(c.prompt_tokens for c in counts), sum(c.prefilled_tokens for c in counts),
@@ -238,7 +240,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     if sharing is not None:
         log.info("counterfactual batch: %s", sharing.line())
     cs = CaptureSettings(queries="positions", layers=chosen, chunk_size=chunk,
-                         seconds=(time.perf_counter() - t0) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
+                         seconds=(time.perf_counter() - t0 - generating) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
     results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]
     actions_orig: dict[tuple[str, int], dict] = {}
     logprob_orig: dict[tuple[str, int], dict] = {}

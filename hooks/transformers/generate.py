@@ -14,6 +14,7 @@ Greedy decoding only: the first new token comes from the same logits a full pref
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence
     n = len(prompt_ids)
     if n < 1:
         raise ValueError("empty prompt")
+    t0 = time.perf_counter()
     saved = [(layer.keys, layer.values) for layer in cache.layers]
     crop_to(cache, n - 1)
     device = next(model.parameters()).device
@@ -63,7 +65,8 @@ def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence
         for layer, (k, v) in zip(cache.layers, saved):
             layer.keys, layer.values = k, v
     new = out[0, n:].tolist()
-    return new, GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(new))
+    return new, GenerationCounts(prompt_tokens=n, prefilled_tokens=1, new_tokens=len(new),
+                                 seconds=time.perf_counter() - t0)
 
 
 def capture_and_generate(loaded: LoadedModel, plans: Sequence[CapturePlan], requests: Sequence[GenerationRequest], *,
