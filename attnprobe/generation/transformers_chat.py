@@ -45,16 +45,6 @@ def opens_call(text: str, names: Sequence[str] = ()) -> bool:
     return any(m in text for m in CALL_OPENINGS) or any(f"{n}(" in text for n in names)
 
 
-def _accepts_cache_kw(model) -> bool:
-    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
-    import inspect
-
-    try:
-        return "cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class TransformersChat:
     """Chat completions from a loaded model (``attnprobe.load_model``); see the module docstring.
 
@@ -280,6 +270,8 @@ class TransformersChat:
         """
         import torch
 
+        from attnprobe_hooks.transformers.prefill import cache_kw
+
         tok, model, dev = self.tokenizer, self.loaded.model, self._device()
 
         def tensor(x):
@@ -307,7 +299,7 @@ class TransformersChat:
                 ids = tails[o]
                 lp = float(last[ids[0]])
                 if len(ids) > 1:
-                    kw = {"cache" if _accepts_cache_kw(model) else "past_key_values": cache}
+                    kw = {cache_kw(model): cache}
                     logits = model(tensor(ids[:-1])[None], use_cache=True, **kw).logits[0].float()
                     logp = torch.log_softmax(logits, dim=-1)
                     lp += float(logp[tensor(range(len(ids) - 1)), tensor(ids[1:])].sum())

@@ -29,16 +29,7 @@ from attnprobe_hooks.backend import (
     GenerationRequest,
     LoadedModel,
 )
-from attnprobe_hooks.transformers.prefill import crop_to, run_plans
-
-
-def _cache_kw(model: torch.nn.Module) -> str:
-    import inspect
-
-    try:
-        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    except (TypeError, ValueError):
-        return "past_key_values"
+from attnprobe_hooks.transformers.prefill import cache_kw, crop_to, run_plans
 
 
 def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
@@ -60,7 +51,7 @@ def generate_from_cache(model: torch.nn.Module, cache: Any, prompt_ids: Sequence
     try:
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, **{_cache_kw(model): cache}, **generate_kwargs)
+                                 do_sample=False, **{cache_kw(model): cache}, **generate_kwargs)
     finally:
         for layer, (k, v) in zip(cache.layers, saved):
             layer.keys, layer.values = k, v

@@ -21,9 +21,13 @@ from attnprobe_hooks.sharing import lexicographic_order, schedule, stats
 from attnprobe_hooks.transformers.attention import CaptureState, PlanTarget, active, install
 
 
-def _cache_kw(base: torch.nn.Module) -> str:
-    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+def cache_kw(module: torch.nn.Module) -> str:
+    """The keyword ``module.forward`` takes a KV cache by: newer transformers name it ``cache``
+    (``past_key_values`` is deprecated). Shared by the prefill, generation from its cache and the chat."""
+    try:
+        return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
 
 
 def _chunks(start: int, end: int, chunk_size: int) -> list[tuple[int, int]]:
@@ -50,13 +54,13 @@ def chunked_prefill(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size:
     device = next(model.parameters()).device
     chunks = _chunks(start, n, chunk_size)
     bar = tqdm(chunks, desc=desc or "prefill", unit="chunk", disable=not progress, leave=False)
-    cache_kw = _cache_kw(base)
+    cache_kw_name = cache_kw(base)
     with torch.inference_mode():
         for s, e in bar:
             if on_chunk is not None:
                 on_chunk(s, e)
             base(input_ids=input_ids[s:e].unsqueeze(0).to(device), use_cache=True,
-                 position_ids=torch.arange(s, e, device=device).unsqueeze(0), **{cache_kw: cache})
+                 position_ids=torch.arange(s, e, device=device).unsqueeze(0), **{cache_kw_name: cache})
     if own:
         del cache
 
