@@ -93,9 +93,9 @@ def test_recorded_logprob_matches_a_brute_force_forward_per_token(smol):
     assert "<|im_end|>" not in cont and r.text[int(r.offsets[end][0]):].startswith("<|im_end|>")
     got = recorded_logprob(smol, TINY, STEP)
     ids = [int(x) for x in r.input_ids]
-    from attnprobe.generation.transformers_chat import _accepts_cache_kw
+    from attnprobe_hooks.transformers.prefill import cache_kw
 
-    kw = "cache" if _accepts_cache_kw(smol.model) else "past_key_values"
+    kw = cache_kw(smol.model)
     want = []
     with torch.inference_mode():
         # Token by token through the KV cache (another code path than the one full forward scored):
