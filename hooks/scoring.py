@@ -97,7 +97,7 @@ class QueryScorer:
     outside the chunk are skipped because their keys are complete only in their own chunk.
 
     Only the methods write the fields (``score_layer``, ``init_layer``, ``place_heads``,
-    ``add_token_sum``, ``reset``); backends and callers read ``per_layer`` / ``token_sum``.
+    ``add_token_sum``, ``score_rows``); backends and callers read ``per_layer`` / ``token_sum``.
     """
 
     seg_ids: torch.Tensor
@@ -124,12 +124,6 @@ class QueryScorer:
         """A new, empty scorer for the same trajectory, queries and layer selection."""
         return QueryScorer(seg_ids=self.seg_ids, num_segments=self.num_segments,
                            query_positions=self.query_positions, layers=self.layers)
-
-    def reset(self) -> None:
-        """Drop every score (the trajectory is run again from position 0, e.g. after preemption)."""
-        self.per_layer = {}
-        self.token_sum = torch.zeros(len(self.query_positions), len(self.seg_ids), dtype=torch.float32)
-        self._coverage = {}
 
     # ------------------------------------------------------------------ writing scores
     def init_layer(self, layer: int, total_heads: int) -> torch.Tensor:
@@ -194,20 +188,50 @@ class QueryScorer:
         """
         if not self.wants(layer):
             return
-        num_heads, chunk_len, head_dim = q_chunk.shape
+        num_heads, chunk_len, _ = q_chunk.shape
         qp = self.query_positions
         sel = ((qp >= chunk_start) & (qp < chunk_start + chunk_len)).nonzero().flatten()
-        total_heads = total_heads or num_heads
-        self.init_layer(layer, total_heads)
+        self.init_layer(layer, total_heads or num_heads)
         if len(sel) == 0:
             return
         lo, hi = int(sel[0]), int(sel[-1]) + 1  # query positions are sorted, so sel is a contiguous range
         local = qp[lo:hi] - chunk_start
-        q_rows = q_chunk.index_select(1, local.to(q_chunk.device))
+        self.score_rows(layer, q_chunk.index_select(1, local.to(q_chunk.device)), lo, k_all, k_positions, scale,
+                        head_offset=head_offset, total_heads=total_heads, sliding_window=sliding_window,
+                        softcap=softcap, sinks=sinks)
+
+    def score_rows(
+        self,
+        layer: int,
+        q_rows: torch.Tensor,
+        lo: int,
+        k_all: torch.Tensor,
+        k_positions: torch.Tensor,
+        scale: float | None,
+        *,
+        head_offset: int = 0,
+        total_heads: int | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        """Score the rows of queries ``lo .. lo + m - 1`` (indices into ``query_positions``) of one layer.
+
+        q_rows: [H, m, d], the query vectors at those positions, however they were obtained (the
+        chunk that computed them, or a row another plan with the same prefix computed: vLLM prefix
+        caching); k_all: [KVH, kv, d] at ``k_positions``, covering every key the rows attend to.
+        """
+        if not self.wants(layer):
+            return
+        num_heads, m, head_dim = q_rows.shape
+        self.init_layer(layer, total_heads or num_heads)
+        if m == 0:
+            return
+        hi = lo + m
         k0, k1 = int(k_positions[0]), int(k_positions[-1]) + 1
         scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         seg, tok = score_query_rows(
-            q_rows, k_all, qp[lo:hi], k_positions, self.seg_ids[k0:k1],
+            q_rows, k_all, self.query_positions[lo:hi], k_positions, self.seg_ids[k0:k1],
             self.num_segments, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
         )
         self.per_layer[layer][lo:hi, head_offset:head_offset + num_heads] = seg.cpu()

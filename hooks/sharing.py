@@ -110,12 +110,15 @@ def schedule(token_ids: Sequence[np.ndarray], *, share: bool = True) -> list[Pas
 
 
 def stats(token_ids: Sequence[np.ndarray], passes: Sequence[Pass], *, shared: bool) -> SharingStats:
-    """Counts for a schedule: tokens in the plans, tokens its passes prefill, the trie size.
+    """Counts for a schedule: tokens in the plans, tokens its passes prefill, the trie size."""
+    ids = [np.asarray(t) for t in token_ids]
+    return SharingStats(plans=len(ids), plan_tokens=sum(len(t) for t in ids),
+                        prefilled_tokens=sum(p.end - p.start for p in passes), trie_tokens=trie_size(ids), shared=shared)
 
-    The trie size is the sum of each plan's length minus its LCP with its predecessor in
-    lexicographic order (each distinct prefix is counted once)."""
+
+def trie_size(token_ids: Sequence[np.ndarray]) -> int:
+    """Tokens in the plans' prefix trie: each plan's length minus its LCP with its predecessor in
+    lexicographic order (each distinct prefix counted once)."""
     ids = [np.asarray(t) for t in token_ids]
     order = lexicographic_order(ids)
-    trie = sum(len(ids[i]) - (common_prefix(ids[order[k - 1]], ids[i]) if k else 0) for k, i in enumerate(order))
-    return SharingStats(plans=len(ids), plan_tokens=sum(len(t) for t in ids),
-                        prefilled_tokens=sum(p.end - p.start for p in passes), trie_tokens=trie, shared=shared)
+    return sum(len(ids[i]) - (common_prefix(ids[order[k - 1]], ids[i]) if k else 0) for k, i in enumerate(order))

@@ -243,7 +243,8 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     writes nothing.
 
     ``share_prefixes``: the backend prefills a prefix common to several trajectories of a batch once
-    (transformers; equal to independent captures within 1e-5, docs/prefix_sharing.md).
+    (transformers: one cache cropped between plans; vLLM: its prefix cache, with what a hit skips taken from
+    the plan that computed it; equal to independent captures within 1e-5, docs/prefix_sharing.md).
     """
     chunk = model.default_chunk_size if chunk_size is None else int(chunk_size)
     if chunk < 1:

@@ -183,7 +183,7 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
     if "no_prefix_sharing" in wanted:
         g.add_argument("--no-prefix-sharing", action="store_true",
                        help="prefill every context from token 0 (default: contexts of one backend call share the "
-                            "prefill of a common prefix, exactly; transformers backend; docs/prefix_sharing.md)")
+                            "prefill of a common prefix, exactly; on vLLM through its prefix cache; docs/prefix_sharing.md)")
     return g
 
 

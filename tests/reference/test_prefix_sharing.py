@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.sharing import assert_same, brute_trie
+from support.sharing import assert_same, branch, brute_trie, random_tokens, token_plan
 
 from attnprobe_hooks.backend import CapturePlan, LoadedModel
 from attnprobe_hooks.sharing import schedule, stats
@@ -106,24 +106,15 @@ def tiny(request):
     return _tiny(request.param)
 
 
-def _plan(ids, queries, *, seg_every=5, seg_offset=0, layers=None, qk=()):
-    ids = np.asarray(ids, dtype=np.int64)
-    seg = (np.arange(len(ids)) + seg_offset) // seg_every
-    seg -= seg[0]
-    return CapturePlan(input_ids=ids, token_segment=seg, num_segments=int(seg[-1]) + 1,
-                       query_positions=tuple(int(q) for q in queries), layers=layers, save_qk_layers=tuple(qk))
-
-
 def _base(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, VOCAB, size=n)
+    return random_tokens(n, seed, high=VOCAB)
 
 
 def _branch(base: np.ndarray, at: int, tail: int, seed: int) -> np.ndarray:
-    """``base[:at]`` then ``tail`` tokens that differ from ``base`` at position ``at``."""
-    extra = np.random.default_rng(seed).integers(0, VOCAB, size=tail)
-    if at < len(base) and tail:
-        extra[0] = (base[at] + 1) % VOCAB
-    return np.concatenate([base[:at], extra])
+    return branch(base, at, tail, seed, high=VOCAB)
+
+
+_plan = token_plan
 
 
 CHUNK = 7

@@ -2,9 +2,10 @@
 
 Hand-built flat engine steps (rows of several requests back to back, split by ``query_start_loc``)
 are matched to capture plans: two requests sharing steps across chunk boundaries, a request that is
-not ours, a preempted request recomputed from position 0, identical prompts, missing token ids.
-Then one plan's per-layer work (key buffer, scoring at a tensor-parallel head offset, zero layers)
-and the scorer methods the driver uses to merge shards.
+not ours, a preempted request recomputed from position 0, identical prompts, missing token ids,
+requests bound to plans by their engine ids. Then one plan's per-layer work (key buffer, scoring at a
+tensor-parallel head offset, zero layers), the scorer methods the driver uses to merge shards, and
+prefix-cache hits served by a donor plan (equal to the plan processed alone).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ import torch
 
 from attnprobe_hooks.scoring import QueryScorer
 from attnprobe_hooks.vllm.layers import LayerInfo, describe_attention, layer_index
-from attnprobe_hooks.vllm.plan import Plan, StepSlice, match_step, query_start_loc, step_arrays
+from attnprobe_hooks.vllm.plan import (
+    Plan,
+    StepSlice,
+    arm_sharing,
+    donor_order,
+    match_step,
+    query_start_loc,
+    step_arrays,
+)
 
 
 def make_plan(tag: str, ids, queries, *, segs=None, num_segments: int = 2, layers=None, qk_layers=()) -> Plan:
@@ -78,23 +87,21 @@ def test_request_that_is_not_ours_is_ignored_but_makes_the_step_shared():
     assert a.next_start == 5
 
 
-def test_preempted_request_restarts_at_zero():
+def test_preempted_request_recomputed_from_zero_skips_the_rows_it_already_processed():
     a, b = make_plan("a", A_IDS, [2, 8]), make_plan("b", B_IDS, [6])
     plans = {"a": a, "b": b}
     match_step(plans, *step((A_IDS[0:6], 0), (B_IDS[0:2], 0)))
-    assert (a.next_start, b.next_start) == (6, 2)
-    a.scorer.init_layer(0, 2)  # some state that a restart must drop
-    a.keys[0] = torch.ones(1, 9, 4)
-    a.saved_q[0] = [torch.ones(1)]
-    # the engine preempted a and recomputes it from 0 (b continues)
+    assert (a.next_start, a.seen, b.next_start) == (6, 6, 2)
+    # the engine preempted a and recomputes it from 0 (b continues): rows 0..5 are identical, so
+    # they are not processed again (the scores they gave stay, counted once)
     got = match_step(plans, *step((B_IDS[2:5], 2), (A_IDS[0:4], 0)))
-    assert summary(got) == [("b", 0, 3, 2), ("a", 3, 7, 0)]
-    assert (a.next_start, a.steps, a.restarts) == (4, 2, 1)
-    assert a.scorer.per_layer == {} and a.keys == {} and a.saved_q == {}
-    assert float(a.scorer.token_sum.abs().sum()) == 0.0 and a.scorer.token_sum.shape == (2, 10)
-    assert (b.next_start, b.restarts) == (5, 0)
-    match_step(plans, *step((A_IDS[4:10], 4)))
-    assert (a.next_start, a.steps, a.restarts, a.shared_steps) == (10, 3, 1, 2)
+    assert summary(got) == [("b", 0, 3, 2)]
+    assert (a.next_start, a.seen, a.steps, a.restarts, a.prefilled) == (4, 6, 2, 1, 6)
+    got = match_step(plans, *step((A_IDS[4:8], 4)))  # only rows 6, 7 are new
+    assert summary(got) == [("a", 2, 4, 6)]
+    assert (a.next_start, a.seen, a.restarts, a.prefilled) == (8, 8, 1, 8)
+    match_step(plans, *step((A_IDS[8:10], 8)))
+    assert (a.next_start, a.seen, a.steps, a.restarts, a.shared_steps) == (10, 10, 4, 1, 2)
 
 
 def test_identical_prompts_go_to_distinct_plans_in_order():
@@ -238,8 +245,8 @@ def test_observe_layer_zero_layer_shared_kv_and_unwanted_layer():
     plan.observe_layer(_info(1), q[4:10].reshape(6, -1), None, 4, shared_keys_layer=0)
     torch.testing.assert_close(plan.scorer.per_layer[1], plan.scorer.per_layer[0], rtol=0, atol=0)
     assert 1 not in plan.keys and plan.calls == 3
-    assert plan.report() == {"tokens_seen": 0, "n": 10, "steps": 0, "shared_steps": 0, "calls": 3, "restarts": 0,
-                             "hook_seconds": 0.0}
+    assert plan.report() == {"tokens_seen": 0, "n": 10, "prefix_cache_hit": 0, "prefilled": 0, "request_bound": False,
+                             "steps": 0, "shared_steps": 0, "calls": 3, "restarts": 0, "hook_seconds": 0.0}
 
 
 def test_scorer_shard_merge_methods():
@@ -257,9 +264,6 @@ def test_scorer_shard_merge_methods():
         s.check_coverage()
     f = s.fresh()
     assert f.per_layer == {} and f.token_sum.tolist() == [[0.0] * 3] * 2 and f.layers is None
-    s.reset()
-    assert s.per_layer == {} and float(s.token_sum.sum()) == 0.0
-    s.check_coverage()  # nothing placed any more
 
 
 def test_extension_import_string_and_no_vllm_needed():
@@ -283,3 +287,171 @@ def test_registry():
         get_backend("nope")
     with pytest.raises(ValueError, match="module:ClassName"):
         register("x", "no_colon")
+
+
+# ---------------------------------------------------------------------------------------- prefix-cache hits
+HEADS, KVH, D = 2, 1, 4
+
+
+def _rows(ids, p):
+    """q [H, d] and k [KVH, d] at position p as a function of tokens 0..p only (what causal attention
+    guarantees), so two plans with the same prefix get the same rows there and differ after."""
+    g = torch.Generator().manual_seed(hash(tuple(int(x) for x in ids[: p + 1])) % (2**31))
+    return torch.randn(HEADS, D, generator=g), torch.randn(KVH, D, generator=g)
+
+
+def _feed(plans, steps, layers=(0, 1), **kw):
+    """Run engine steps (each a list of (plan tag, start, end)) through match_step and the per-layer work in
+    donor order, as the worker's hooks do; layer 1 shares layer 0's keys (KV sharing) when kw says so."""
+    shared_kv = kw.get("shared_kv", False)
+    for pieces in steps:
+        qsl, pos, ids, q, k = [0], [], [], [], []
+        for tag, s, e in pieces:
+            toks = plans[tag].input_ids
+            for p in range(s, e):
+                qr, kr = _rows(toks, p)
+                q.append(qr.reshape(-1))
+                k.append(kr.reshape(-1))
+            ids += list(toks[s:e])
+            pos += list(range(s, e))
+            qsl.append(len(ids))
+        rids = [tag for tag, _, _ in pieces] if kw.get("bound") is not None else None
+        mapped = match_step(plans, qsl, np.asarray(pos), np.asarray(ids), req_ids=rids,
+                            prompt_of=(lambda r: plans[r].input_ids) if rids else None, bound=kw.get("bound"))
+        qf, kf = torch.stack(q), torch.stack(k)
+        for layer in layers:
+            info = _info(layer, heads=HEADS, kv_heads=KVH, d=D)
+            key = None if (shared_kv and layer == 1) else kf
+            for sl in donor_order(mapped, layer):
+                sl.plan.observe_layer(info, qf[sl.s:sl.e], None if key is None else key[sl.s:sl.e], sl.start,
+                                      donor=sl.donor, shared_keys_layer=0 if key is None else None)
+    return plans
+
+
+def _alone(plan_args):
+    """The same plan captured alone in one slice (no hit)."""
+    tag, ids, queries, kw = plan_args
+    plans = {tag: make_plan(tag, ids, queries, **kw)}
+    return _feed(plans, [[(tag, 0, len(ids))]])[tag]
+
+
+def _assert_equal_alone(plan, plan_args):
+    ref = _alone(plan_args)
+    for layer, arr in ref.scorer.per_layer.items():
+        torch.testing.assert_close(plan.scorer.per_layer[layer], arr, rtol=0, atol=1e-6)
+    torch.testing.assert_close(plan.scorer.token_sum, ref.scorer.token_sum, rtol=0, atol=1e-6)
+
+
+BASE = list(range(300, 316))  # 16 tokens
+
+
+def _sharing_plans(specs):
+    plans = {tag: make_plan(tag, ids, queries, **kw) for tag, ids, queries, kw in specs}
+    for p in plans.values():
+        p.share_group = "g"
+    arm_sharing(list(plans.values()))
+    return plans
+
+
+def test_arm_sharing_sizes_key_buffers_and_kept_rows_from_the_longest_common_prefix():
+    specs = [("a", BASE, [3, 15], {}), ("b", BASE[:10] + [1, 2, 3], [2, 12], {}), ("c", [9] * 5, [4], {})]
+    plans = _sharing_plans(specs)
+    a, b, c = plans["a"], plans["b"], plans["c"]
+    # a and b share 10 tokens; c shares nothing; queries of the group: 2, 3, 4, 12, 15
+    assert (a.n_keys, b.n_keys, c.n_keys) == (16, 13, 5)
+    assert a.share_qpos.tolist() == [2, 3, 4] and b.share_qpos.tolist() == [2, 3, 4] and c.share_qpos.tolist() == []
+    assert [p.tag for p in a.peers] == ["b", "c"]
+    lone = make_plan("d", BASE, [3])  # no share group: untouched
+    arm_sharing([lone])
+    assert lone.n_keys == 4 and lone.peers == [] and lone.share_qpos.tolist() == []
+
+
+@pytest.mark.parametrize("shared_kv", [False, True])
+def test_a_prefix_cache_hit_equals_the_plan_processed_alone(shared_kv):
+    specs = [("a", BASE, [1, 7, 15], {}), ("b", BASE[:12] + [7, 7, 7, 7], [0, 5, 7, 8, 11, 14], {"segs": [i // 3 for i in range(16)], "num_segments": 6}),
+             ("c", BASE, [2, 8, 9], {"segs": [int(i > 4) for i in range(16)]})]
+    plans = _sharing_plans(specs)
+    # a prefills alone in two chunks; then b hits 8 cached tokens and c hits 12 (a block of 4)
+    _feed(plans, [[("a", 0, 6)], [("a", 6, 16)], [("b", 8, 16), ("c", 12, 16)]], shared_kv=shared_kv)
+    a, b, c = plans["a"], plans["b"], plans["c"]
+    assert (b.hit, b.prefilled, c.hit, c.prefilled, a.hit) == (8, 8, 12, 4, 0)
+    for p, spec in zip((a, b, c), specs):
+        assert p.seen == p.n
+        _assert_equal_alone(p, spec)
+    torch.testing.assert_close(b.keys[0][:, :8], a.keys[0][:, :8], rtol=0, atol=0)
+
+
+def test_hits_in_the_same_step_are_served_donors_first_and_chain():
+    specs = [("a", BASE, [3, 15], {}), ("b", BASE[:14] + [1, 1], [3, 9, 13, 15], {}),
+             ("c", BASE[:15] + [2], [3, 13, 14, 15], {})]
+    plans = _sharing_plans(specs)
+    # one step: c (hit 12, listed first) can only be served by b (hit 8, which computes 8..15) or a
+    # (computing 4..15 this step); a first chunk 0..4 the step before
+    mapped = match_step(plans, *step((BASE[:4], 0)))
+    assert summary(mapped) == [("a", 0, 4, 0)]
+    for layer in (0, 1):
+        info = _info(layer, heads=HEADS, kv_heads=KVH, d=D)
+        q = torch.stack([_rows(BASE, p)[0].reshape(-1) for p in range(4)])
+        k = torch.stack([_rows(BASE, p)[1].reshape(-1) for p in range(4)])
+        for sl in donor_order(mapped, layer):
+            sl.plan.observe_layer(info, q, k, 0)
+    _feed(plans, [[("c", 12, 16), ("b", 8, 16), ("a", 4, 16)]])
+    a, b, c = plans["a"], plans["b"], plans["c"]
+    assert (b.hit, c.hit) == (8, 12)
+    for p, spec in zip((a, b, c), specs):
+        _assert_equal_alone(p, spec)
+
+
+def test_donor_order_serves_each_donor_first_and_refuses_a_cycle():
+    plans = _sharing_plans([("a", BASE, [15], {}), ("b", BASE, [15], {})])
+    a, b = plans["a"], plans["b"]
+    first = StepSlice(b, 0, 4, 12, donor=a)
+    second = StepSlice(a, 4, 20, 0)
+    order = donor_order([first, second], 0)
+    assert next(order) is second  # b waits for its donor
+    a.done[0] = 16
+    assert next(order) is first
+    with pytest.raises(RuntimeError, match="no donor is ready"):
+        list(donor_order([StepSlice(a, 0, 4, 12, donor=b), StepSlice(b, 4, 8, 12, donor=a)], 1))
+
+
+def test_a_hit_no_plan_computed_is_refused_and_a_gap_is_an_error():
+    plans = _sharing_plans([("a", BASE, [15], {}), ("b", BASE[:10] + [5] * 6, [15], {})])
+    with pytest.raises(RuntimeError, match="no plan of this call computed"):
+        match_step(plans, *step((BASE[8:16], 8)))  # a's tokens from 8 on, but nobody computed 0..7
+    lone = {"x": make_plan("x", A_IDS, [9])}  # not in a share group: a slice that starts late is not a hit
+    match_step(lone, *step((A_IDS[0:4], 0)))
+    assert match_step(lone, *step((A_IDS[6:8], 6))) == []  # (matched by tokens: no plan expects 6)
+    bound: dict = {}
+    match_step(lone, *step((A_IDS[0:4], 0)), req_ids=["r"], prompt_of=lambda r: A_IDS, bound=bound)
+    with pytest.raises(RuntimeError, match="skipped positions 4..5"):
+        match_step(lone, *step((A_IDS[6:8], 6)), req_ids=["r"], prompt_of=lambda r: A_IDS, bound=bound)
+
+
+def test_requests_are_bound_to_plans_by_their_whole_prompt():
+    # two prompts with the same tokens at 4..7 but different beginnings, and a request that is not ours
+    x_ids, y_ids = [1, 2, 3, 4, 50, 51, 52, 53], [9, 9, 9, 9, 50, 51, 52, 53]
+    plans = {"x": make_plan("x", x_ids, [7]), "y": make_plan("y", y_ids, [7])}
+    prompts = {"r1": y_ids, "r2": x_ids, "r3": [7, 7]}
+    bound: dict = {}
+    got = match_step(plans, *step((y_ids[0:4], 0), (x_ids[0:4], 0), ([7, 7], 0)), req_ids=["r1", "r2", "r3"],
+                     prompt_of=prompts.get, bound=bound)
+    assert summary(got) == [("y", 0, 4, 0), ("x", 4, 8, 0)] and bound == {"r1": "y", "r2": "x", "r3": None}
+    # the second chunks are identical, in the opposite order: the request ids still tell them apart
+    got = match_step(plans, *step((x_ids[4:8], 4), (y_ids[4:8], 4)), req_ids=["r2", "r1"], prompt_of=prompts.get,
+                     bound=bound)
+    assert summary(got) == [("x", 0, 4, 4), ("y", 4, 8, 4)]
+    assert plans["x"].request == "r2" and plans["x"].report()["request_bound"] is True
+    with pytest.raises(RuntimeError, match="differ from its prompt"):
+        match_step(plans, *step(([0, 0], 0),), req_ids=["r1"], prompt_of=prompts.get, bound=bound)
+
+
+def test_a_recompute_from_a_partial_hit_keeps_every_row_once():
+    specs = [("a", BASE, [2, 6, 10, 15], {}), ("b", BASE[:12] + [4, 4, 4, 4], [2, 10, 13], {})]
+    plans = _sharing_plans(specs)
+    bound: dict = {}
+    # a then b (hit 8); b preempted after 8..12 and recomputed from a hit at 4; then finished
+    _feed(plans, [[("a", 0, 16)], [("b", 8, 12)], [("b", 4, 10)], [("b", 10, 16)]], bound=bound)
+    b = plans["b"]
+    assert (b.hit, b.restarts, b.seen, b.prefilled) == (8, 1, 16, 8)
+    _assert_equal_alone(b, specs[1])

@@ -78,7 +78,8 @@ def test_shipped_trajectories_match_transformers(engines, singles):
         assert rv.meta["prefill_steps"] == -(-n // CHUNK)  # one hook step per scheduler chunk
         assert rv.meta["attention_calls"] == 30 * rv.meta["prefill_steps"]
         assert rv.meta["backend"] == "vllm" and rv.meta["chunk_size"] == CHUNK
-        assert rv.meta["engine"]["enable_prefix_caching"] is False and rv.meta["engine"]["enforce_eager"] is True
+        assert rv.meta["engine"]["enable_prefix_caching"] is True and rv.meta["engine"]["enforce_eager"] is True
+        assert rv.meta["prefix_cache_hit_tokens"] == 0 and rv.meta["prefilled_tokens"] == n  # alone: nothing to share
         assert rv.layer_head_attention.shape[1:3] == (30, 9)
         np.testing.assert_allclose(rv.segment_attention.sum(axis=1), 1.0, atol=1e-4)
     print(f"shipped trajectories: max abs diff vs transformers {worst:.3g}")

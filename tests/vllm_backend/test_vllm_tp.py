@@ -14,6 +14,10 @@ import pytest
 # a submodule: (kept as a guard: a folder named vllm on sys.path would look like a namespace package)
 pytest.importorskip("vllm.sampling_params", reason="the vLLM backend tests need vLLM (run .ci/vllm.sh)")
 
+from support.sharing import BLOCK, assert_same, vllm_plan_sets  # noqa: E402
+
+from attnprobe_hooks.backend import get_backend  # noqa: E402
+
 TOL = 1e-5
 QUERIES = "reasoning+decision"
 
@@ -51,6 +55,16 @@ def _compare(folder, shipped, *, heads, kv_heads, head_dim):
             assert float((rv.qk["layer1.k"] - rt.qk["layer1.k"]).abs().max()) < 1e-4
             assert float((rv.qk["layer1.q"] - rt.qk["layer1.q"]).abs().max()) < 1e-4
         print(f"TP=2, {heads} heads / {kv_heads} KV heads: max abs diff vs transformers {worst:.3g}")
+        # prefix sharing on every rank: each rank's hooks serve its own cache hits from its own buffers
+        sets = vllm_plan_sets()
+        for case in ("identical", "branch_on_block_boundaries", "queries_in_shared_prefix"):
+            plans = sets[case]
+            shared = get_backend("vllm").run(vm, plans, share_prefixes=True)
+            ref = get_backend("transformers").run(tm, plans, chunk_size=128, share_prefixes=False)
+            d = assert_same(shared, ref, plans, tol=2e-5)
+            hits = [o.info["prefix_cache_hit_tokens"] for o in shared]
+            assert sum(hits) >= 2 * BLOCK and all(o.info["matched_by"] == "request" for o in shared), (case, hits)
+            print(f"TP=2 prefix sharing {case}: hits {hits}, max abs diff {max(d.values()):.3g}")
     finally:
         vllm_backend.unload(vm)
 
