@@ -4,7 +4,8 @@
     python benchmarks/gpu_check.py --random            # no model files needed: builds a random llama
     python benchmarks/gpu_check.py --random --tp 2 --lengths 4096,16384
 
-For each dtype (bfloat16, float32) one engine is built (eager, no prefix caching, chunked prefill),
+For each dtype (bfloat16, float32) one engine is built (eager, chunked prefill; every prompt salted apart
+so nothing is served from the prefix cache),
 and for each trajectory (the file's, plus synthetic ones of ``--lengths`` tokens made by repeating
 the first trajectory's turns) it times a plain prefill (hooks removed) and a capture (hooks on),
 best of ``--repeats``. With ``--reference`` (default for --random) the fp32 scores are compared with
@@ -117,7 +118,9 @@ def main(argv=None) -> int:
             plain = []
             for _ in range(args.repeats):
                 t = time.perf_counter()
-                vm.model.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+                # a salt of its own: prefix caching is on, and a repeat must not be served from the cache
+                vm.model.generate([TokensPrompt(prompt_token_ids=ids, cache_salt=f"plain-{time.perf_counter_ns()}")],
+                                  params, use_tqdm=False)
                 plain.append(time.perf_counter() - t)
             vm.model.collective_rpc("attnprobe_install")
             cap, res = [], None

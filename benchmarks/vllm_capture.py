@@ -3,7 +3,8 @@
     python benchmarks/vllm_capture.py                         # bundled SmolLM2 (converted once), fp32, CPU
     python benchmarks/vllm_capture.py --model DIR --dtype bfloat16 --lengths 1024,4096
 
-Both timings use the same engine (eager, no prefix caching, chunked prefill, max_tokens=1): the
+Both timings use the same engine (eager, chunked prefill, max_tokens=1; every prompt with a cache salt of
+its own, so nothing is served from the prefix cache): the
 plain run with the attnprobe hooks removed, the capture run with them installed and scoring the
 reasoning-start tokens and the decision position of a trajectory built by repeating the turns of
 the shipped long_research sample until it reaches the target length. Each cell is the best of
@@ -99,7 +100,9 @@ def main(argv=None) -> int:
 
         def plain(ids):
             t = time.perf_counter()
-            llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+            # a salt of its own: prefix caching is on, and a repeat must not be served from the cache
+            llm.generate([TokensPrompt(prompt_token_ids=ids, cache_salt=f"plain-{time.perf_counter_ns()}")], params,
+                         use_tqdm=False)
             return time.perf_counter() - t
 
         def captured(traj, n):

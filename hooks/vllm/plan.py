@@ -194,25 +194,39 @@ class Plan:
 def arm_sharing(plans: Sequence[Plan]) -> None:
     """Prepare the plans of each ``share_group`` to serve each other's prefix-cache hits.
 
-    A plan's longest common prefix with any peer is its LCP with a neighbour in lexicographic order.
-    Up to it the plan buffers keys (a peer may copy them) and keeps the query rows at every position a
-    peer of the group queries (a peer may need them).
+    In lexicographic order of their tokens, the longest common prefix (LCP) of two plans is the
+    smallest LCP of neighbours between them. A plan buffers keys up to its longest LCP with any peer
+    (a peer may copy them) and keeps the query row at p when a peer that shares more than p tokens with
+    it queries p (a peer may need it): rows, not positions, so the masked and the original contexts of a
+    counterfactual step keep only the rows they could really exchange.
     """
     groups: dict[str, list[Plan]] = {}
     for p in plans:
         if p.share_group is not None:
             groups.setdefault(p.share_group, []).append(p)
+    empty = np.zeros(0, dtype=np.int64)
     for members in groups.values():
         if len(members) < 2:
             continue
         order = lexicographic_order([m.input_ids for m in members])
         adjacent = [common_prefix(members[a].input_ids, members[b].input_ids) for a, b in zip(order, order[1:])]
-        union = np.unique(np.concatenate([m.qpos if m.qpos is not None else np.zeros(0, np.int64) for m in members]))
-        for rank, idx in enumerate(order):
-            m = members[idx]
-            lcp = max(adjacent[rank - 1] if rank > 0 else 0, adjacent[rank] if rank < len(adjacent) else 0)
-            m.n_keys = min(m.n, max(m.n_keys, lcp))
-            m.share_qpos = union[union < lcp]
+        needs: dict[int, list[np.ndarray]] = {i: [] for i in range(len(members))}
+        longest = [0] * len(members)
+        for r, i in enumerate(order):
+            lcp = None
+            for t in range(r + 1, len(order)):
+                j = order[t]
+                lcp = adjacent[t - 1] if lcp is None else min(lcp, adjacent[t - 1])
+                if lcp == 0:
+                    break
+                longest[i], longest[j] = max(longest[i], lcp), max(longest[j], lcp)
+                qi = members[i].qpos if members[i].qpos is not None else empty
+                qj = members[j].qpos if members[j].qpos is not None else empty
+                needs[i].append(qj[qj < lcp])
+                needs[j].append(qi[qi < lcp])
+        for i, m in enumerate(members):
+            m.n_keys = min(m.n, max(m.n_keys, longest[i]))
+            m.share_qpos = np.unique(np.concatenate(needs[i])) if needs[i] else empty
             m.peers = [x for x in members if x is not m]
 
 

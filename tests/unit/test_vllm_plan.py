@@ -354,13 +354,17 @@ def _sharing_plans(specs):
 
 
 def test_arm_sharing_sizes_key_buffers_and_kept_rows_from_the_longest_common_prefix():
-    specs = [("a", BASE, [3, 15], {}), ("b", BASE[:10] + [1, 2, 3], [2, 12], {}), ("c", [9] * 5, [4], {})]
+    specs = [("a", BASE, [3, 15], {}), ("b", BASE[:10] + [1, 2, 3], [2, 12], {}), ("c", [9] * 5, [4], {}),
+             ("d", BASE[:4] + [8] * 4, [2, 6], {})]
     plans = _sharing_plans(specs)
-    a, b, c = plans["a"], plans["b"], plans["c"]
-    # a and b share 10 tokens; c shares nothing; queries of the group: 2, 3, 4, 12, 15
-    assert (a.n_keys, b.n_keys, c.n_keys) == (16, 13, 5)
-    assert a.share_qpos.tolist() == [2, 3, 4] and b.share_qpos.tolist() == [2, 3, 4] and c.share_qpos.tolist() == []
-    assert [p.tag for p in a.peers] == ["b", "c"]
+    a, b, c, d = plans["a"], plans["b"], plans["c"], plans["d"]
+    # a and b share 10 tokens, d shares 4 with both, c nothing: keys up to the longest shared prefix
+    assert (a.n_keys, b.n_keys, c.n_keys, d.n_keys) == (16, 13, 5, 7)
+    # a row is kept where a peer sharing more than its position queries it (a: b's 2 and d's 2; b: a's 3
+    # and d's 2; d: a's 3 and b's 2); b's 12 and d's 6 lie beyond every shared prefix
+    assert a.share_qpos.tolist() == [2] and b.share_qpos.tolist() == [2, 3] and d.share_qpos.tolist() == [2, 3]
+    assert c.share_qpos.tolist() == []
+    assert [p.tag for p in a.peers] == ["b", "c", "d"]
     lone = make_plan("d", BASE, [3])  # no share group: untouched
     arm_sharing([lone])
     assert lone.n_keys == 4 and lone.peers == [] and lone.share_qpos.tolist() == []
