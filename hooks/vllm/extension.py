@@ -49,6 +49,15 @@ from attnprobe_hooks.vllm.plan import (
 EXTENSION = "attnprobe_hooks.vllm.extension.AttnprobeWorkerExtension"
 
 
+def _request_bookkeeping(runner: Any) -> tuple[Any, Any] | None:
+    """(the step's request ids in ``query_start_loc`` order, request id -> state with ``prompt_token_ids``),
+    or None for a runner without them (vLLM's model runner V2): what binds requests to plans, which
+    prefix-cache hits need."""
+    req_ids = getattr(getattr(runner, "input_batch", None), "req_ids", None)
+    requests = getattr(runner, "requests", None)
+    return None if req_ids is None or requests is None else (req_ids, requests)
+
+
 class _State:
     """Per-worker capture state (lives in the worker process, never leaves it)."""
 
@@ -132,11 +141,9 @@ class AttnprobeWorkerExtension:
             st.handles.append(model.register_forward_pre_hook(self._attnprobe_model_hook, with_kwargs=True))
         infos = sorted(st.layers.values(), key=lambda i: i.layer)
         first = infos[0]
-        runner = getattr(self, "model_runner", None)
         return {
             "rank": st.rank, "tp_size": st.tp_size,
-            # whether a step's requests can be told apart by engine request id (needed for prefix-cache hits)
-            "binds_requests": hasattr(runner, "requests") and hasattr(getattr(runner, "input_batch", None), "req_ids"),
+            "binds_requests": _request_bookkeeping(getattr(self, "model_runner", None)) is not None,
             "attention_layers": [i.layer for i in infos],
             "skipped": st.skipped,
             "local_heads": first.num_heads, "local_kv_heads": first.num_kv_heads, "head_dim": first.head_dim,
@@ -248,10 +255,10 @@ class AttnprobeWorkerExtension:
         if qsl is None:
             raise RuntimeError(f"attnprobe: attention metadata {type(layer_md).__name__} has no query_start_loc")
         ids, pos = step_arrays(*st.step_inputs, qsl[-1])
-        runner = getattr(self, "model_runner", None)
-        req_ids = getattr(getattr(runner, "input_batch", None), "req_ids", None)
-        requests = getattr(runner, "requests", None)
-        if req_ids is not None and requests is not None:
+        book = _request_bookkeeping(getattr(self, "model_runner", None))
+        if book is not None:
+            req_ids, requests = book
+
             def prompt_of(rid: str):
                 state = requests.get(rid)
                 return getattr(state, "prompt_token_ids", None)
@@ -263,7 +270,7 @@ class AttnprobeWorkerExtension:
             mapped = match_step(st.plans, qsl, pos, ids)
         if st.bar is not None:
             for sl in mapped:
-                st.bar.update(sl.e - sl.s + (sl.start if sl.donor is not None else 0))
+                st.bar.update(sl.e - sl.s + (sl.start - sl.donor_from if sl.donor is not None else 0))
         return mapped
 
     def _attnprobe_layer_hook(self, module, args, kwargs):
