@@ -28,8 +28,9 @@ and then appended to s_i": every observation the model sees was refined in its o
 
 Mapping onto OpenAI-format trajectories: a thought p is an assistant message's text (``content``
 and ``reasoning_content``), a query q its ``tool_calls``, an observation o a ``tool`` message; "the
-latest" is the last assistant message of the prefix and the tool messages that answer it (all of
-them when it made parallel calls).
+latest" is the latest *round* (:func:`rounds`): the last assistant message that made a call and the tool
+messages that answer it (all of them when it made parallel calls). Invalid turns and their feedback belong
+to the round in progress, so they never hide its documents (DESIGN.md §10).
 """
 
 from __future__ import annotations
@@ -166,14 +167,6 @@ def default_is_error(message: dict) -> bool:
     return bool(_ERROR_TEXT.match(message_text(message.get("content"))))
 
 
-def _latest_turn(messages: Sequence[dict]) -> tuple[int | None, list[int]]:
-    """(index of the last assistant message, indices of the tool messages after it)."""
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None)
-    if last is None:
-        return None, []
-    return last, [j for j in range(last + 1, len(messages)) if messages[j]["role"] == "tool"]
-
-
 # ------------------------------------------------------------------ seed 002: observation masking
 def _turns_of_observations(messages: Sequence[dict]) -> dict[int, int]:
     """Tool message index -> index of the assistant message it answers (the last assistant message
@@ -241,34 +234,71 @@ def mask_turns(keep_turns: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, k
     return make_policy(f"mask-turns:{keep_turns}", edits)
 
 
-# ------------------------------------------------------------------ seed 004: IRCoT variants
+# ------------------------------------------------------------------ seed 004: IRCoT variants, on rounds
 IRCOT_VARIANTS = ("o", "oq", "oqp")
 
 
+@dataclass
+class Rounds:
+    """A history cut into seed 004's rounds (DESIGN.md §10). A round is an assistant turn that issued a
+    retrieval (``tool_calls``) plus the tool messages answering it. An invalid turn (an assistant message
+    with no call, e.g. neither ``<search>`` nor ``<answer>``) and the feedback after it (user messages after
+    the first assistant message: Search-R1's "My previous action is invalid...", the NIS-Agent worker's
+    no-call hint) belong to the round in progress, so they never make that round's documents "not the
+    latest". ``task``: the leading system/user messages (x); ``latest``: the assistant message that opened
+    the latest round (None before the first retrieval); ``latest_obs``: its observations; ``after``: what
+    followed the latest round's observations (invalid turns and their feedback)."""
+
+    task: list[int]
+    latest: int | None
+    latest_obs: list[int]
+    after: list[int]
+
+
+def rounds(messages: Sequence[dict]) -> Rounds:
+    first_assistant = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    task = [i for i in range(first_assistant) if messages[i]["role"] in ("system", "user", "developer")]
+    latest = next((i for i in range(len(messages) - 1, -1, -1)
+                   if messages[i]["role"] == "assistant" and messages[i].get("tool_calls")), None)
+    if latest is None:
+        return Rounds(task, None, [], [i for i in range(first_assistant, len(messages))])
+    ids = {c.get("id") for c in messages[latest]["tool_calls"]}
+    obs, after = [], []
+    for j in range(latest + 1, len(messages)):
+        m = messages[j]
+        # observations answering the latest call (by id, or any tool message when ids are missing)
+        if m["role"] == "tool" and (not m.get("tool_call_id") or m.get("tool_call_id") in ids or None in ids):
+            obs.append(j)
+        else:
+            after.append(j)
+    return Rounds(task, latest, obs, after)
+
+
 def ircot(variant: str = "o") -> Policy:
-    """Seed 004 section 3.2: ``o`` drops every observation but the latest; ``oq`` also drops the tool
-    calls (queries) of earlier assistant turns, keeping their thoughts; ``oqp`` also drops earlier
-    thoughts, so only the latest assistant turn and its observations remain. An earlier assistant
-    message with no text left is removed whole."""
+    """Seed 004 section 3.2 on rounds (:func:`rounds`): ``o`` keeps every thought and query and the latest
+    round's documents (every other observation removed); ``oq`` keeps every thought, the latest query and
+    its documents (earlier turns lose their tool calls; one with no text left is removed whole); ``oqp``
+    keeps the task, the latest round, and any invalid turn and feedback after it (everything else removed).
+    Invalid turns never replace a round, so after ``[x, a1(q1), o1, a_bad, feedback]`` every variant still
+    shows q1's documents o1. Before the first retrieval no variant changes anything."""
     if variant not in IRCOT_VARIANTS:
         raise ValueError(f"ircot variant must be one of {', '.join(IRCOT_VARIANTS)}, not {variant!r}")
 
     def edits(messages: Sequence[dict]) -> dict[int, Edit]:
-        last, latest_obs = _latest_turn(messages)
-        if last is None:
+        r = rounds(messages)
+        if r.latest is None:
             return {}
+        keep = set(r.task) | {r.latest} | set(r.latest_obs) | set(r.after)
         out: dict[int, Edit] = {}
-        for i, m in enumerate(messages[:last]):
-            if m["role"] == "tool":
+        for i, m in enumerate(messages):
+            if i in keep:
+                continue
+            if m["role"] == "tool" or variant == "oqp":
                 out[i] = ("removed", None)
-            elif m["role"] == "assistant" and variant == "oqp":
-                out[i] = ("removed", None)
-            elif m["role"] == "assistant" and variant == "oq" and m.get("tool_calls"):
+            elif variant == "oq" and m["role"] == "assistant" and m.get("tool_calls"):
                 has_text = message_text(m.get("content")).strip() or (m.get("reasoning_content") or "").strip()
-                if has_text:
-                    out[i] = ("calls_removed", {k: v for k, v in m.items() if k != "tool_calls"})
-                else:
-                    out[i] = ("removed", None)
+                out[i] = ("calls_removed", {k: v for k, v in m.items() if k != "tool_calls"}) \
+                    if has_text else ("removed", None)
         return out
 
     return make_policy(f"ircot:{variant}", edits)
@@ -328,7 +358,7 @@ def refine_rounds(refiner: Refiner, *, name: str = "refine", latest_only: bool =
 
     def policy(messages: Sequence[dict]) -> Counterfactual:
         answers = _turns_of_observations(messages)
-        last, _ = _latest_turn(messages)
+        last = rounds(messages).latest
         out: dict[int, Edit] = {}
         info: dict[str, dict] = {}
         for i, a in answers.items():
