@@ -14,7 +14,10 @@ output, when the setting has one). At every step the setting's view of ``work`` 
   "The number of retrieved passages K is set to 3"). The model is sent the history *as tag text*: an
   assistant turn is its own text up to ``</search>``, an observation a user message
   ``<information>...</information>``; a turn whose query a policy removed (IRCoT-oq) is sent without its
-  ``<search>`` span. The first query of a reply is run (Search-R1 stops generating at ``</search>``).
+  ``<search>`` span. The first query of a reply is run (Search-R1 stops generating at ``</search>``). After
+  ``max_turns`` turns without an answer, one final call (Search-R1's final rollout) where only ``<answer>``
+  counts. The IRCoT variants act on rounds (:func:`attnprobe.agents.policies.rounds`): an invalid turn and
+  its feedback belong to the round in progress.
 
 Every model call is recorded as a trajectory holding exactly the messages sent plus the reply
 (``capture`` and ``counterfactual`` read it as is); ``meta.history`` links it to the full history:
@@ -64,6 +67,7 @@ class LoopConfig:
     max_tokens: int = 128
     temperature: float = 0.0
     judge: str = "exact"
+    final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
     search: str = "bm25"
     corpus: str | None = None
 
@@ -91,6 +95,7 @@ class Episode(ContextHistory):
     answer: str | None = None
     retrievals: int = 0
     tool_calls: int = 0
+    final_searches: int = 0  # IRCoT: a <search> written in the final call, which is not run
     input_tokens: list[int] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)
     context_chars: list[int] = field(default_factory=list)
@@ -203,6 +208,24 @@ class Loop:
             ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
                        "content": ircot_passages(self._passages(query)).rstrip("\n")})
             self._refine()
+        if self.config.final_call:
+            self._ircot_final()
+
+    def _ircot_final(self) -> None:
+        """Search-R1's final rollout (``search_r1/llm_agent/generation.py``: after ``max_turns`` steps, one more
+        generation with ``do_search=False``): the model is sent its context as it stands and only an
+        ``<answer>`` counts. A ``<search>`` it writes there is not run, so it is no retrieval (seed 004's ART:
+        "the average number of retrievals required per question"); it is counted in ``final_searches``."""
+        ep = self.ep
+        cf = ep.view()
+        sent, kept = as_tags(cf.messages)
+        reply = self._call(sent, cf, None, kept)
+        ep.calls[-1]["meta"]["final_call"] = True
+        act = parse_tags(reply.content or reply.raw_text or "")
+        ep.append({"role": "assistant", "content": act.text or reply.content or "(empty reply)"})
+        ep.response = act.text or reply.content or ""
+        ep.answer = act.answer
+        ep.final_searches += int(bool(act.queries))
 
     def run(self) -> Episode:
         (self._ircot if self.config.scaffold == "ircot" else self._seed002)()
@@ -260,6 +283,8 @@ def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConf
         "correct": verdict.correct, "verdict": verdict.to_dict(),
         "confidence": extract_confidence(ep.response or "") if config.scaffold == "seed002" else None,
         "retrievals": ep.retrievals, "tool_calls": ep.tool_calls, "model_calls": n,
+        "final_call": bool(ep.calls and ep.calls[-1]["meta"].get("final_call")),
+        "final_searches": ep.final_searches,
         "refiner_calls": ep.refiner_calls,
         "input_tokens": sum(ep.input_tokens), "output_tokens": sum(ep.output_tokens),
         "context_tokens": round(sum(ep.input_tokens) / n, 2) if n else 0.0,
