@@ -19,7 +19,7 @@ from attnprobe.agents import refiners
 from attnprobe.generation.toolparse import call_ids
 from attnprobe.studies.runner import RunSettings, run_questions
 from attnprobe.studies.runner import validation as V
-from attnprobe.studies.runner.worker import CALL_HINT, WORKER_SYSTEM
+from attnprobe.studies.runner.worker import CALL_HINT, NO_CALL_HINT, WORKER_SYSTEM
 
 
 class FixedSearch(_FixedSearch):
@@ -223,6 +223,25 @@ def test_a_view_that_removes_calls_does_not_let_call_ids_repeat(tmp_path):
     assert worker_calls(out)[3]["meta"]["history"]["changes"] == {"2": "calls_removed", "3": "removed",
                                                                   "4": "calls_removed", "5": "removed",
                                                                   "6": "removed"}
+
+
+def test_ircot_keeps_the_latest_round_after_a_reply_with_no_call(tmp_path):
+    """The worker's no-call hint is an invalid turn's feedback: it belongs to the round in progress, so the
+    next call under IRCoT-o/oqp still sees the latest search's observation (DESIGN.md §10, rounds)."""
+    plan = [[("web_search", {"query": "q1 first"})], [], [("web_search", {"query": "q2 second"})],
+            [("final_answer", {"answer": "42"})]]
+    for policy, roles in (("ircot:o", ["system", "user", "assistant", "tool", "assistant", "user"]),
+                          ("ircot:oqp", ["system", "user", "assistant", "tool", "assistant", "user"])):
+        _, _, out = run(tmp_path, policy.replace(":", "-"), plan=plan, context_policy=policy)
+        third = worker_calls(out)[2]["messages"][:-1]
+        assert [m["role"] for m in third] == roles
+        assert third[3]["role"] == "tool" and third[3]["content"] == worker_calls(out)[1]["messages"][3]["content"]
+        assert third[5]["content"] == NO_CALL_HINT
+        fourth = worker_calls(out)[3]["messages"][:-1]
+        n_tool = sum(m["role"] == "tool" for m in fourth)
+        assert n_tool == 1  # only q2's observation: q1's round is no longer the latest
+        assert [m["role"] for m in fourth] == (["system", "user", "assistant", "assistant", "user", "assistant", "tool"]
+                                               if policy == "ircot:o" else ["system", "user", "assistant", "tool"])
 
 
 # ------------------------------------------------------------------ resume
