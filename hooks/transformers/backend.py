@@ -72,7 +72,14 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         kw: dict[str, Any] = {"local_files_only": True}
-        if gguf_file:
+        gguf_path = Path(where) / gguf_file if gguf_file else None
+        if gguf_path is not None and os.environ.get("ATTNPROBE_GGUF_CACHE", "1") != "0":
+            # the converted folder (cached on disk by content and dtype) holds the same tensors
+            from attnprobe.model_convert import converted_folder
+
+            where = converted_folder(gguf_path, dtype=dtype, progress=False)
+            gguf_file = None
+        elif gguf_file:
             kw["gguf_file"] = gguf_file
             _quiet_gguf_bar()
         try:
@@ -90,7 +97,8 @@ class TransformersBackend:
         impl = install(model)
         loaded = LoadedModel(model=model, tokenizer=tokenizer, spec=str(spec), name=display_name(str(spec), source, where),
                              backend=self.name, dtype=dtype, source=source, attn_implementation=impl,
-                             extra={"path": str(Path(where) / gguf_file) if gguf_file else str(where), "device": device})
+                             extra={"path": str(gguf_path or where), "device": device,
+                                    **({"converted": str(where)} if gguf_path and not gguf_file else {})})
         _CACHE[key] = loaded
         return loaded
 
