@@ -275,3 +275,36 @@ def test_counterfactual_refiner_sees_query_and_documents(tmp_path):
     assert seen == [("q1 first", D1), ("q2 second", D2)]
     assert cf.messages[2] == info("R[q1 first]") and cf.changes == {0: "kept", 1: "kept", 2: "refined", 3: "kept",
                                                                      4: "refined"}
+
+
+def test_study_attention_shares_of_a_tag_text_call_show_o_q_p(tok):
+    """``study attention``'s categories on a recorded IRCoT call (uniform attention over its tokens, byte-level
+    tokens, ChatML): documents are past observations, queries past tool calls, thoughts past reasoning, each
+    with its message's markers (seed 002 convention); only the instructions are task."""
+    import numpy as np
+
+    from attnprobe.results.result import CaptureResult
+    from attnprobe.studies.loop.attention import call_shares
+
+    _, calls, _ = run("none")
+    r = render(Trajectory.from_dict(calls[2]), tok)
+    n = len(r.input_ids)
+    reply = [q for q in r.queries_reasoning if q.message_index == 5]
+    rows = np.full((2, n), 1.0 / n)
+    res = CaptureResult("t", r.input_ids, r.segments, [reply[0], r.decision], [0], np.zeros((2, len(r.segments))),
+                        np.zeros((2, 1, 1, len(r.segments))), rows,
+                        meta={"trajectory_meta": calls[2]["meta"]}, text=r.text, offsets=r.offsets)
+
+    def tokens(role, content):  # <|im_start|> role \n content <|im_end|> \n, one token per byte
+        return 1 + len(f"{role}\n".encode()) + len(content.encode()) + 2
+
+    # each turn ends with its query, so its closing <|im_end|> \n (2 tokens) goes with the query
+    q = len("<search>q1 first</search>") + len("<search>q2 second</search>") + 2 * 2
+    want = {"system": 1, "task": tokens("user", U["content"]) - 1,
+            "past_reasoning": tokens("assistant", R1) + tokens("assistant", R2) - q, "past_tool_call": q,
+            "past_observation": tokens("user", f"<information>{D1}</information>")
+            + tokens("user", f"<information>{D2}</information>"),
+            "placeholder": 0, "refined": 0, "current_step": tokens("assistant", R3)}
+    assert sum(want.values()) == n
+    for name in ("reasoning", "decision"):
+        assert call_shares(res)[name] == pytest.approx({k: v / n for k, v in want.items()}, abs=1e-12)
