@@ -308,3 +308,36 @@ def test_study_attention_shares_of_a_tag_text_call_show_o_q_p(tok):
     assert sum(want.values()) == n
     for name in ("reasoning", "decision"):
         assert call_shares(res)[name] == pytest.approx({k: v / n for k, v in want.items()}, abs=1e-12)
+
+
+@pytest.mark.slow  # ~10 s on 2 shared cores (torch, a capture and 3 renders per step); CI runs it
+def test_counterfactual_run_on_an_ircot_history_edits_the_tag_text(tmp_path, tok):
+    """``attnprobe counterfactual`` end to end on a loop history (a 2-layer random Llama, byte-level tokens):
+    the steps are the tag text's, ircot:o at the last step removes exactly the first ``<information>`` message
+    (its tokens are the tokens saved) and nothing at the step before."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from attnprobe.counterfactual.job import run_counterfactuals
+    from attnprobe_hooks.backend import LoadedModel
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    loaded = LoadedModel(model=model, tokenizer=tok, spec="tiny-llama", name="tiny-llama", backend="transformers",
+                         dtype="float32", source="hf-folder", attn_implementation="eager")
+    _, _, history = run("none")
+    counts = run_counterfactuals(loaded, [Trajectory.from_dict(history)], [parse_policy("ircot:o")], tmp_path,
+                                 min_past=1)
+    assert counts["done"] == 2 and counts["failed"] == 0
+    recs = {int(p.parent.name.split("_")[1]): json.loads(p.read_text()) for p in tmp_path.rglob("record.json")}
+    assert sorted(recs) == [3, 5]
+    assert recs[3]["changed"] is False
+    r = recs[5]
+    assert r["changes"] == {"0": "kept", "1": "kept", "2": "removed", "3": "kept", "4": "kept"}
+    assert r["source"] == [0, 1, 3, 4]
+    assert r["tokens"]["saved"] == 1 + len("user\n") + len(f"<information>{D1}</information>") + 2
+    for q in ("decision", "reasoning"):
+        assert r["queries"][q]["removed_mass"] == pytest.approx(r["queries"][q]["removed_observation_mass"], abs=1e-6)
+        assert r["queries"][q]["removed_mass"] > 0
