@@ -117,7 +117,8 @@ class Loop:
 
     # ------------------------------------------------------------------ one model call
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
-        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call."""
+        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call: the
+        model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's)."""
         ep = self.ep
         reply = self.chat.complete(unlabelled(sent), copy.deepcopy(tools) if tools else None,
                                    max_tokens=self.config.max_tokens, temperature=self.config.temperature)
