@@ -12,5 +12,7 @@ live here, below all of them:
   refiners), applied after the fact (counterfactuals) or in the loop;
 - :mod:`.context`: a policy inside an agent loop (the view sent at each step, the once-per-round
   refinement, the link from each recorded call to the full history), used by the loop's scaffolds and
-  the runner's search worker.
+  the runner's search worker;
+- :mod:`.tagtext`: tag text (Search-R1 / IRCoT) to rounds and back, labelled, so the IRCoT loop and the
+  counterfactuals apply one policy to what a tag-format agent saw.
 """

@@ -27,7 +27,17 @@ def register(sub) -> None:
                        description="Read agent logs and write them as one attnprobe trajectory file (JSON Lines, "
                                    "validated), ready for 'capture'. Formats: openai (message lists, one per line "
                                    "or {messages, tools, id}), masking (qid/question/full_messages records), "
-                                   "smolagents (memory messages).")
+                                   "smolagents (memory messages), tags (Search-R1 / IRCoT tag text: {id, prompt, "
+                                   "response} with the rollout as one assistant message, as the agent saw it, or "
+                                   "{messages} with the agent's own message boundaries). Tag text is kept byte for "
+                                   "byte and labelled, never re-rendered: each <search>...</search> span (tags "
+                                   "included) is annotated as the agent's tool call, each "
+                                   "<information>...</information> block as an external observation, the rest of "
+                                   "an assistant turn stays reasoning; user messages before the first assistant "
+                                   "turn (the instructions) are not read for tags. A document block that answers "
+                                   "no query or never closes is an error; a nested <search> is part of the query "
+                                   "(the first </search> closes it, as Search-R1 reads it). Counterfactual "
+                                   "policies act on the rounds this text holds (docs/counterfactual.md).")
     p.add_argument("inputs", nargs="+", help=".json or .jsonl files")
     p.add_argument("--format", required=True, choices=FORMATS, help="log format of the inputs")
     add_output_options(p, out_required=True, out_help="output trajectory file (.jsonl)", force=False, progress=False)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnprobe.agents.policies import Counterfactual, Policy
+from attnprobe.agents.tagtext import agent_view, apply_policy
 from attnprobe.counterfactual.actions import compare_actions, logprob_block, recorded_logprob, tool_vocabulary
 from attnprobe.counterfactual.records import QUERY_NAMES, RECORD_FILE
 from attnprobe.counterfactual.refined import refined_mass_split
@@ -65,7 +66,8 @@ def augment_step_folder(directory: str | Path, trajectory: Trajectory, policy: P
     directory = Path(directory)
     record = load_json(directory / RECORD_FILE)
     i = int(record["step_message_index"])
-    cfx = policy(trajectory.messages[:i])
+    trajectory = agent_view(trajectory)  # the steps were chosen on the agent's view (counterfactual.steps)
+    cfx = apply_policy(policy, trajectory.messages[:i])
     if [int(k) for k in cfx.source] != [int(k) for k in record["source"]]:
         raise ValueError(f"{directory}: the policy no longer gives the recorded counterfactual (source differs)")
     original = CaptureResult.load(directory / "original")

@@ -2,7 +2,8 @@
 
 For a chosen step t (the assistant message at index i; default every reasoning step with >= 5
 past turns, seed 002 E.5's filter) the *original* context is the recorded prefix ``messages[:i]``
-and the *counterfactual* context is ``policy(messages[:i])``. Both are captured with the step's own
+and the *counterfactual* context is ``policy(messages[:i])`` (on tag text, the policy acts on the rounds the
+text holds and the result is tag text again: :func:`attnprobe.agents.tagtext.apply_policy`). Both are captured with the step's own
 message appended (teacher forcing), at two queries: the **decision** position (the last token of
 the generation prompt, where step t's action is predicted) and the step's **reasoning start** (its
 first token, seed 002 E.2/E.3's query).
@@ -40,6 +41,7 @@ import numpy as np
 
 from attnprobe._version import __version__
 from attnprobe.agents.policies import Counterfactual, Policy, policy_name
+from attnprobe.agents.tagtext import apply_policy
 from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, weights_hash
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.actions import classify_action, tool_vocabulary
@@ -201,7 +203,7 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
     cf_slot: dict[tuple[str, int, str], tuple[int, Counterfactual]] = {}
     for s, p, n in todo:
         traj = s.trajectory
-        cfx = p(traj.messages[: s.message_index])
+        cfx = apply_policy(p, traj.messages[: s.message_index])  # tag text: on what the agent saw
         rendering = contexts[orig_slot[(traj.id, s.message_index)][0]].rendered.rendering
         c = build_context(model, traj, cfx.messages, traj.messages[s.message_index], f"{s.key}:{n}",
                           rendering=rendering if opts.rendering == "auto" else opts.rendering,

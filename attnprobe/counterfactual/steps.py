@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attnprobe.agents.policies import policy_name
+from attnprobe.agents.tagtext import agent_view
 from attnprobe.errors import AttnprobeError
 from attnprobe.render.rendering import message_turns
 from attnprobe.trajectory.schema import Trajectory, message_text
@@ -33,7 +34,9 @@ def is_reasoning_message(msg: dict) -> bool:
 def choose_steps(traj: Trajectory, *, min_past: int = 5, include_actions: bool = False,
                  turns: Sequence[int] | None = None, max_steps: int | None = None) -> list[Step]:
     """Steps with at least ``min_past`` past turns (reasoning steps only unless ``include_actions``),
-    or exactly the given ``turns``; at most ``max_steps`` (the first ones)."""
+    or exactly the given ``turns``; at most ``max_steps`` (the first ones). The steps hold the trajectory
+    as its agent saw it (:func:`attnprobe.agents.tagtext.agent_view`: an IRCoT loop's history as tag text)."""
+    traj = agent_view(traj)
     tt = message_turns(traj.messages)
     out = []
     for i, m in enumerate(traj.messages):

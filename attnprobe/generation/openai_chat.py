@@ -72,6 +72,7 @@ class OpenAIChat:
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
                  temperature: float = 0.0) -> ChatReply:
+        messages = [{k: v for k, v in m.items() if k != "annotations"} for m in messages]  # attnprobe's labels
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                                    "temperature": temperature}
         if tools:

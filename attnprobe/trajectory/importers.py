@@ -3,7 +3,8 @@
 Supported: plain OpenAI message lists, observation-masking style records
 (``qid``/``question``/``full_messages``), smolagents memory messages (``tool-call`` /
 ``tool-response`` roles with ``Calling tools:`` and ``Call id: ... Observation:`` text) and tag-format
-agent logs (Search-R1 / IRCoT: ``<search>``, ``<information>``, ``<answer>`` spans in one text).
+agent logs (Search-R1 / IRCoT: ``<search>``, ``<information>``, ``<answer>`` spans), whose text is kept as
+it was and labelled by ``annotations`` (:mod:`attnprobe.trajectory.tags`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from attnprobe.errors import TrajectoryError
 from attnprobe.io import load_json, loads_strict, read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
+from attnprobe.trajectory.tags import TagError, scan
 
 FORMATS = ("openai", "masking", "smolagents", "tags")
 
@@ -191,48 +193,58 @@ def _import_one(path: Path, fmt: str, n: int, lineno: int | None, rec: Any) -> T
 # ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)
 _TAG_TEXT_FIELDS = ("response", "output", "completion", "text", "trajectory")
 _TAG_PROMPT_FIELDS = ("prompt", "question", "query", "input")
-_TAG_SPAN = re.compile(r"<search>(.*?)</search>\s*(?:<information>(.*?)(?:</information>|$))?", re.S)
 
 
-def split_tag_text(text: str) -> list[dict]:
-    """One tag-format agent text as OpenAI messages: each ``<search>q</search>`` ends an assistant turn (its
-    text before the span, plus a ``search`` call with ``{"query": q}``) and the ``<information>`` block after it
-    becomes that call's tool message; what follows the last block (``<answer>``...) is the last assistant turn.
-    Queries and documents become calls and observations, so context policies apply to them."""
-    out, pos, n = [], 0, 0
-    for m in _TAG_SPAN.finditer(text):
-        n += 1
-        call = {"id": f"call{n}", "type": "function",
-                "function": {"name": "search", "arguments": json.dumps({"query": m.group(1).strip()},
-                                                                        ensure_ascii=False)}}
-        out.append({"role": "assistant", "content": text[pos:m.start()].strip(), "tool_calls": [call]})
-        out.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
-                    "content": (m.group(2) or "").strip()})
-        pos = m.end()
-    tail = text[pos:].strip()
-    if tail:
-        out.append({"role": "assistant", "content": tail})
-    return out
+def tag_annotations(role: str, text: str, *, pending: bool = False, path=None, line=None,
+                    field: str | None = None) -> tuple[list[dict], bool]:
+    """The ``annotations`` of one message of a tag-format agent (:mod:`attnprobe.trajectory.tags`: queries
+    ``tool_call``/self, documents ``observation``/external, tags included) and whether a query is left
+    unanswered. Assistant text may hold both (a Search-R1 rollout is one text with the documents inserted);
+    a user message only documents. Malformed tags are one located error."""
+    try:
+        spans, pending = scan(text, searches=role == "assistant", information=True, pending=pending)
+    except TagError as exc:
+        raise TrajectoryError(str(exc), path=path, line=line, field=field) from None
+    return [sp.annotation() for sp in spans], pending
+
+
+def _tag_message(role: str, text: str, anns: list[dict]) -> dict:
+    msg: dict[str, Any] = {"role": role, "content": text}
+    if anns:
+        msg["annotations"] = anns
+    return msg
 
 
 def from_tag_log(record: Any, *, default_id: str, path: str | None = None, line: int | None = None) -> Trajectory:
-    """A tag-format agent log: ``{"id", "prompt"|"question", "response"|"output"|...}`` (the prompt and one
-    generated text with ``<search>``/``<information>``/``<answer>`` spans), or ``{"messages": [...]}`` whose
-    assistant texts hold the spans. Other fields go to ``meta`` (``answer``, ``golden_answers`` and
-    ``correct``/``score`` to ``labels``)."""
+    """A tag-format agent log, its text kept exactly as the agent saw it, the spans labelled by ``annotations``
+    (never re-rendered as tool calls: that would score text the agent never saw).
+
+    - ``{"id", "prompt"|"question"|..., "response"|"output"|...}``: the prompt as the user message and the
+      generated text as **one** assistant message. A Search-R1 rollout is one token sequence: the documents
+      are inserted into the generation after each ``</search>``, with no message boundary, so none is made.
+    - ``{"messages": [...]}``: the agent's own message boundaries (e.g. attnprobe's IRCoT loop, which sends
+      each observation as a user message ``<information>...</information>``), kept as they are. User messages
+      before the first assistant turn (the instructions, which name the tags) are not read for tags.
+
+    Other fields go to ``meta`` (``answer``, ``golden_answers`` and ``correct``/``score`` to ``labels``)."""
     if not isinstance(record, dict):
         raise TrajectoryError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
     rid = _id(record.get("id", default_id), path, line, "id")
     if isinstance(record.get("messages"), list):
-        messages = []
+        messages, pending, seen_assistant = [], False, False
         for i, msg in enumerate(record["messages"]):
             if not isinstance(msg, dict):
                 raise TrajectoryError("a message must be a JSON object", path=path, line=line, field=f"messages[{i}]")
+            role = msg.get("role")
             text = _text(msg.get("content"), path, line, f"messages[{i}].content")
-            if msg.get("role") == "assistant":
-                messages += split_tag_text(text)
-            else:
-                messages.append({"role": msg.get("role"), "content": text})
+            anns: list[dict] = []
+            if role == "assistant":
+                seen_assistant = True
+                anns, pending = tag_annotations(role, text, path=path, line=line, field=f"messages[{i}].content")
+            elif role == "user" and seen_assistant:
+                anns, pending = tag_annotations(role, text, pending=pending, path=path, line=line,
+                                                field=f"messages[{i}].content")
+            messages.append(_tag_message(role, text, anns))
         used = {"messages"}
     else:
         tf = next((f for f in _TAG_TEXT_FIELDS if f in record), None)
@@ -240,8 +252,10 @@ def from_tag_log(record: Any, *, default_id: str, path: str | None = None, line:
             raise TrajectoryError(f"missing the agent's text (one of {', '.join(_TAG_TEXT_FIELDS)}) or 'messages'",
                                   path=path, line=line, field="response")
         pf = next((f for f in _TAG_PROMPT_FIELDS if f in record), None)
+        text = _text(record[tf], path, line, tf)
+        anns, _ = tag_annotations("assistant", text, path=path, line=line, field=tf)
         messages = ([{"role": "user", "content": _text(record[pf], path, line, pf)}] if pf else []) + \
-            split_tag_text(_text(record[tf], path, line, tf))
+            [_tag_message("assistant", text, anns)]
         used = {tf, pf}
     labels = {k: record[k] for k in ("answer", "golden_answers", "correct", "score") if k in record}
     meta = {k: v for k, v in record.items() if k not in used | {"id"} | set(labels)}

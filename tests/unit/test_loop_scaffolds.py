@@ -13,6 +13,7 @@ from support.fixed_search import FixedSearch
 from support.scripted_chat import ScriptedChat, tool_call, words
 
 from attnprobe.agents.policies import DEFAULT_PLACEHOLDER, refine_latest
+from attnprobe.agents.tagtext import unlabelled
 from attnprobe.studies.loop.agents import LoopConfig, as_tags, run_question
 from attnprobe.studies.loop.context import Setting, parse_setting
 from attnprobe.studies.loop.pool import Browser
@@ -74,8 +75,10 @@ def test_ircot_sends_exactly_the_variant_context(spec):
     chat, result, calls, history = run_ircot(spec)
     assert chat.sent == IRCOT_EXPECTED[spec]
     assert chat.tools == [None, None, None]
-    # the recorded calls are exactly what was sent, plus the reply
-    assert [c["messages"][:-1] for c in calls] == IRCOT_EXPECTED[spec]
+    # the recorded calls are exactly what was sent (labelled by annotations, which the model is not sent), plus
+    # the reply
+    assert [unlabelled(c["messages"][:-1]) for c in calls] == IRCOT_EXPECTED[spec]
+    assert all(m.get("annotations") for c in calls for m in c["messages"][1:-1] if "<information>" in m["content"])
     assert [c["messages"][-1]["content"] for c in calls] == [R1, R2, R3]
     assert result["answer"] == "42" and result["correct"] is True
     assert result["retrievals"] == 2 and result["tool_calls"] == 2 and result["model_calls"] == 3
@@ -135,8 +138,12 @@ def test_ircot_invalid_turn_gets_search_r1_feedback_and_no_answer_is_wrong():
 def test_as_tags_drops_a_turn_left_empty():
     msgs = [U, {"role": "assistant", "content": "", "tool_calls": [tool_call("c1", "search", query="x")],
                 "tag_text": "<search>x</search>"}]
-    assert as_tags(msgs) == ([U, A("<search>x</search>")], [0, 1])
-    assert as_tags([U, {"role": "assistant", "content": ""}, info("d")]) == ([U, info("d")], [0, 2])
+    sent, kept = as_tags(msgs)
+    assert (unlabelled(sent), kept) == ([U, A("<search>x</search>")], [0, 1])
+    assert sent[1]["annotations"] == [{"start": 0, "end": 18, "role": "tool_call", "author": "self"}]
+    sent, kept = as_tags([U, {"role": "assistant", "content": ""}, {"role": "tool", "content": "d"}])
+    assert (sent, kept) == ([U, {**info("d"), "annotations": [{"start": 0, "end": 28, "role": "observation",
+                                                                 "author": "external"}]}], [0, 2])
 
 
 def test_context_length_and_tokens_are_the_means_and_sums_of_what_was_sent():

@@ -16,7 +16,7 @@ from attnprobe.studies.loop.metrics import bootstrap_ci, mcnemar_exact, paired, 
 from attnprobe.studies.loop.questions import QuestionsError, read_questions
 from attnprobe.studies.loop.scoring import em_normalize, exact_match, extract_answer, extract_confidence
 from attnprobe.studies.loop.study import run_study
-from attnprobe.trajectory.importers import iter_import, split_tag_text
+from attnprobe.trajectory.importers import iter_import
 
 
 def _write(path, lines):
@@ -213,23 +213,27 @@ def test_cli_bad_questions_file(tmp_path, capsys):
 
 # ------------------------------------------------------------------ importer for tag-format logs
 def test_tag_log_import(tmp_path):
+    """The agent's text stays as it was (one assistant message for a Search-R1 rollout); the spans are
+    annotations at exact character offsets, tags included."""
     text = ("<think>who?</think>\n<search> Astrid Cleve </search>\n\n<information>Doc 1(Title: A) x</information>\n"
             "<think>son</think><search>Ulf von Euler</search><information>Doc 1(Title: U) 1970</information>"
             "<think>done</think><answer> 1970 </answer>")
-    msgs = split_tag_text(text)
-    assert [m["role"] for m in msgs] == ["assistant", "tool", "assistant", "tool", "assistant"]
-    assert msgs[0]["content"] == "<think>who?</think>"
-    assert json.loads(msgs[0]["tool_calls"][0]["function"]["arguments"]) == {"query": "Astrid Cleve"}
-    assert msgs[1] == {"role": "tool", "tool_call_id": "call1", "name": "search", "content": "Doc 1(Title: A) x"}
-    assert msgs[4]["content"] == "<think>done</think><answer> 1970 </answer>"
     p = _write(tmp_path / "log.jsonl", [{"id": "r1", "prompt": "Question: who?", "response": text, "answer": "1970",
                                          "golden_answers": ["1970"], "data_source": "nq"},
                                         {"messages": [{"role": "user", "content": "Q"},
                                                       {"role": "assistant", "content": text}]}])
     t1, t2 = list(iter_import(p, "tags"))
     assert t1.id == "r1" and t1.task == "Question: who?" and t1.labels == {"answer": "1970", "golden_answers": ["1970"]}
-    assert t1.meta["data_source"] == "nq" and len(t1.messages) == 6
-    assert t2.id == "log-2" and [m["role"] for m in t2.messages] == ["user", *[m["role"] for m in msgs]]
+    assert t1.meta["data_source"] == "nq"
+    assert t1.messages[0] == {"role": "user", "content": "Question: who?"}
+    assert t1.messages[1]["role"] == "assistant" and t1.messages[1]["content"] == text and len(t1.messages) == 2
+    spans = [(text[a["start"]:a["end"]], a["role"], a["author"]) for a in t1.messages[1]["annotations"]]
+    assert spans == [("<search> Astrid Cleve </search>", "tool_call", "self"),
+                     ("<information>Doc 1(Title: A) x</information>", "observation", "external"),
+                     ("<search>Ulf von Euler</search>", "tool_call", "self"),
+                     ("<information>Doc 1(Title: U) 1970</information>", "observation", "external")]
+    assert t1.messages[1]["annotations"][0] == {"start": 20, "end": 51, "role": "tool_call", "author": "self"}
+    assert t2.id == "log-2" and t2.messages[1] == t1.messages[1]
     bad = _write(tmp_path / "bad.jsonl", [{"id": "x", "prompt": "Q"}])
     with pytest.raises(Exception) as exc:
         list(iter_import(bad, "tags"))
@@ -273,7 +277,8 @@ def test_tag_log_import_cli(tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     assert main(["import", str(src), "--format", "tags", "--out", str(out)]) == 0
     (t,) = attnprobe.load_trajectories(out)
-    assert [m["role"] for m in t.messages] == ["user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in t.messages] == ["user", "assistant"]  # one rollout, one message, as the agent saw it
+    assert [a["role"] for a in t.messages[1]["annotations"]] == ["tool_call", "observation"]
     assert main(["import", str(_write(tmp_path / "bad.jsonl", ["[]"])), "--format", "tags", "--out",
                  str(tmp_path / "o2.jsonl")]) == 2
     assert "line 1" in capsys.readouterr().err

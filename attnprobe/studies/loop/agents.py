@@ -14,10 +14,14 @@ output, when the setting has one). At every step the setting's view of ``work`` 
   "The number of retrieved passages K is set to 3"). The model is sent the history *as tag text*: an
   assistant turn is its own text up to ``</search>``, an observation a user message
   ``<information>...</information>``; a turn whose query a policy removed (IRCoT-oq) is sent without its
-  ``<search>`` span. The first query of a reply is run (Search-R1 stops generating at ``</search>``). After
-  ``max_turns`` turns without an answer, one final call (Search-R1's final rollout) where only ``<answer>``
-  counts. The IRCoT variants act on rounds (:func:`attnprobe.agents.policies.rounds`): an invalid turn and
-  its feedback belong to the round in progress.
+  ``<search>`` span. The first query of a reply is run (Search-R1 stops generating at ``</search>``).
+  The recorded call labels that text with ``annotations`` (:func:`attnprobe.agents.tagtext.as_tags`):
+  ``<information>`` blocks are observations, ``<search>`` spans (the reply's too) tool calls, the rest
+  reasoning; the model is sent the text only. The full history keeps each turn's ``tag_text``, so the
+  counterfactuals see the tag text too (:func:`attnprobe.agents.tagtext.agent_view`).
+  After ``max_turns`` turns without an answer, one final call (Search-R1's final rollout) where only
+  ``<answer>`` counts. The IRCoT variants act on rounds (:func:`attnprobe.agents.policies.rounds`): an
+  invalid turn and its feedback belong to the round in progress.
 
 Every model call is recorded as a trajectory holding exactly the messages sent plus the reply
 (``capture`` and ``counterfactual`` read it as is); ``meta.history`` links it to the full history:
@@ -36,6 +40,7 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.search import SearchBackend
+from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.studies.loop.pool import TOOLS, Browser
@@ -117,14 +122,17 @@ class Loop:
 
     # ------------------------------------------------------------------ one model call
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
-        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call."""
+        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call: the
+        model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's)."""
         ep = self.ep
-        reply = self.chat.complete(copy.deepcopy(sent), copy.deepcopy(tools) if tools else None,
+        reply = self.chat.complete(unlabelled(sent), copy.deepcopy(tools) if tools else None,
                                    max_tokens=self.config.max_tokens, temperature=self.config.temperature)
         step = len(ep.calls) + 1
         msg: dict[str, Any] = reply.as_message()
         if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
             msg["content"] = "(empty reply)"
+        if self.config.scaffold == "ircot":  # the reply's <search> span is its tool call (tag text)
+            msg = annotate_reply(msg)
         call_id = f"{self.run_id}/step-{step}"
         record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
                   "framing": "trace", "messages": copy.deepcopy(sent) + [msg],
@@ -238,25 +246,6 @@ class Loop:
         return browser.pool.to_dict() if browser is not None else None
 
 
-def as_tags(messages: list[dict]) -> tuple[list[dict], list[int]]:
-    """The IRCoT scaffold's history as the model is sent it: assistant turns as their tag text (without the
-    ``<search>`` span when a policy removed the query), observations as ``<information>`` user messages.
-    Returns the messages and, for each, the index of the message of ``messages`` it renders."""
-    out, kept = [], []
-    for i, m in enumerate(messages):
-        if m["role"] == "assistant":
-            text = m.get("tag_text") if m.get("tool_calls") else m.get("content")
-            if not text:  # a turn with nothing left is not sent
-                continue
-            out.append({"role": "assistant", "content": text})
-        elif m["role"] == "tool":
-            out.append({"role": "user", "content": f"<information>{message_text(m.get('content'))}</information>"})
-        else:
-            out.append({"role": m["role"], "content": m.get("content")})
-        kept.append(i)
-    return out, kept
-
-
 def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConfig, question: dict, *,
                  run_id: str, scorer) -> tuple[dict, list[dict], dict]:
     """Run one question: returns (result record, recorded calls, full-history trajectory)."""
@@ -267,7 +256,7 @@ def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConf
     verdict = scorer(question["question"], ep.response, ep.answer, question.get("answers") or [])
     n = len(ep.calls)
     history = {"id": f"{run_id}/history", "task": question["question"], "model": getattr(chat, "name", None),
-               "framing": "trace", "messages": [{k: v for k, v in m.items() if k != "tag_text"} for m in ep.full],
+               "framing": "trace", "messages": copy.deepcopy(ep.full),
                "labels": {} if verdict.correct is None else {"correct": verdict.correct},
                "meta": {"runner": f"loop-{config.scaffold}", "kind": "full-history", "run_id": run_id,
                         "setting": setting.spec, "question_id": question["id"], "steps": ep.steps,
