@@ -29,7 +29,7 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     summary = summarize(by, baseline, n_boot=n_boot, seed=seed)
     models = sorted({r.get("model") or "?" for rs in by.values() for r in rs})
     label = scorer_label(config.judge)
-    rules = {s: setting_rules(s) for s in settings if setting_rules(s)}
+    rules = {part: rule for s in settings for part, rule in setting_rules(s).items()}  # masking rule per policy
     study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
              "scorer": label,
              "questions_total": len(questions), **summary}
