@@ -162,8 +162,8 @@ def _register_attention(studies) -> None:
     g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
                    help="only this setting of the study (repeatable; default: every setting)")
     g.add_argument("--min-past", type=int, default=None,
-                   help="counterfactual steps with at least this many past turns (default per policy family, as "
-                        "'attnprobe counterfactual': 5 for masking, 1 for IRCoT and refiners)")
+                   help="counterfactual steps with at least this many past turns (default per policy, as "
+                        "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
     add_capture_options(p, queries="reasoning+decision")
