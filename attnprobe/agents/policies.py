@@ -238,7 +238,11 @@ def mask_archive(keep_turns: int = 5, *, tools: Sequence[str] | None = None,
     ``tools``: the archivable tool names; the release archives its browser tools (search/open/find, all
     its retrieval tools), so None means every tool, which for our scaffolds is their retrieval tools.
     The release archives in place before each model call; recomputing from the full history at every step
-    gives the same context, because the set of counted turns only grows.
+    gives the same context, because the set of counted turns only grows. One difference: the release
+    decides which turns count from the call ids its runtime marked as failed (results opening with
+    ``Error executing`` / ``Error rendering``, arguments that did not parse) and which results to keep from
+    those ids plus its content tests; a policy has only the messages, so ``is_error`` decides both (a turn
+    whose only result is, say, ``Error: Invalid arguments ...`` counts in the release and not here).
     (The former ``mask-turns:K`` counted the same turns and masked the same results for K >= 1, so it was
     removed; ``mask-obs:K`` keeps the count of observations.)"""
     if keep_turns < 0:
