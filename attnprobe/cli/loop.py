@@ -37,7 +37,9 @@ Examples:
 Settings: none | mask:K | mask-obs:K | ircot:o|oq|oqp | refine:bm25[:N] | refine:openai:URL:MODEL,
 joined with '+' (e.g. ircot:oq+refine:bm25:3). mask:K is seed 002's released rule: successful results older
 than the K-th most recent turn with a non-error call become "[Auto-archived browser result] tool=... | args:
-..."; mask-obs:K keeps the K most recent observations instead. The refiner runs once per round on that round's documents.
+..."; mask-obs:K keeps the K most recent observations instead. The refiner runs once per round on that
+round's documents. seed002 generates as seed 002's appendix C does (8192 tokens, temperature 1.0);
+--preset cpu (128 tokens, greedy) keeps the bundled model usable on a CPU.
 Questions: JSONL with question/Question/query and golden_answers/answers/answer/Answer (NQ, HotpotQA, 2Wiki,
 MuSiQue, Bamboogle, FlashRAG, BrowseComp-Plus).
 """
