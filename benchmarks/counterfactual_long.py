@@ -24,7 +24,7 @@ import json
 import time
 from pathlib import Path
 
-POLICIES = ("mask:5", "mask-turns:5", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3", "refine-latest:bm25:3")
+POLICIES = ("mask:5", "mask-obs:5", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3", "refine-latest:bm25:3")
 
 
 def main() -> None:

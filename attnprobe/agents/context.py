@@ -5,7 +5,7 @@ and the NIS-Agent runner's search worker), so both send, refine and link exactly
 
 A setting is ``none`` or policies joined by ``+`` (e.g. ``ircot:oq+refine:bm25:3``):
 
-- *view* policies (``mask:K``, ``mask-turns:K``, ``ircot:o|oq|oqp``) map the history to what the model is
+- *view* policies (``mask:K``, ``mask-obs:K``, ``ircot:o|oq|oqp``) map the history to what the model is
   sent, afresh at every step (:func:`attnprobe.agents.policies.parse_policy`, used as is);
 - a *refine* policy (``refine:bm25[:N]``, ``refine:openai:URL:MODEL``) runs once per round, right after that
   round's documents arrive: seed 004 §3.3, "in each round i, refine the context to preserve the most relevant
@@ -15,8 +15,9 @@ A setting is ``none`` or policies joined by ``+`` (e.g. ``ircot:oq+refine:bm25:3
   step would instead refine only the newest observation and show older ones raw.)
 
 Masking counts (seed 002 §2.2, "The retention window K preserves the most recent observations"): ``mask:K``
-keeps the K most recent observations (one per tool message: a turn of 3 parallel calls is 3 observations);
-``mask-turns:K`` keeps the observations of the K most recent tool-calling turns. Errors are exempt in both.
+counts turns as seed 002's released scaffold does (the results of the K most recent turns with a non-error call
+stay, parallel calls together); ``mask-obs:K`` keeps the K most recent observations (one per tool message: a
+turn of 3 parallel calls is 3 observations). Errors are exempt in both.
 
 :class:`ContextHistory` keeps one agent's two copies of its history (``full``: every observation as the tool
 returned it; ``work``: observations replaced by the refiner's output) and gives, per recorded call, the

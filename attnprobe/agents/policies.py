@@ -9,11 +9,11 @@ prompt and the task stay as they were); they edit only assistant turns and tool 
 Seed 002, section 2.2 (observation masking): "Observation masking replaces older observation content
 with fixed placeholders while retaining tool-call structure and exempting tool-call errors. The
 retention window K preserves the most recent observations; error observations remain available for
-adaptive debugging. Placeholders preserve which tool was called and its arguments." Its limitations
-call it a "minimal turn-based observation masking policy" and its agents make parallel calls, so the
-window is offered both ways: :func:`mask_observations` (``mask:K``, K observations) and
-:func:`mask_turns` (``mask-turns:K``, the observations of K turns; docs/counterfactual.md says which
-the seed means).
+adaptive debugging. Placeholders preserve which tool was called and its arguments." Its
+limitations call it a "minimal turn-based observation masking policy"; its released scaffold
+(i-DeepSearch/observation-masking, tools/context_management.py) says which turns: K assistant turns
+with a non-error browser call. That is ``mask:K`` (:func:`mask_archive`, with the release's placeholder
+text); :func:`mask_observations` (``mask-obs:K``) counts observations instead.
 
 Seed 004, section 3.2 (context interference, on the history state s_i = [x, a_0..a_{i-1}, o_1..o_i]
 with a_i = (p_i thought, q_i query)): "IRCoT-o (w/o o_{:-1}) only incorporates the latest observation
@@ -168,6 +168,115 @@ def default_is_error(message: dict) -> bool:
 
 
 # ------------------------------------------------------------------ seed 002: observation masking
+# The rule of the scaffold seed 002 released (github.com/i-DeepSearch/observation-masking,
+# tools/context_management.py, ``_auto_archive_old_results``), rewritten here: K counts the assistant turns
+# that made at least one non-error browser call; every successful browser result before the K-th most recent
+# such turn becomes ``ARCHIVE_MARKER tool=<name> | args: <k=repr(v)[:80], ...>``; error results never do;
+# K <= 0 archives nothing (the release's ``if force_archive_after_turns <= 0: return 0``).
+ARCHIVE_MARKER = "[Auto-archived browser result]"
+ARCHIVE_PLACEHOLDER = ARCHIVE_MARKER + " tool=<name> | args: <k=repr(v)[:80], ...>"
+"""How the release's placeholder reads (recorded in study.json and the runner's settings)."""
+
+_RELEASE_ERROR_PREFIXES = ("Error executing ", "Error rendering ", "Error: Invalid arguments for function",
+                           "An unexpected error occurred while executing function")
+
+
+def archive_args(arguments: Any) -> str:
+    """The release's ``_args_desc``: a call's arguments (a JSON string or a dict) as ``k=repr(v)[:80]``
+    joined by ``", "``; a string that is not JSON is ``{"raw": it}``; no dict or an empty one is ``no args``."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = {"raw": arguments}
+    if not isinstance(arguments, dict) or not arguments:
+        return "no args"
+    return ", ".join(f"{k}={repr(v)[:80]}" for k, v in arguments.items())
+
+
+def archive_placeholder(name: str, arguments: Any) -> str:
+    """The release's ``_auto_archive_placeholder``: ``[Auto-archived browser result] tool=NAME | args: ARGS``."""
+    return f"{ARCHIVE_MARKER} tool={name} | args: {archive_args(arguments)}"
+
+
+def archive_is_error(message: dict) -> bool:
+    """An error result as the release knows one: :func:`default_is_error` (our flags and ``Error...``
+    texts, which include the release's ``Error executing`` / ``Error rendering`` / ``Error: Invalid
+    arguments`` prefixes) or the release's other two signs, ``An unexpected error occurred while executing
+    function`` and a JSON object with an ``error`` key."""
+    if default_is_error(message):
+        return True
+    text = message_text(message.get("content")).lstrip()
+    if text.startswith(_RELEASE_ERROR_PREFIXES):
+        return True
+    if text.startswith('{"error"'):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(parsed, dict) and "error" in parsed
+    return False
+
+
+def mask_archive(keep_turns: int = 5, *, tools: Sequence[str] | None = None,
+                 is_error: Callable[[dict], bool] = archive_is_error) -> Policy:
+    """Seed 002 observation masking as its released scaffold does it (``mask:K``).
+
+    K counts *assistant turns* that made at least one non-error call to an archivable tool (parallel calls
+    of one reply are one turn; a turn whose calls all failed is no turn). Every successful result of an
+    archivable tool that comes before the K-th most recent such turn gets :func:`archive_placeholder`
+    (``[Auto-archived browser result] tool=<name> | args: <k=repr(v)[:80], ...>``); error results are never
+    archived (seed 002 §2.2, "exempting tool-call errors"); K <= 0 archives nothing, as in the release.
+    A result whose call is not in the prefix is left as it is (the release cannot name its tool either).
+    ``tools``: the archivable tool names; the release archives its browser tools (search/open/find, all
+    its retrieval tools), so None means every tool, which for our scaffolds is their retrieval tools.
+    The release archives in place before each model call; recomputing from the full history at every step
+    gives the same context, because the set of counted turns only grows. One difference: the release
+    decides which turns count from the call ids its runtime marked as failed (results opening with
+    ``Error executing`` / ``Error rendering``, arguments that did not parse) and which results to keep from
+    those ids plus its content tests; a policy has only the messages, so ``is_error`` decides both (a turn
+    whose only result is, say, ``Error: Invalid arguments ...`` counts in the release and not here).
+    (The former ``mask-turns:K`` counted the same turns and masked the same results for K >= 1, so it was
+    removed; ``mask-obs:K`` keeps the count of observations.)"""
+    if keep_turns < 0:
+        raise ValueError("mask_archive: keep_turns must be >= 0")
+    allowed = None if tools is None else set(tools)
+
+    def archivable(name: str) -> bool:
+        return allowed is None or name in allowed
+
+    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
+        if keep_turns <= 0:
+            return {}
+        calls = _calls_by_id(messages)
+        errors = {m.get("tool_call_id") for m in messages if m["role"] == "tool" and is_error(m)}
+        errors.discard(None)
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and any(
+            archivable(c.get("function", {}).get("name", "")) and c.get("id", "") not in errors
+            for c in m.get("tool_calls") or [])]
+        if len(turns) < keep_turns:
+            return {}
+        out: dict[int, Edit] = {}
+        for i in range(turns[-keep_turns]):
+            msg = messages[i]
+            if msg["role"] != "tool":
+                continue
+            text = message_text(msg.get("content"))
+            if ARCHIVE_MARKER in text or text.startswith("[Auto-archived |"):
+                continue
+            call = calls.get(msg.get("tool_call_id") or "")
+            name = (call or {}).get("function", {}).get("name", "")
+            if call is None or not archivable(name) or msg.get("tool_call_id") in errors or is_error(msg):
+                continue
+            new = {k: v for k, v in msg.items() if k != "annotations"}
+            new["content"] = archive_placeholder(name, call.get("function", {}).get("arguments", {}))
+            out[i] = ("placeholder", new)
+        return out
+
+    return make_policy(f"mask:{keep_turns}", edits)
+
+
+# ------------------------------------------------------------------ mask-obs:K, the observation count
 def _turns_of_observations(messages: Sequence[dict]) -> dict[int, int]:
     """Tool message index -> index of the assistant message it answers (the last assistant message
     before it; -1 for a tool message before any). Parallel calls of one assistant message share it."""
@@ -194,11 +303,12 @@ def _placeholder_edit(messages: Sequence[dict], i: int, placeholder: str, calls:
 
 def mask_observations(keep_last: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, keep_errors: bool = True,
                       is_error: Callable[[dict], bool] = default_is_error) -> Policy:
-    """Seed 002 observation masking, window counted in observations (``mask:K``): the last
-    ``keep_last`` tool observations stay; older ones get ``placeholder`` (formatted with the call's
-    tool name and arguments). Every tool message is one observation (parallel calls give several).
-    With ``keep_errors`` an observation that reports a failed call is never masked and does not use
-    up a window slot (the window holds the K most recent non-error observations)."""
+    """Observation masking with the window counted in observations (``mask-obs:K``; ``mask:K`` before
+    issue 26): the last ``keep_last`` tool observations stay; older ones get ``placeholder`` (formatted
+    with the call's tool name and arguments; ours, not the release's). Every tool message is one
+    observation (parallel calls give several), so it differs from the released rule (:func:`mask_archive`)
+    exactly when a turn makes parallel calls. With ``keep_errors`` an observation that reports a failed
+    call is never masked and does not use up a window slot."""
     if keep_last < 0:
         raise ValueError("mask_observations: keep_last must be >= 0")
 
@@ -209,29 +319,7 @@ def mask_observations(keep_last: int = 5, *, placeholder: str = DEFAULT_PLACEHOL
         older = counted[: max(0, len(counted) - keep_last)]
         return {i: _placeholder_edit(messages, i, placeholder, calls) for i in older}
 
-    return make_policy(f"mask:{keep_last}", edits)
-
-
-def mask_turns(keep_turns: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, keep_errors: bool = True,
-               is_error: Callable[[dict], bool] = default_is_error) -> Policy:
-    """Seed 002 observation masking, window counted in turns (``mask-turns:K``; the seed's "minimal
-    turn-based observation masking policy", its limitations): the observations of the K most recent
-    turns stay, all parallel observations of one turn (the tool messages answering one assistant
-    message) together; older turns' observations get ``placeholder``. With ``keep_errors`` error
-    observations are never masked and a turn whose observations are all errors uses no slot."""
-    if keep_turns < 0:
-        raise ValueError("mask_turns: keep_turns must be >= 0")
-
-    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
-        calls = _calls_by_id(messages)
-        counted = {i: t for i, t in _turns_of_observations(messages).items()
-                   if not (keep_errors and is_error(messages[i]))}
-        turns = sorted(set(counted.values()))
-        kept_turns = set(turns[max(0, len(turns) - keep_turns):]) if keep_turns else set()
-        return {i: _placeholder_edit(messages, i, placeholder, calls) for i, t in counted.items()
-                if t not in kept_turns}
-
-    return make_policy(f"mask-turns:{keep_turns}", edits)
+    return make_policy(f"mask-obs:{keep_last}", edits)
 
 
 # ------------------------------------------------------------------ seed 004: IRCoT variants, on rounds
@@ -388,7 +476,7 @@ def refine_latest(refiner: Refiner, *, name: str = "refine-latest") -> Policy:
 
 
 # ------------------------------------------------------------------ the CLI's policy names
-POLICY_SPECS = ("mask:K", "mask-turns:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
+POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
                 "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
 
 
@@ -403,17 +491,22 @@ def _int_arg(spec: str, value: str, what: str, example: str) -> int:
 
 
 def parse_policy(spec: str) -> Policy:
-    """``mask:K`` (the K most recent observations) | ``mask-turns:K`` (the observations of the K most
-    recent turns) | ``ircot:o`` | ``ircot:oq`` | ``ircot:oqp`` | ``refine:bm25[:N]`` (every observation
-    refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
+    """``mask:K`` (seed 002's released rule: successful results older than the K-th most recent turn with a
+    non-error call are archived, :func:`mask_archive`) | ``mask-obs:K`` (the K most recent observations,
+    :func:`mask_observations`) | ``ircot:o`` | ``ircot:oq`` | ``ircot:oqp`` | ``refine:bm25[:N]`` (every
+    observation refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
     (an OpenAI-compatible refiner) | ``refine-latest:...`` (the same, latest observations only).
-    A bad spec raises ValueError naming the ``--policy`` value."""
+    A bad spec raises ValueError naming the ``--policy`` value; ``mask-turns:K`` (removed: it is ``mask:K``
+    for K >= 1) is refused with the replacement named."""
     from attnprobe.agents.refiners import bm25_refiner, openai_refiner
 
     kind, _, arg = spec.partition(":")
-    if kind in ("mask", "mask-turns"):
+    if kind == "mask-turns":
+        raise ValueError(f"--policy {spec!r}: mask-turns:K was removed; mask:K now counts turns as seed 002's "
+                         "released scaffold does (use mask-obs:K to count observations)")
+    if kind in ("mask", "mask-obs"):
         k = _int_arg(spec, arg, "K", f"{kind}:5")
-        return mask_observations(k) if kind == "mask" else mask_turns(k)
+        return mask_archive(k) if kind == "mask" else mask_observations(k)
     if kind == "ircot":
         if arg not in IRCOT_VARIANTS:
             raise ValueError(f"--policy {spec!r}: the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
@@ -440,28 +533,68 @@ def policy_name(policy: Policy) -> str:
     return getattr(policy, "name", None) or getattr(policy, "__name__", "policy")
 
 
+def policy_rule(spec: str) -> dict | None:
+    """What a masking spec does, for study.json and the runner's settings (a study says which rule it used):
+    ``{"rule", "placeholder"}`` for ``mask:K`` and ``mask-obs:K``, None for any other policy."""
+    kind = spec.partition(":")[0]
+    if kind == "mask":
+        return {"rule": "seed 002 release (i-DeepSearch/observation-masking tools/context_management.py): "
+                        "successful results before the K-th most recent assistant turn with a non-error call "
+                        "are archived; errors never; K <= 0 archives nothing",
+                "placeholder": ARCHIVE_PLACEHOLDER}
+    if kind == "mask-obs":
+        return {"rule": "the K most recent non-error observations (tool messages) stay; errors never masked",
+                "placeholder": DEFAULT_PLACEHOLDER}
+    return None
+
+
+def setting_rules(setting: str) -> dict:
+    """:func:`policy_rule` of every masking part of a setting (``none`` or parts joined by ``+``)."""
+    out = {}
+    for part in (p.strip() for p in setting.split("+")):
+        rule = policy_rule(part)
+        if rule is not None:
+            out[part] = rule
+    return out
+
+
 # ------------------------------------------------------------------ which steps a policy is measured at
-MIN_PAST = {"mask": 5, "mask-turns": 5, "ircot": 1, "refine": 1, "refine-latest": 1}
-"""Default ``--min-past`` per policy family. Masking: seed 002 E.5 ("using only reasoning steps with at
-least five past turns"; with K = 5 an earlier step has nothing to mask). IRCoT and refiners: 1, since
-seed 004's agents make 1.1-3.4 retrievals per question (Table 1, ART), so a step with one past turn is
-already a round with an earlier observation (IRCoT) or an observation to refine."""
+MIN_PAST = {"ircot": 2, "refine": 1, "refine-latest": 1}
+"""Default ``--min-past`` of the families whose first acting step does not depend on K. IRCoT: 2, since
+with one past round there is no earlier round to drop. Refiners: 1 (the first observation is already
+refined). Masking depends on K: :func:`min_past_of`."""
+
+
+def min_past_of(name: str) -> int:
+    """The default ``--min-past`` of one policy name: the first step at which it can change the context.
+
+    ``mask:K``: K + 1 past turns. It archives a result only when an earlier counted turn precedes the K-th
+    most recent one, so it needs K + 1 turns with a call, and acts at the first step that has them (mask:1
+    masks the first result at 2 past turns). ``mask:0`` never acts; 1. ``mask-obs:K``: K + 1 as well. With
+    one call per turn that is exactly its first acting step; with parallel calls it can act earlier (K + 1
+    observations may come in fewer turns), but it is measured on the steps of the released rule with the
+    same K, so the two counts are compared at the same steps (``--min-past`` lowers it). IRCoT 2,
+    refiners 1 (:data:`MIN_PAST`); a user-named policy 5 (seed 002 E.5's "at least five past turns")."""
+    kind, _, arg = name.partition(":")
+    if kind in ("mask", "mask-obs"):
+        try:
+            return int(arg) + 1
+        except ValueError:
+            return 5
+    return MIN_PAST.get(kind, 5)
 
 
 def default_min_past(policies: Policy | str | Sequence[Policy | str]) -> int:
     """The default minimum number of past turns for a run of ``policies`` (specs or policy objects):
-    :data:`MIN_PAST` by family (the part of the name before ``:``; a composed ``a+b`` counts each
-    part; a user-named policy counts as masking, 5, the old default). One run has one step set, so
-    for several families the rule is the **smallest** default: no policy loses a step it would get in
-    a run of its own; a masking policy then also meets steps with fewer than 5 past turns, where it
-    usually changes nothing (those steps count in ``steps`` but not in ``steps_changed``); run masking
-    on its own for seed 002's step set exactly."""
+    :func:`min_past_of` per part (a composed ``a+b`` counts each part). One run has one step set, so for
+    several policies the rule is the **smallest** default: no policy loses a step it would get in a run of
+    its own; the others then also meet steps where they change nothing (those count in ``steps`` but not
+    in ``steps_changed``)."""
     items = [policies] if isinstance(policies, str) or callable(policies) else list(policies)
     if not items:
         raise ValueError("default_min_past: no policy given")
     vals = []
     for p in items:
         name = p if isinstance(p, str) else policy_name(p)
-        for part in name.split("+"):
-            vals.append(MIN_PAST.get(part.partition(":")[0], 5))
+        vals.extend(min_past_of(part) for part in name.split("+"))
     return min(vals)

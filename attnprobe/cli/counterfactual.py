@@ -18,8 +18,10 @@ from attnprobe.cli.options import (
 
 log = logging.getLogger(__name__)
 
-POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking: keep the K most recent "
-               "observations), mask-turns:K (keep the observations of the K most recent turns), ircot:o | ircot:oq "
+POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking as its released scaffold does "
+               "it: successful results older than the K-th most recent turn with a non-error call become "
+               "'[Auto-archived browser result] tool=... | args: ...'), mask-obs:K (keep the K most recent "
+               "observations), ircot:o | ircot:oq "
                "| ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (seed 004 section 3.3: every round's "
                "observation refined with its own query, keep N sentences), refine-latest:bm25[:N] (the latest "
                "observation only), refine:openai:BASE_URL:MODEL; errors are never masked")
@@ -30,8 +32,9 @@ def add_counterfactual_options(p) -> None:
     g = p.add_argument_group("counterfactual")
     g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
     g.add_argument("--min-past", type=int, default=None,
-                   help="steps with at least this many past turns (default per policy family: 5 for masking, "
-                        "seed 002 E.5; 1 for IRCoT and refiners, seed 004; the smallest when families are mixed)")
+                   help="steps with at least this many past turns (default: the first step at which the policy can "
+                        "act: K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when "
+                        "policies are mixed)")
     g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
     g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")

@@ -29,12 +29,17 @@ EPILOG = """\
 Examples:
   attnprobe study interference trajectories/questions_loop.jsonl --scaffold ircot \\
       --policy none --policy ircot:o --policy ircot:oq --policy ircot:oqp --policy refine:bm25:3 --out runs/ircot
-  attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --policy mask-turns:2 \\
+  attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --policy mask-obs:5 \\
       --out runs/masking --generator openai --base-url http://127.0.0.1:8000/v1 --served-model my-model
+  attnprobe study interference q.jsonl --scaffold seed002 --preset cpu --policy none --policy mask:1 --out runs/cpu
   attnprobe capture runs/ircot/ircot-oq/calls.jsonl --out runs/ircot/captures   # the recorded calls, as sent
 
-Settings: none | mask:K | mask-turns:K | ircot:o|oq|oqp | refine:bm25[:N] | refine:openai:URL:MODEL,
-joined with '+' (e.g. ircot:oq+refine:bm25:3). The refiner runs once per round on that round's documents.
+Settings: none | mask:K | mask-obs:K | ircot:o|oq|oqp | refine:bm25[:N] | refine:openai:URL:MODEL,
+joined with '+' (e.g. ircot:oq+refine:bm25:3). mask:K is seed 002's released rule: successful results older
+than the K-th most recent turn with a non-error call become "[Auto-archived browser result] tool=... | args:
+..."; mask-obs:K keeps the K most recent observations instead. The refiner runs once per round on that
+round's documents. seed002 generates as seed 002's appendix C does (8192 tokens, temperature 1.0);
+--preset cpu (128 tokens, greedy) keeps the bundled model usable on a CPU.
 Questions: JSONL with question/Question/query and golden_answers/answers/answer/Answer (NQ, HotpotQA, 2Wiki,
 MuSiQue, Bamboogle, FlashRAG, BrowseComp-Plus).
 """
@@ -66,7 +71,14 @@ def register(studies) -> None:
     g.add_argument("--limit", type=positive_int, help="only the first N questions")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p)
-    add_generation_options(p, max_new_tokens=128, temperature=True)
+    g.add_argument("--preset", choices=("cpu",), default=None,
+                   help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a seed's "
+                        "setting); explicit --max-new-tokens / --temperature win")
+    add_generation_options(p, max_new_tokens=None, temperature=True,
+                           max_new_tokens_help="generation limit per model call (default: seed002 8192, seed 002 "
+                                               "appendix C; ircot 128; --preset cpu 128)",
+                           temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
+                                            "appendix C; ircot 0; --preset cpu 0)")
     add_cluster_options(p)
     add_output_options(p, out_required=True, out_help="study folder (one subfolder per setting, study.md)")
     p.set_defaults(func=cmd_interference)
@@ -113,7 +125,7 @@ def cmd_interference(args) -> int:
     questions = read_questions(args.questions)[: args.limit]
     config = LoopConfig(scaffold=args.scaffold, max_turns=args.max_turns, top_k=args.top_k,
                         open_lines=args.open_lines, max_tokens=args.max_new_tokens, temperature=args.temperature,
-                        judge=args.judge, search=args.search, corpus=args.corpus)
+                        judge=args.judge, search=args.search, corpus=args.corpus, preset=args.preset)
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
@@ -152,8 +164,8 @@ def _register_attention(studies) -> None:
     g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
                    help="only this setting of the study (repeatable; default: every setting)")
     g.add_argument("--min-past", type=int, default=None,
-                   help="counterfactual steps with at least this many past turns (default per policy family, as "
-                        "'attnprobe counterfactual': 5 for masking, 1 for IRCoT and refiners)")
+                   help="counterfactual steps with at least this many past turns (default per policy, as "
+                        "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
     add_capture_options(p, queries="reasoning+decision")

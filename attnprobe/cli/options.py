@@ -187,8 +187,9 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
     return g
 
 
-def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int, temperature: bool = False,
-                           backend_alias: bool = False):
+def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | None, temperature: bool = False,
+                           backend_alias: bool = False, max_new_tokens_help: str | None = None,
+                           temperature_help: str | None = None):
     """The "generation" group for commands that generate text.
 
     ``--generator`` (dest ``backend``) picks in-process transformers or an OpenAI-compatible endpoint;
@@ -207,9 +208,10 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int, t
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the endpoint's API key (default OPENAI_API_KEY)")
     g.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
-                   help=f"generation limit per model call (default {max_new_tokens})")
+                   help=max_new_tokens_help or f"generation limit per model call (default {max_new_tokens})")
     if temperature:
-        g.add_argument("--temperature", type=non_negative_float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+        g.add_argument("--temperature", type=non_negative_float, default=None if max_new_tokens is None else 0.0,
+                       help=temperature_help or "sampling temperature; 0 = greedy (default)")
     p.set_defaults(_generation=True)
     return g
 

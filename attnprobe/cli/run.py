@@ -64,9 +64,10 @@ def register(sub) -> None:
                    help="stage-2 checks per validation; the answer step is always checked (default 8)")
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
     g.add_argument("--context-policy", action="append", metavar="SPEC",
-                   help="a context policy applied to what the search worker sees at each step: mask:K, "
-                        "mask-turns:K, ircot:o|oq|oqp, refine:bm25[:N], refine:openai:URL:MODEL; repeat it or "
-                        "join with + to compose (default none: the worker sees its whole history)")
+                   help="a context policy applied to what the search worker sees at each step: mask:K "
+                        "(seed 002's released rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, "
+                        "refine:bm25[:N], refine:openai:URL:MODEL; repeat it or join with + to compose "
+                        "(default none: the worker sees its whole history)")
     g.add_argument("--final-check", action="store_true",
                    help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
     add_model_options(p)

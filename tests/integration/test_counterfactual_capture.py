@@ -64,7 +64,7 @@ def test_steps_are_reasoning_steps_with_enough_past_turns(small_run):
 def test_conservation_within_1e5(small_run):
     out, _, _ = small_run
     records = list(iter_records(out))
-    assert sorted(r["policy"] for r in records) == sorted(["mask:1", "ircot:o", "ircot:oq", "ircot:oqp", "refine", "noop"])
+    assert sorted(r["policy"] for r in records) == sorted(["mask-obs:1", "ircot:o", "ircot:oq", "ircot:oqp", "refine", "noop"])
     for r in records:
         for q in r["queries"].values():
             assert abs(q["original_total"] - 1) < 1e-5 and abs(q["counterfactual_total"] - 1) < 1e-5
@@ -95,7 +95,7 @@ def test_noop_policy_reproduces_the_original_rows(small_run):
 
 def test_removed_mass_is_the_mass_of_the_removed_messages(small_run):
     """ircot:oqp removes messages 2..11 whole: the removed mass is the original attention on every token
-    those messages own; mask:1 masks 3, 7 (5 is an error) and their placeholders keep turns 0 and 2."""
+    those messages own; mask-obs:1 masks 3, 7 (5 is an error) and their placeholders keep turns 0 and 2."""
     out, _, _ = small_run
     step = next(p.parent for p in out.glob("*/ircot_oqp*/step_*/record.json"))
     record, arrays = load_step(step)
@@ -108,7 +108,7 @@ def test_removed_mass_is_the_mass_of_the_removed_messages(small_run):
     assert seg_mass <= removed + 1e-6 and removed <= seg_mass + template + 1e-6
     np.testing.assert_allclose(orig.token_attention[0][arrays["removed_tokens"].astype(bool)].sum(), removed, atol=1e-6)
 
-    step = next(p.parent for p in out.glob("*/mask_1*/step_*/record.json"))
+    step = next(p.parent for p in out.glob("*/mask-obs_1*/step_*/record.json"))
     record, arrays = load_step(step)
     assert [k for k, v in record["changes"].items() if v != "kept"] == ["3", "7", "9"]  # 5 is an error, 11 latest
     for q in record["queries"].values():  # only observations were masked; in the original they are observations
@@ -149,7 +149,7 @@ def test_next_actions_from_the_captured_cache_equal_full_generation(small_run, s
                         opts=RunOptions(actions=True, max_new_tokens=24, share_prefixes=False),
                         chat=TransformersChat(smol))
     plain = {r["policy"]: r["action"] for r in iter_records(tmp_path)}
-    assert sorted(plain) == ["ircot:oq", "mask:1"]
+    assert sorted(plain) == ["ircot:oq", "mask-obs:1"]
     for name, a in plain.items():
         for side in ("original", "counterfactual"):
             got, want = dict(shared[name][side]), dict(a[side])

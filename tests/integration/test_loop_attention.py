@@ -155,10 +155,16 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
         return run_on_executor(ex, folder, trajs, [spec], RunOptions(layers=LAYERS, chunk_size=512), min_past=min_past)
 
     _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=50, only=["mask:1"])
-    # masking's default, 5 past turns (seed 002 E.5), on the baseline's full histories; q1 has 3 past turns at most
-    assert asked == [("mask-1/counterfactual", ["none/q1/history", "none/q2/history"], "mask:1", 5)]
-    assert doc["settings"]["mask:1"]["counterfactual"]["status"] == "no eligible step (none with >= 5 past turns)"
+    # mask:K's default is K + 1 past turns, the first step at which it can archive (issue 26 item 9): for
+    # mask:1 that is 2, the fixture's --min-past, so its two steps (q1, turns 2 and 3) are already done
+    assert asked == [("mask-1/counterfactual", ["none/q1/history", "none/q2/history"], "mask:1", 2)]
+    assert doc["settings"]["mask:1"]["counterfactual"]["counts"] == {"done_before": 2, "done": 0, "failed": 0}
     assert list(doc["settings"]) == ["mask:1"]
+    # a --min-past beyond the longest history: no eligible step, reported
+    _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=5, n_boot=50,
+                           only=["mask:1"])
+    assert asked[-1][-1] == 5
+    assert doc["settings"]["mask:1"]["counterfactual"]["status"] == "no eligible step (none with >= 5 past turns)"
     assert "- **mask:1**: no eligible step" in (out / "study.md").read_text()
 
 

@@ -17,7 +17,7 @@ from attnprobe.agents.tagtext import unlabelled
 from attnprobe.studies.loop.agents import LoopConfig, as_tags, run_question
 from attnprobe.studies.loop.context import Setting, parse_setting
 from attnprobe.studies.loop.pool import Browser
-from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM, SEED002_TASK
+from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.schema import Trajectory
 
@@ -156,12 +156,12 @@ def test_context_length_and_tokens_are_the_means_and_sums_of_what_was_sent():
 
 # ------------------------------------------------------------------ seed 002
 SYS = {"role": "system", "content": (
-    f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}\n\nTools:\n"
+    f"{SEED002_SYSTEM}\n\n{SEED002_PARALLEL}\n\nTools:\n"
     "- search(query): Search for pages; returns results with their cursor numbers, titles, URLs and snippets.\n"
     "- open(id, loc): Open a page by cursor number or URL; returns its numbered lines from line loc on.\n"
     "- find(id, pattern): Find the lines of a page that contain a pattern (exact text, case-insensitive).\n"
     'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')}
-TASK = {"role": "user", "content": SEED002_TASK.format(question=Q["question"])}
+TASK = {"role": "user", "content": Q["question"]}  # the release sends the question alone
 FINAL = "Explanation: it says so [2].\nExact Answer: 42\nConfidence: 90%"
 
 
@@ -175,15 +175,21 @@ def seed002_script(messages, tools):
     return FINAL
 
 
-def run_seed002(spec):
-    chat = ScriptedChat(seed002_script)
+def run_seed002(spec, script=seed002_script):
+    chat = ScriptedChat(script)
     result, calls, history = run_question(chat, FixedSearch(), parse_setting(spec), LoopConfig("seed002"), Q,
                                           run_id="run", scorer=Scorer())
     return chat, result, calls, history
 
 
 def ph(name, args):
+    """mask-obs:K's placeholder (ours)."""
     return DEFAULT_PLACEHOLDER.format(name=name, arguments=json.dumps(args))
+
+
+def arch(name, args):
+    """mask:K's placeholder: the released scaffold's text, args as k=repr(v)[:80] joined by ', '."""
+    return f"[Auto-archived browser result] tool={name} | args: {args}"
 
 
 S1 = "[0] A (u/a)\nAlpha one\n[1] B (u/b)\nBeta one."
@@ -220,8 +226,8 @@ def test_seed002_pool_parallel_calls_and_no_masking():
     assert [p["url"] for p in history["meta"]["page_pool"]] == ["u/a", "u/b", "u/c"]
 
 
-def test_seed002_mask_counts_observations_and_keeps_errors():
-    chat, result, calls, history = run_seed002("mask:2")
+def test_seed002_mask_obs_counts_observations_and_keeps_errors():
+    chat, result, calls, history = run_seed002("mask-obs:2")
     assert chat.sent[1] == [SYS, TASK, TURN1, T("call1", "search", S1), T("call2", "search", S2)]
     assert chat.sent[2] == [SYS, TASK, TURN1,
                             T("call1", "search", ph("search", {"query": "q1 a"})),
@@ -234,14 +240,68 @@ def test_seed002_mask_counts_observations_and_keeps_errors():
     assert history["messages"][3]["content"] == S1 and history["messages"][6]["content"] == OPEN2
 
 
-def test_seed002_mask_turns_counts_turns():
-    chat, result, calls, history = run_seed002("mask-turns:1")
-    assert chat.sent[2] == [SYS, TASK, TURN1,
-                            T("call1", "search", ph("search", {"query": "q1 a"})),
-                            T("call2", "search", ph("search", {"query": "q2 b"})),
-                            TURN2, T("call3", "open", OPEN2), T("call4", "find", FIND2), T("call5", "open", ERR)]
-    chat, *_ = run_seed002("mask-turns:2")
-    assert chat.sent[2][3]["content"] == S1  # two turns kept: nothing masked
+def seed002_longer(messages, tools):
+    """Parallel searches; open + find + a bad cursor (an error) in parallel; a turn whose only call fails;
+    a find that succeeds; the answer."""
+    turns = sum(1 for m in messages if m["role"] == "assistant")
+    if turns < 2:
+        return seed002_script(messages, tools)
+    if turns == 2:
+        return "retry", [tool_call("x6", "open", id="7")]
+    if turns == 3:
+        return "check", [tool_call("x7", "find", id="0", pattern="Alpha")]
+    return FINAL
+
+
+ERR7 = "Error: no page with cursor 7 in the pool (cursors 0-2)."
+FIND0 = "[0] A\nL1: Alpha one.\nL2: Alpha two."
+TURN3 = {"role": "assistant", "content": "retry", "tool_calls": _calls((6, ("open", {"id": "7"})))}
+TURN4 = {"role": "assistant", "content": "check", "tool_calls": _calls((7, ("find", {"id": "0", "pattern": "Alpha"})))}
+
+
+def test_seed002_mask_1_is_the_released_rule_at_every_step():
+    """Issue 26: mask:1 archives every successful result older than the most recent turn with a non-error
+    call, with the release's placeholder; parallel results of one turn go together; errors never; a turn
+    whose only call failed does not move the window."""
+    chat, result, calls, history = run_seed002("mask:1", seed002_longer)
+    r1, r2 = T("call1", "search", S1), T("call2", "search", S2)
+    r3, r4, e5 = T("call3", "open", OPEN2), T("call4", "find", FIND2), T("call5", "open", ERR)
+    e6, r7 = T("call6", "open", ERR7), T("call7", "find", FIND0)
+    a1 = T("call1", "search", arch("search", "query='q1 a'"))
+    a2 = T("call2", "search", arch("search", "query='q2 b'"))
+    a3 = T("call3", "open", arch("open", "id='2'"))
+    a4 = T("call4", "find", arch("find", "id='2', pattern='answer'"))
+    assert chat.sent == [
+        [SYS, TASK],
+        [SYS, TASK, TURN1, r1, r2],  # one counted turn: nothing before it
+        [SYS, TASK, TURN1, a1, a2, TURN2, r3, r4, e5],  # turn 2 counts (open and find succeed beside the error)
+        [SYS, TASK, TURN1, a1, a2, TURN2, r3, r4, e5, TURN3, e6],  # turn 3 only failed: the window stays
+        [SYS, TASK, TURN1, a1, a2, TURN2, a3, a4, e5, TURN3, e6, TURN4, r7],  # the errors are never archived
+    ]
+    assert [c["meta"]["history"]["changes"] for c in calls] == [
+        {}, {}, {"3": "placeholder", "4": "placeholder"}, {"3": "placeholder", "4": "placeholder"},
+        {"3": "placeholder", "4": "placeholder", "6": "placeholder", "7": "placeholder"}]
+    assert result["answer"] == "42" and result["tool_calls"] == 7 and result["model_calls"] == 5
+    assert history["messages"][3]["content"] == S1  # the full history keeps every observation
+    assert result["policy_rules"]["mask:1"]["placeholder"].startswith("[Auto-archived browser result] tool=<name>")
+    # mask:2 on the same run: only the first turn's results, and only once three turns have counted
+    chat, *_ = run_seed002("mask:2", seed002_longer)
+    assert [[m["content"] for m in sent if m["content"].startswith("[Auto")] for sent in chat.sent] == [
+        [], [], [], [], [arch("search", "query='q1 a'"), arch("search", "query='q2 b'")]]
+    chat, *_ = run_seed002("mask:0", seed002_longer)  # K = 0 archives nothing, as in the release
+    assert chat.sent == run_seed002("none", seed002_longer)[0].sent
+
+
+def test_seed002_system_prompt_is_the_same_for_every_setting_and_never_mentions_masking():
+    firsts = {spec: run_seed002(spec)[0].sent[0] for spec in ("none", "mask:1", "mask-obs:2", "refine:bm25:1")}
+    assert all(sent == [SYS, TASK] for sent in firsts.values())
+    text = SYS["content"].lower()
+    for word in ("mask", "archiv", "replace", "placeholder", "omit", "older", "note", "hidden", "remove"):
+        assert word not in text, word
+    # the release's first paragraph and answer format, verbatim (utils/prompts.py DEVELOPER_CONTENT)
+    assert SYS["content"].startswith("You are a deep research agent. You need to answer the given question by "
+                                     "interacting with a search engine, using the search tool provided.")
+    assert "Exact Answer: {{your succinct, final answer}}" in SYS["content"]
 
 
 def test_page_pool_cursors_are_stable_and_reopen_after_masking():
@@ -259,7 +319,7 @@ def test_page_pool_cursors_are_stable_and_reopen_after_masking():
 
 
 def test_bad_settings_are_refused():
-    for bad in ("mask:x", "mask-turns:", "ircot:z", "refine:bm25:2+refine:bm25:3", "whatever"):
+    for bad in ("mask:x", "mask-turns:1", "mask-obs:", "ircot:z", "refine:bm25:2+refine:bm25:3", "whatever"):
         with pytest.raises(ValueError):
             parse_setting(bad)
     assert parse_setting("none").view is None and parse_setting("none").refine is None

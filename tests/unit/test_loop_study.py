@@ -317,3 +317,71 @@ def test_a_study_folder_in_use_is_refused_by_both_study_commands(tmp_path, capsy
     finally:
         proc.kill()
         proc.wait()
+
+
+# ------------------------------------------------------------------ seed002 defaults and what study.json records
+def test_loop_config_defaults_per_scaffold_and_the_cpu_preset():
+    seed = LoopConfig("seed002")  # seed 002 appendix C: 8192 output tokens per turn, temperature 1.0
+    assert (seed.max_tokens, seed.temperature, seed.max_turns, seed.top_k, seed.open_lines) == (8192, 1.0, 10, 15, 50)
+    assert (LoopConfig("ircot").max_tokens, LoopConfig("ircot").temperature) == (128, 0.0)  # unchanged
+    cpu = LoopConfig("seed002", preset="cpu")
+    assert (cpu.max_tokens, cpu.temperature) == (128, 0.0)
+    assert (LoopConfig("seed002", preset="cpu", max_tokens=64, temperature=0.5).max_tokens,
+            LoopConfig("seed002", preset="cpu", temperature=0.5).temperature) == (64, 0.5)  # explicit values win
+    assert seed.to_dict() != cpu.to_dict()  # a run with other defaults is not "done"
+    with pytest.raises(ValueError, match="preset must be one of cpu"):
+        LoopConfig("seed002", preset="gpu")
+
+
+def test_seed002_study_json_records_the_rule_placeholder_prompts_and_generation(tmp_path):
+    from attnprobe.studies.loop.job import InterferenceJob
+    from attnprobe.studies.loop.prompts import prompts_hash
+
+    def answer(messages, tools):
+        return "Explanation: known.\nExact Answer: 4\nConfidence: 90%"
+
+    cfg = LoopConfig("seed002", max_turns=2)
+    counts, study = run_study(LocalExecutor(lambda: ScriptedChat(answer), progress=False), tmp_path,
+                              QUESTIONS[:1], ["none", "mask:1", "mask-obs:2"], cfg, n_boot=10)
+    doc = json.loads((tmp_path / "study.json").read_text())
+    assert doc["config"] == {"scaffold": "seed002", "max_turns": 2, "top_k": 15, "open_lines": 50, "max_tokens": 8192,
+                             "temperature": 1.0, "judge": "exact", "search": "bm25", "corpus": None, "preset": None,
+                             "prompts": prompts_hash("seed002")}
+    assert set(doc["policy_rules"]) == {"mask:1", "mask-obs:2"}  # none has no rule
+    assert doc["policy_rules"]["mask:1"]["placeholder"] == (
+        "[Auto-archived browser result] tool=<name> | args: <k=repr(v)[:80], ...>")
+    assert "i-DeepSearch/observation-masking tools/context_management.py" in doc["policy_rules"]["mask:1"]["rule"]
+    assert doc["policy_rules"]["mask-obs:2"]["placeholder"].startswith("[Observation omitted to save context.")
+    # a result made under the old observation-count mask:K (no policy_rules) is not "done"
+    path = tmp_path / "mask-1" / "results" / f"{QUESTIONS[0]['id']}.json"
+    rec = json.loads(path.read_text())
+    job = InterferenceJob(tmp_path, QUESTIONS[:1], ["mask:1"], cfg)
+    assert all(job.done(it) for it in job.items())
+    path.write_text(json.dumps({k: v for k, v in rec.items() if k != "policy_rules"}))
+    assert not any(job.done(it) for it in job.items())
+
+
+def test_cli_preset_cpu_reaches_the_config(tmp_path, monkeypatch):
+    import contextlib
+
+    from attnprobe.cli import loop as cli_loop
+    from attnprobe.cli.main import main
+    from attnprobe.resources import data_path
+    from attnprobe.studies.loop import study as study_mod
+
+    seen = []
+
+    def fake_run_study(ex, out, questions, settings, config, **kw):
+        seen.append(config)
+        (out / "study.md").write_text("")
+        return {"done": 0, "done_before": 0, "failed": 0}, {}
+
+    monkeypatch.setattr(cli_loop, "_executor", lambda args: contextlib.nullcontext())
+    monkeypatch.setattr(study_mod, "run_study", fake_run_study)
+    q = str(data_path("questions_loop.jsonl"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert main(["study", "interference", q, "--scaffold", "seed002", "--out", str(tmp_path / "a")]) == 0
+    assert main(["study", "interference", q, "--scaffold", "seed002", "--preset", "cpu", "--max-new-tokens", "64",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert [(c.max_tokens, c.temperature, c.preset) for c in seen] == [(8192, 1.0, None), (64, 0.0, "cpu")]

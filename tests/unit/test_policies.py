@@ -1,4 +1,5 @@
-"""Issue 19 items 1, 2, 9: masking by observations and by turns with parallel calls and errors,
+"""Issue 19 items 1, 2, 9 and issue 26 items 5, 9: masking as seed 002's released scaffold does it
+(mask:K, turns) and by observations (mask-obs:K) with parallel calls and errors, the release's placeholder,
 refiners per round, the refined message's dropped / kept-again split, policy parser errors and the
 default --min-past per policy family. Hand-built inputs with known answers."""
 
@@ -9,12 +10,16 @@ import pytest
 from support.messages import call
 
 from attnprobe.agents.policies import (
+    archive_args,
+    archive_is_error,
     compose,
     default_min_past,
     extractive_selection,
+    mask_archive,
     mask_observations,
-    mask_turns,
+    min_past_of,
     parse_policy,
+    policy_rule,
     refine_latest,
     refine_rounds,
 )
@@ -50,30 +55,87 @@ def masked(cf):
     return cf.indices("placeholder")
 
 
-def test_mask_counts_observations_errors_exempt_and_free():
+def test_mask_obs_counts_observations_errors_exempt_and_free():
     # Non-error observations 3, 6, 8, 9, 11: the two most recent (9, 11) stay, even though the newest
-    # turn (message 7) made four parallel calls: mask:K counts tool messages, so 8 is masked.
+    # turn (message 7) made four parallel calls: mask-obs:K counts tool messages, so 8 is masked.
     assert masked(mask_observations(2)(MSGS)) == [3, 6, 8]
-    # Errors 5, 10, 13 never masked and use no slot: mask:3 keeps 8, 9, 11 (not 10, 11, 13).
+    # Errors 5, 10, 13 never masked and use no slot: mask-obs:3 keeps 8, 9, 11 (not 10, 11, 13).
     assert masked(mask_observations(3)(MSGS)) == [3, 6]
     assert masked(mask_observations(0)(MSGS)) == [3, 6, 8, 9, 11]
     # Without the exemption errors are ordinary observations.
     assert masked(mask_observations(2, keep_errors=False)(MSGS)) == [3, 5, 6, 8, 9, 10]
+    assert mask_observations(2)(MSGS).policy == "mask-obs:2" and parse_policy("mask-obs:4").name == "mask-obs:4"
+    assert mask_observations(1)(MSGS).messages[6]["content"] == (
+        '[Observation omitted to save context. Tool: web_search; arguments: {"query": "Cleve"}]')
 
 
-def test_mask_turns_keeps_parallel_calls_together_and_error_only_turns_use_no_slot():
-    # Turns with a non-error observation: messages 2 {3}, 4 {6}, 7 {8, 9, 11}; turn 12 has only an error.
-    assert masked(mask_turns(1)(MSGS)) == [3, 6]  # all four parallel observations of turn 7 stay
-    assert masked(mask_turns(2)(MSGS)) == [3]
-    assert masked(mask_turns(3)(MSGS)) == []
-    assert masked(mask_turns(0)(MSGS)) == [3, 6, 8, 9, 11]
-    assert masked(mask_turns(1, keep_errors=False)(MSGS)) == [3, 5, 6, 8, 9, 10, 11]  # turn 12 takes the slot
-    cf = mask_turns(1)(MSGS)
-    assert cf.messages[6]["content"].startswith("[Observation omitted") and "Cleve" in cf.messages[6]["content"]
-    assert [cf.changes[i] for i in (5, 10, 13)] == ["kept"] * 3
-    assert cf.policy == "mask-turns:1" and parse_policy("mask-turns:4").name == "mask-turns:4"
+def ph(name, args):
+    return f"[Auto-archived browser result] tool={name} | args: {args}"
+
+
+def test_mask_is_the_released_rule_turns_with_a_non_error_call_errors_never_archived():
+    # Turns with a non-error call: 2 (c0), 4 (c2 succeeds beside the error c1), 7 (four parallel calls, c5
+    # fails); 12 made only a failing call, so it is no turn. The K-th most recent counted turn is the cutoff:
+    # every successful result before it is archived, whatever turn it answers; errors 5, 10, 13 never.
+    assert mask_archive(0)(MSGS).changed is False  # K <= 0 archives nothing, as in the release
+    one = mask_archive(1)(MSGS)  # cutoff: message 7, so all four of its parallel results stay
+    assert masked(one) == [3, 6] and [one.changes[i] for i in (5, 8, 9, 10, 11, 13)] == ["kept"] * 6
+    assert one.messages[3]["content"] == ph("web_search", "query='holmium'")
+    assert one.messages[6]["content"] == ph("web_search", "query='Cleve'")
+    assert one.messages[5]["content"] == ERR and one.messages[6]["tool_call_id"] == "c2"
+    two = mask_archive(2)(MSGS)  # cutoff: message 4; only 3 is before it
+    assert masked(two) == [3] and two.messages[3]["content"] == ph("web_search", "query='holmium'")
+    assert masked(mask_archive(3)(MSGS)) == [] and masked(mask_archive(4)(MSGS)) == []
+    assert one.policy == "mask:1" and parse_policy("mask:2").name == "mask:2"
+    # only the archivable tools: visit_page results are neither archived nor count a turn
+    assert masked(mask_archive(1, tools=["web_search"])(MSGS)) == [3, 6]
     with pytest.raises(ValueError):
-        mask_turns(-1)
+        mask_archive(-1)
+
+
+def test_mask_leaves_an_archived_result_and_a_result_without_its_call_alone():
+    done = ph("web_search", "query='holmium'")
+    msgs = [*MSGS[:3], {**MSGS[3], "content": done}, *MSGS[4:]]
+    cf = mask_archive(1)(msgs)  # message 3 already holds a placeholder (the release's _is_archived)
+    assert masked(cf) == [6] and cf.messages[3]["content"] == done
+    # a result whose call is not in the prefix has no tool name: left as it is
+    assert masked(mask_archive(1)([{"role": "tool", "tool_call_id": "zz", "content": "x"}] + MSGS[2:])) == [2, 5]  # not 0
+    # the newest turn's only call succeeds now: turn 12 counts, so 8, 9, 11 are archived too
+    ok = [*MSGS[:13], {**MSGS[13], "content": "Page y."}]
+    assert masked(mask_archive(1)(ok)) == [3, 6, 8, 9, 11]
+
+
+def test_archive_args_is_the_releases_args_desc():
+    assert archive_args('{"query": "holmium", "topn": 10}') == "query='holmium', topn=10"
+    assert archive_args({"id": 3, "loc": 0}) == "id=3, loc=0"
+    long = "x" * 100
+    assert archive_args({"query": long}) == "query=" + ("'" + long)[:80]  # repr(v)[:80]: the quote counts
+    assert archive_args("not json") == "raw='not json'"
+    assert archive_args("{}") == "no args" and archive_args("[1, 2]") == "no args" and archive_args(None) == "no args"
+    assert archive_args({"q": "Ångström"}) == "q='Ångström'"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("Error executing browser.search: timeout", True), ("Error rendering browser.open result: x", True),
+    ("Error: Invalid arguments for function 'open'", True),
+    ("An unexpected error occurred while executing function browser.find", True),
+    ('{"error": "rate limited"}', True), ('{"error": broken', False), ("Holmium is a metal.", False),
+    ("No results for 'x'.", False),
+])
+def test_archive_is_error_knows_the_releases_error_texts(text, error):
+    assert archive_is_error({"role": "tool", "content": text}) is error
+
+
+def test_mask_turns_is_refused_with_its_replacement():
+    with pytest.raises(ValueError, match="mask-turns:K was removed; mask:K now counts turns"):
+        parse_policy("mask-turns:2")
+
+
+def test_policy_rule_names_the_rule_and_placeholder():
+    assert policy_rule("mask:5")["placeholder"] == "[Auto-archived browser result] tool=<name> | args: <k=repr(v)[:80], ...>"
+    assert "tools/context_management.py" in policy_rule("mask:5")["rule"]
+    assert policy_rule("mask-obs:2")["placeholder"].startswith("[Observation omitted")
+    assert policy_rule("ircot:o") is None and policy_rule("none") is None
 
 
 def first_sentence(query, doc):
@@ -115,7 +177,7 @@ def test_extractive_selection_and_compose_keeps_details_on_original_indices():
 @pytest.mark.parametrize("spec, message", [
     ("refine:bm25:abc", "--policy 'refine:bm25:abc': N must be an integer"),
     ("mask:x", "--policy 'mask:x': K must be an integer"),
-    ("mask-turns:", "--policy 'mask-turns:': K must be an integer"),
+    ("mask-obs:", "--policy 'mask-obs:': K must be an integer"),
     ("mask:-2", "--policy 'mask:-2': K must be >= 0"),
     ("refine:bm25:0", "--policy 'refine:bm25:0': N must be >= 1"),
     ("ircot:z", "--policy 'ircot:z': the IRCoT variant must be one of o, oq, oqp"),
@@ -137,15 +199,34 @@ def test_parse_policy_refine_names():
 
 
 def test_default_min_past():
-    assert default_min_past("mask:5") == 5 and default_min_past("mask-turns:3") == 5
-    assert default_min_past("ircot:oq") == 1 and default_min_past(parse_policy("refine:bm25:3")) == 1
+    # masking: K + 1, the first step at which it can act (mask:1 archives at 2 past turns; issue 26 item 9)
+    assert [min_past_of(f"mask:{k}") for k in (0, 1, 2, 5)] == [1, 2, 3, 6]
+    assert [min_past_of(f"mask-obs:{k}") for k in (0, 1, 5)] == [1, 2, 6]
+    assert default_min_past("mask:5") == 6 and default_min_past("mask-obs:3") == 4
+    assert default_min_past("ircot:oq") == 2 and default_min_past(parse_policy("refine:bm25:3")) == 1
     assert default_min_past(["refine-latest:bm25", "ircot:o"]) == 1
-    assert default_min_past(["mask:5", "ircot:o"]) == 1  # several families: the smallest
-    assert default_min_past(compose(mask_observations(5), mask_turns(2))) == 5
+    assert default_min_past(["mask:5", "ircot:o"]) == 2  # several policies: the smallest
+    assert default_min_past(["mask:1", "mask:4"]) == 2
+    assert default_min_past(compose(mask_observations(5), mask_archive(2))) == 3
     assert default_min_past(compose(mask_observations(5), refine_rounds(first_sentence))) == 1
     assert default_min_past(lambda m: None) == 5  # a user policy without a known family: the old default
     with pytest.raises(ValueError):
         default_min_past([])
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_mask_first_acts_at_k_plus_one_past_turns(k):
+    """One search per turn: after t turns the prefix has t results; mask:K archives at t = K + 1 first."""
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    first = None
+    for t in range(1, 7):
+        msgs += [{"role": "assistant", "content": f"t{t}", "tool_calls": [call(f"c{t}", "search", query=f"q{t}")]},
+                 {"role": "tool", "tool_call_id": f"c{t}", "content": f"result {t}"}]
+        if first is None and mask_archive(k)(msgs).changed:
+            first = t
+    assert first == (None if k == 0 else k + 1)
+    if k:
+        assert first == min_past_of(f"mask:{k}")
 
 
 # ------------------------------------------------------------------ the dropped / kept-again split

@@ -120,14 +120,14 @@ def worker_calls(out):
 
 def test_mask_1_sends_placeholders_for_all_but_the_latest_observation(tmp_path):
     chat, res, out = run(tmp_path, context_policy="mask:1")
-    # seed 002 §2.2: placeholders keep the tool name and its arguments; K = 1 counts observations, so of the
-    # two parallel observations of turn 2 only the later one stays at step 2
-    ph = {cid: obs(cid, f"[Observation omitted to save context. Tool: {t}; arguments: {a}]") for cid, t, a in [
-        ("call1", "web_search", '{"query": "q1 first"}'), ("call2", "visit_page", '{"url": "u/a"}'),
-        ("call3", "find_in_page", '{"url": "u/c", "pattern": "Answer"}')]}
+    # seed 002's released rule (issue 26): K = 1 counts turns with a non-error call, so at step 2 both parallel
+    # observations of turn 1 stay and only turn 0's is archived; the placeholder is the release's text
+    ph = {cid: obs(cid, f"[Auto-archived browser result] tool={t} | args: {a}") for cid, t, a in [
+        ("call1", "web_search", "query='q1 first'"), ("call2", "visit_page", "url='u/a'"),
+        ("call3", "find_in_page", "url='u/c', pattern='Answer'")]}
     expected = [[SYS, TASK],
                 [SYS, TASK, A0, O1],
-                [SYS, TASK, A0, ph["call1"], A1, ph["call2"], O3],
+                [SYS, TASK, A0, ph["call1"], A1, O2, O3],
                 [SYS, TASK, A0, ph["call1"], A1, ph["call2"], ph["call3"], A2(), O4]]
     sent = [m for m in chat.sent if m[0] == SYS]
     assert sent == expected
@@ -137,9 +137,14 @@ def test_mask_1_sends_placeholders_for_all_but_the_latest_observation(tmp_path):
         {"id": "baseline-t1/history-1", "messages": 2, "source": [0, 1], "changes": {}, "refined": []},
         {"id": "baseline-t1/history-1", "messages": 4, "source": [0, 1, 2, 3], "changes": {}, "refined": []},
         {"id": "baseline-t1/history-1", "messages": 7, "source": list(range(7)),
-         "changes": {"3": "placeholder", "5": "placeholder"}, "refined": []},
+         "changes": {"3": "placeholder"}, "refined": []},
         {"id": "baseline-t1/history-1", "messages": 9, "source": list(range(9)),
          "changes": {"3": "placeholder", "5": "placeholder", "6": "placeholder"}, "refined": []}]
+    # the run's settings say which masking rule and placeholder it used (issue 26)
+    assert calls[0]["meta"]["settings"]["context_rules"]["mask:1"]["placeholder"] == (
+        "[Auto-archived browser result] tool=<name> | args: <k=repr(v)[:80], ...>")
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert "tools/context_management.py" in summary["settings"]["context_rules"]["mask:1"]["rule"]
     assert all(c["meta"]["settings"]["context_policy"] == "mask:1" for c in calls)
     # the manager is not masked (its calls carry no history link) and sees the same report as without a policy
     manager = [json.loads(x) for x in out.read_text().splitlines() if "/manager-" in json.loads(x)["id"]]
@@ -205,7 +210,7 @@ def test_composed_policy_masks_the_refined_history(tmp_path):
     _, _, b = run(tmp_path, "b", context_policy="refine:bm25:3+mask:1")
     sent = [c["messages"][:-1] for c in worker_calls(a)]
     assert sent == [c["messages"][:-1] for c in worker_calls(b)]  # the order of the parts does not matter
-    assert sent[3][3]["content"].startswith("[Observation omitted") and sent[3][8]["content"] == (
+    assert sent[3][3]["content"].startswith("[Auto-archived browser result]") and sent[3][8]["content"] == (
         "1. [C](u/c)\nGamma one\n2. [B](u/b)")  # the latest observation, refined; older ones masked
     assert worker_calls(a)[3]["meta"]["history"]["refined"] == [3, 5, 8]
 
@@ -297,13 +302,16 @@ def test_in_context_filter_is_asked_in_the_worker_context_as_the_worker_sees_it(
     chat, res, out = run(tmp_path, filter="in-context", context_policy="mask:1")
     filters = [json.loads(x) for x in out.read_text().splitlines() if "/filter-" in json.loads(x)["id"]]
     assert len(filters) == 2
-    ph1 = obs("call1", '[Observation omitted to save context. Tool: web_search; arguments: {"query": "q1 first"}]')
-    ph2 = obs("call2", '[Observation omitted to save context. Tool: visit_page; arguments: {"url": "u/a"}]')
-    # the second search: the worker's history under mask:1 (O3 is still the latest observation), then the
-    # new results and the reminder
-    assert filters[1]["messages"][:-1] == [SYS, TASK, A0, ph1, A1, ph2, O3, A2(), O4,
+    ph = [obs(f"call{i}", f"[Auto-archived browser result] tool={t} | args: {a}") for i, t, a in [
+        (1, "web_search", "query='q1 first'"), (2, "visit_page", "url='u/a'"),
+        (3, "find_in_page", "url='u/c', pattern='Answer'")]]
+    # the second search: the worker's history under mask:1, then the new results and the reminder. The new
+    # search's turn (message 7) already counts, as in the release (its call is not an error), so turn 1's
+    # observations are archived: the filter sees what the worker's next step would see
+    assert filters[1]["messages"][:-1] == [SYS, TASK, A0, *ph[:1], A1, *ph[1:], A2(), O4,
                                            {"role": "user", "content": REMINDER_IN_CONTEXT}]
     assert filters[1]["meta"]["history"] == {"id": "baseline-t1/history-1", "messages": 8, "source": list(range(8)),
-                                             "changes": {"3": "placeholder", "5": "placeholder"}, "refined": []}
+                                             "changes": {"3": "placeholder", "5": "placeholder",
+                                                         "6": "placeholder"}, "refined": []}
     # the filter chose result 1, so the worker sees only it
     assert worker_calls(out)[3]["messages"][8] == obs("call4", "1. [C](u/c)\nGamma one")

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
+from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ChatReply
@@ -59,31 +60,50 @@ SCAFFOLDS = ("ircot", "seed002")
 # per scaffold: (turn limit, passages or results per search). seed 004: K = 3; seed 002 (appendix C):
 # "Default search top-k is 15"; the seed's 500-turn limit is far beyond what a small model uses.
 DEFAULTS = {"ircot": (4, 3), "seed002": (10, 15)}
+# per scaffold: (output tokens per model call, temperature). seed 002 appendix C: "8192 output tokens per
+# turn and temperature 1.0 are the default generation settings", as in its release (agents/deepseek_agent.py,
+# agents/gptoss_agent.py: max_tokens 8192, temperature 1.0). IRCoT: ours (seed 004 gives no generation
+# settings), short greedy turns.
+GENERATION = {"ircot": (128, 0.0), "seed002": (8192, 1.0)}
+# --preset cpu: the bundled 135M model on a CPU in minutes (ours, not a seed's setting): short greedy turns.
+PRESETS = {"cpu": {"max_tokens": 128, "temperature": 0.0}}
 
 
 @dataclass
 class LoopConfig:
-    """Everything besides the setting that decides a run (a finished run is reused only when equal)."""
+    """Everything besides the setting that decides a run (a finished run is reused only when equal).
+
+    ``max_tokens`` / ``temperature`` left None take the ``preset``'s values, else the scaffold's
+    (:data:`GENERATION`); explicit values win over both."""
 
     scaffold: str = "ircot"
     max_turns: int | None = None
     top_k: int | None = None
     open_lines: int = 50          # seed 002 appendix C: "default open lines is 50"
-    max_tokens: int = 128
-    temperature: float = 0.0
+    max_tokens: int | None = None
+    temperature: float | None = None
     judge: str = "exact"
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
     search: str = "bm25"
     corpus: str | None = None
+    preset: str | None = None
 
     def __post_init__(self):
         if self.scaffold not in SCAFFOLDS:
             raise ValueError(f"scaffold must be one of {', '.join(SCAFFOLDS)}, not {self.scaffold!r}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
         turns, k = DEFAULTS[self.scaffold]
         self.max_turns = turns if self.max_turns is None else self.max_turns
         self.top_k = k if self.top_k is None else self.top_k
+        gen = {"max_tokens": GENERATION[self.scaffold][0], "temperature": GENERATION[self.scaffold][1],
+               **PRESETS.get(self.preset or "", {})}
+        self.max_tokens = gen["max_tokens"] if self.max_tokens is None else self.max_tokens
+        self.temperature = gen["temperature"] if self.temperature is None else self.temperature
         if self.max_turns < 1 or self.top_k < 1 or self.max_tokens < 1 or self.open_lines < 1:
             raise ValueError("max_turns, top_k, max_tokens and open_lines must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "prompts": prompts_hash(self.scaffold)}
@@ -267,7 +287,7 @@ def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConf
     result = {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
         "answers": question.get("answers") or [], "type": question.get("type"), "setting": setting.spec,
-        "config": config.to_dict(), "model": getattr(chat, "name", None),
+        "config": config.to_dict(), "policy_rules": setting_rules(setting.spec), "model": getattr(chat, "name", None),
         "answer": ep.answer, "response": ep.response, "no_answer": ep.answer is None,
         "correct": verdict.correct, "verdict": verdict.to_dict(),
         "confidence": extract_confidence(ep.response or "") if config.scaffold == "seed002" else None,

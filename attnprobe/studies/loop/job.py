@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnprobe.agents.policies import setting_rules
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
 from attnprobe.io import atomic_write_text, load_json, write_jsonl
@@ -86,7 +87,7 @@ class InterferenceJob(JobBase):
         if not written_since(path, since):
             return False
         rec = read_result(path)
-        return rec is not None and rec.get("setting") == spec and rec.get("config") == self.config.to_dict()
+        return finished_with(rec, spec, self.config)
 
     @property
     def prepare_key(self) -> Any:
@@ -117,6 +118,13 @@ class InterferenceJob(JobBase):
         return out
 
 
+def finished_with(rec: dict | None, spec: str, config: LoopConfig) -> bool:
+    """A result made with this setting, config and masking rule (a mask:K result from before the released
+    rule, issue 26, has no ``policy_rules`` and is run again)."""
+    return (rec is not None and rec.get("setting") == spec and rec.get("config") == config.to_dict()
+            and rec.get("policy_rules", {}) == setting_rules(spec))
+
+
 def load_results(out: Path, settings: Sequence[str], questions: Sequence[dict], config: LoopConfig) -> dict:
     """Finished results per setting, in question order (items not finished with ``config`` are left out)."""
     by = {}
@@ -124,7 +132,7 @@ def load_results(out: Path, settings: Sequence[str], questions: Sequence[dict], 
         rows = []
         for q in questions:
             rec = read_result(result_path(out, s, q["id"]))
-            if rec is not None and rec.get("setting") == s and rec.get("config") == config.to_dict():
+            if finished_with(rec, s, config):
                 rows.append(rec)
         by[s] = rows
     return by

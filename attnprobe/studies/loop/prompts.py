@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from attnprobe.agents.tools import tool_lines
+from attnprobe.studies.loop.pool import TOOLS
 
 # Seed 004 §2: "Following Jin et al. (2025), LLMs are instructed to encapsulate their search queries,
 # retrieved documents, and final answer between specially designated tokens". This is Search-R1's
@@ -35,35 +36,48 @@ def ircot_passages(passages: list[tuple[str, str]]) -> str:
 
 
 # Seed 002, "System Prompt" (p. 22): "The agent prompt requests interleaved search and reasoning, cited
-# explanations, exact answers, and confidence". The seed does not print it; this text is ours, written
-# to that description in the shape of the BrowseComp-Plus agent prompt.
-SEED002_SYSTEM = (
-    "You are a deep research agent. Answer the user's question by interacting with a search engine through "
-    "the tools search, open and find. Reason and use the tools step by step, in an interleaved manner; you may "
-    "call them many times, and several independent calls may go in one reply. Pages you have seen stay in a "
-    "page pool: open or find them again by their cursor number. Older tool results may be replaced by a short "
-    "note; reopen the page if you need it again.")
+# explanations, exact answers, and confidence". The seed does not print it; its released scaffold does
+# (i-DeepSearch/observation-masking, utils/prompts.py, DEVELOPER_CONTENT), and it is the same for every
+# setting, masked or not: it never mentions masking. We send its first paragraph and its answer format
+# verbatim (double braces included: the release sends that string unformatted), and between them two
+# lines for our browser: the release's own sentence on cursors, and the page pool (seed 002 §2.3), which
+# every setting has. Left out: the release's citation syntax and "Do not quote more than 10 words" (its
+# renderer's line markers, which ours does not print), "sources=web" and "Today's date" (a run would
+# depend on the day).
+SEED002_INTRO = (
+    "You are a deep research agent. You need to answer the given question by interacting with a search engine, "
+    "using the search tool provided. Please perform reasoning and use the tool step by step, in an interleaved "
+    "manner. You may use the search tool multiple times.")
+SEED002_BROWSER = (  # the first sentence is the release's; the second ours (the page pool, seed 002 §2.3)
+    "The `cursor` appears in brackets before each browsing display: `[{cursor}]`.\n"
+    "Every page you have seen keeps its cursor: open or find it again by that number.")
+SEED002_FORMAT = (
+    "Your response should be in the following format:\n"
+    "Explanation: {{your explanation for your final answer. For this explanation section only, you should cite "
+    "your evidence documents inline by enclosing their docids in square brackets [] at the end of sentences. "
+    "For example, [20].}}\n"
+    "Exact Answer: {{your succinct, final answer}}\n"
+    "Confidence: {{your confidence score between 0% and 100% for your answer}}")
+SEED002_SYSTEM = f"{SEED002_INTRO}\n\n{SEED002_BROWSER}\n\n{SEED002_FORMAT}"
+
+# Seed 002 §F.4 (parallel tool-call instruction): "Independent calls can appear as consecutive tool-call
+# blocks in one response." The release's template-neutral wording (utils/tool_parsers.py,
+# parallel_tool_instruction_for_model, its DeepSeek branch), verbatim.
+SEED002_PARALLEL = ("When several function calls are independent, issue them as MULTIPLE parallel tool calls in "
+                    "the same response.")
 
 
 def seed002_system(tools: list[dict]) -> str:
     """The system prompt with the tools listed and one call shown (ours): chat templates that ignore the
     ``tools`` argument (SmolLM2's) would otherwise never show the model its tools; with a native tool
-    template the list is shown twice, which costs tokens but changes no tool."""
-    return (f"{SEED002_SYSTEM}\n{SEED002_PARALLEL}\n\nTools:\n{tool_lines(tools)}\n"
+    template the list is shown twice, which costs tokens but changes no tool. The same for every setting."""
+    return (f"{SEED002_SYSTEM}\n\n{SEED002_PARALLEL}\n\nTools:\n{tool_lines(tools)}\n"
             + 'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')
 
 
-SEED002_TASK = (
-    "{question}\n\n"
-    "Your response should be in the following format:\n"
-    "Explanation: {{your explanation for your final answer, citing the cursors of your evidence pages in square "
-    "brackets, e.g. [3]}}\n"
-    "Exact Answer: {{your succinct, final answer}}\n"
-    "Confidence: {{your confidence score between 0% and 100% for your answer}}")
-
-# Seed 002 §F.4 (parallel tool-call instruction): "Independent calls can appear as consecutive tool-call
-# blocks in one response." Ours, to that description.
-SEED002_PARALLEL = "You may call several tools at once: put each call in its own tool-call block in one reply."
+# The release sends the question alone as the user message (deploy_agent.py: {"role": "user", "content":
+# question}); the answer format is in the system prompt.
+SEED002_TASK = "{question}"
 
 # Seed 002 §F.5 (LLM-as-judge): "The judge permits a small numerical margin of error but rejects
 # inconsistency, ambiguity, or non-equivalence. It extracts reported confidence and defaults to 100 when
@@ -99,5 +113,6 @@ confidence score available."""
 
 def prompts_hash(scaffold: str) -> str:
     """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
-    texts = (IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot" else (SEED002_SYSTEM, SEED002_PARALLEL, SEED002_TASK)
+    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot"
+             else (seed002_system(TOOLS), SEED002_TASK))
     return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]

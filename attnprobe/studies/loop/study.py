@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, read_records, write_jsonl
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.job import InterferenceJob, load_results, setting_dir
@@ -28,7 +29,9 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     summary = summarize(by, baseline, n_boot=n_boot, seed=seed)
     models = sorted({r.get("model") or "?" for rs in by.values() for r in rs})
     label = scorer_label(config.judge)
-    study = {"config": config.to_dict(), "settings": list(settings), "models": models, "scorer": label,
+    rules = {part: rule for s in settings for part, rule in setting_rules(s).items()}  # masking rule per policy
+    study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
+             "scorer": label,
              "questions_total": len(questions), **summary}
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None)

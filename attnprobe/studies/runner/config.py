@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from attnprobe.agents.context import parse_setting
+from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
 
 FILTER_MODES = ("none", "in-context", "isolated")
@@ -47,7 +48,7 @@ class RunSettings:
     # only the task, the steps' claims and the answer. Seed 000 has two stages.
     final_check: bool = False
     # The context policy applied to what the search worker sees at each of its steps (``none``, or policies
-    # joined by ``+``: mask:K, mask-turns:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
+    # joined by ``+``: mask:K, mask-obs:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
     context_policy: str = "none"
     name: str = "custom"
     extra: dict = field(default_factory=dict)
@@ -84,4 +85,9 @@ class RunSettings:
             d.pop("extra")
         if d["context_policy"] == "none":  # runs without a policy record exactly what they recorded before
             d.pop("context_policy")
+        elif setting_rules(d["context_policy"]):
+            # which masking rule and placeholder (issue 26: mask:K changed from counting observations to the
+            # released scaffold's turns): recorded with every call and in the summary, and a run made under
+            # the old rule is not resumed under the new one
+            d["context_rules"] = setting_rules(d["context_policy"])
         return d

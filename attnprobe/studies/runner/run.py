@@ -220,6 +220,8 @@ def _settings_diff(old, new: dict) -> str:
     defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": "none"}
     full_old, full_new = {**defaults, **old}, {**defaults, **new}
     keys = [k for k in dict.fromkeys([*full_new, *full_old]) if full_old.get(k) != full_new.get(k)]
+    if "context_policy" in keys and "context_rules" in keys:  # follows from the policy: the policy says it
+        keys.remove("context_rules")
     if not keys:  # the same values, but a key recorded or not: a run made by another version of the runner
         return "recorded by another version of the runner: " + ", ".join(sorted(set(old) ^ set(new)))
     return "; ".join(f"{k}: {full_old.get(k)!r} there, {full_new.get(k)!r} now" for k in keys)
