@@ -106,7 +106,10 @@ class LoopConfig:
             raise ValueError("temperature must be >= 0")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
+            d.pop("final_call")
+        return d
 
 
 @dataclass
