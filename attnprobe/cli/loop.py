@@ -144,8 +144,10 @@ def _register_attention(studies) -> None:
         description="Capture every recorded call of every setting of an interference study folder (OUT/<setting>/"
                     "capture/, queries reasoning+decision unless --queries), run each other setting's context "
                     "policy as a counterfactual on the baseline's full histories (OUT/<setting>/counterfactual/), "
-                    "and write the attention shares per setting with bootstrap CIs over questions to "
-                    "OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
+                    "and write the attention shares per setting at the decision (the token before each reply) "
+                    "and the reasoning start (steps with >= --shares-min-past past turns, and per step), the "
+                    "per-token shares relative to uniform and the paired differences with the baseline, with "
+                    "bootstrap CIs over questions, to OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
                     "skipped; --force redoes them). A folder that is not a study is exit code 2.",
         epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
