@@ -108,3 +108,17 @@ def test_a_template_that_opens_the_reply_decides_before_its_markup(tokenizers):
     assert r.decision.position == len(pending.input_ids) - 1 < start - 1
     assert r.text[r.offsets[r.decision.position + 1][0]:r.offsets[start][0]] == "<think>\n"
     assert json.dumps(r.text[:int(r.offsets[r.decision.position][1])]) == json.dumps(pending.text)
+
+
+def test_truncation_keeps_a_decision_it_does_not_cut(calls, smol):
+    """--truncate: a recorded call cut inside its reply keeps its decision (before the reply); one cut before
+    the reply has no decision left, and the last token kept stands in for it (as before issue 26)."""
+    from attnprobe.capture.api import prepare
+
+    t = calls["none"][-1]
+    full = prepare(smol, t)
+    start = next(q.position for q in full.queries_reasoning if q.message_index == len(t.messages) - 1)
+    inside = prepare(smol, t, max_tokens=start + 2, truncate=True)
+    assert inside.decision.position == full.decision.position == start - 1
+    before = prepare(smol, t, max_tokens=start - 5, truncate=True)
+    assert before.decision.position == start - 6 == len(before.input_ids) - 1
