@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnprobe.io import safe_name
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.loop.attention import QUERY_LABELS, share_rows
+from attnprobe.studies.loop.attention import QUERY_LABELS, paired_rows, relative_rows, share_rows, step_rows
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
@@ -304,12 +304,17 @@ def attention_summary(root: Path, study: Study):
     return D.read_json(root, rel) if D.resolve_inside(root, rel).is_file() else None
 
 
-def attention_rows(summary: dict, query: str) -> list[dict]:
-    """attention.json's per-setting table at ``query`` (``decision`` or ``reasoning``), as attention.md
-    prints it (:func:`attnprobe.studies.loop.attention.share_rows`); a malformed file is a DataError (the
-    page shows it and goes on)."""
+ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform": relative_rows,
+                    "paired difference with the baseline": paired_rows, "per step": step_rows}
+
+
+def attention_rows(summary: dict, query: str, table: str = "shares") -> list[dict]:
+    """One of attention.json's tables at ``query`` (``decision`` or ``reasoning``), as attention.md
+    prints it (:data:`ATTENTION_TABLES`: :func:`attnprobe.studies.loop.attention.share_rows` and the
+    others); a malformed file (or one written before these tables) is a DataError (the page shows it and
+    goes on)."""
     try:
-        return share_rows(summary, query)
+        return ATTENTION_TABLES[table](summary, query)
     except (KeyError, TypeError, AttributeError) as exc:
         raise D.DataError(f"{ATTENTION_FILE}: unexpected layout ({type(exc).__name__}: {exc})") from None
 

@@ -136,13 +136,14 @@ def _call_attention(root, s: SD.Step, key: str) -> None:
     if any(q.kind == "reasoning" for q in res.queries):
         st.plotly_chart(F.heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"]), key=f"study_hm:{key}",
                         config={"displaylogo": False})
-    if res.queries:
-        q = res.queries[-1]
-        st.plotly_chart(F.segment_figure(res.attention()[len(res.queries) - 1], res.segments, res.num_turns),
+    if res.queries:  # the decision (the token before the reply) when captured, else the last query
+        k = next((i for i, q in enumerate(res.queries) if q.kind == "decision"), len(res.queries) - 1)
+        q = res.queries[k]
+        st.plotly_chart(F.segment_figure(res.attention()[k], res.segments, res.num_turns),
                         key=f"study_seg:{key}", config={"displaylogo": False})
-        st.caption(f"Attention of the call's last captured query ({q.kind}, token {q.position}, turn {q.turn}: "
-                   f"the reply) per turn and role, mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
-                   f"&q={len(res.queries) - 1})")
+        st.caption(f"Attention of the call's {q.kind} query (token {q.position}, turn {q.turn}) per turn and role, "
+                   f"mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
+                   f"&q={k})")
 
 
 def _attention_summary(root, study: SD.Study) -> None:
@@ -155,16 +156,21 @@ def _attention_summary(root, study: SD.Study) -> None:
     if summary is None:
         return
     st.subheader("Attention per setting")
-    st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls, per question "
-               "the mean over its calls, then the mean over questions, with 95% bootstrap CIs over questions. "
-               "Settings send contexts of different lengths: compare shares with the tokens per call beside them.")
+    st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls with at least "
+               f"{summary.get('min_past', '?')} past turns (seed 002 E.5), per question the mean over its calls, "
+               "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "
+               "different lengths: compare them by the per-token shares (1 = a category's length's worth) and the "
+               "paired differences with the baseline (same question and step).")
     for query in ("decision", "reasoning"):
+        st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
         try:
-            rows = SD.attention_rows(summary, query)
+            for table in SD.ATTENTION_TABLES:
+                rows = SD.attention_rows(summary, query, table)
+                if table != "shares":
+                    st.caption(table)
+                st.dataframe(pd.DataFrame(rows), hide_index=True)
         except D.DataError as exc:
             st.error(f"Cannot show the attention summary: {exc}")
             break
-        st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
     with st.expander(f"{SD.ATTENTION_FILE} as written"):
         st.json(summary, expanded=2)

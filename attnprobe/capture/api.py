@@ -47,7 +47,7 @@ def select_queries(rendered: Rendered, queries: str | Sequence[int]) -> list[Que
         if not out:
             raise AttnprobeError("this trajectory has no reasoning-start tokens (no assistant message); "
                                  "use queries='decision' or explicit positions")
-        return out
+        return sorted(out, key=lambda q: q.position)  # a recorded call's decision precedes its reply's start
     seg_of = rendered.token_segment
     out = []
     for p in queries:
@@ -62,6 +62,9 @@ def select_queries(rendered: Rendered, queries: str | Sequence[int]) -> list[Que
 
 
 def _truncate(rendered: Rendered, limit: int) -> Rendered:
+    """Keep the first ``limit`` tokens. The decision stays where it was when it is kept (a recorded call's
+    decision is before its reply, :func:`attnprobe.render.rendering.decision_point`); otherwise the last
+    token kept stands in for it."""
     rendered.truncated_from = len(rendered.input_ids)
     keep = [s for s in rendered.segments if s.start < limit]
     from dataclasses import replace
@@ -73,7 +76,8 @@ def _truncate(rendered: Rendered, limit: int) -> Rendered:
     rendered.token_segment = rendered.token_segment[:limit]
     rendered.queries_reasoning = [q for q in rendered.queries_reasoning if q.position < limit]
     last = segs[-1]
-    rendered.decision = QueryPoint(limit - 1, "decision", last.turn, last.message_index)
+    if rendered.decision.position >= limit:  # the decision was cut off: the last token kept stands in for it
+        rendered.decision = QueryPoint(limit - 1, "decision", last.turn, last.message_index)
     rendered.text = rendered.text[: int(rendered.offsets[-1][1])]
     return rendered
 

@@ -22,6 +22,7 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
     cluster_free,
+    non_negative_int,
     positive_int,
 )
 
@@ -155,8 +156,10 @@ def _register_attention(studies) -> None:
         description="Capture every recorded call of every setting of an interference study folder (OUT/<setting>/"
                     "capture/, queries reasoning+decision unless --queries), run each other setting's context "
                     "policy as a counterfactual on the baseline's full histories (OUT/<setting>/counterfactual/), "
-                    "and write the attention shares per setting with bootstrap CIs over questions to "
-                    "OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
+                    "and write the attention shares per setting at the decision (the token before each reply) "
+                    "and the reasoning start (steps with >= --shares-min-past past turns, and per step), the "
+                    "per-token shares relative to uniform and the paired differences with the baseline, with "
+                    "bootstrap CIs over questions, to OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
                     "skipped; --force redoes them). A folder that is not a study is exit code 2.",
         epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
@@ -166,6 +169,11 @@ def _register_attention(studies) -> None:
     g.add_argument("--min-past", type=int, default=None,
                    help="counterfactual steps with at least this many past turns (default per policy, as "
                         "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
+    g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
+                   help="the share tables use calls with at least N past turns in the agent's run (default "
+                        "5: seed 002 E.5, 'using only reasoning steps with at least five past "
+                        "turns'); first calls and, at the reasoning start, tool-call-only replies are always left "
+                        "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
     add_capture_options(p, queries="reasoning+decision")
@@ -180,7 +188,7 @@ def cmd_attention(args) -> int:
     from attnprobe.counterfactual.job import run_on_executor
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import ATTENTION_MD, read_study, run_attention
+    from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
 
     out = Path(args.out)
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
@@ -192,7 +200,9 @@ def cmd_attention(args) -> int:
             return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force)
 
         counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                    counterfactual=counterfactual, min_past=args.min_past, force=args.force,
+                                    counterfactual=counterfactual, min_past=args.min_past,
+                                    shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
+                                    else args.shares_min_past, force=args.force,
                                     n_boot=args.bootstrap, only=args.policies)
     print((out / ATTENTION_MD).read_text(encoding="utf-8"))
     cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())

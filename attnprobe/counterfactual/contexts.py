@@ -29,10 +29,12 @@ def build_context(model: LoadedModel, base: Trajectory, prefix: list[dict], step
                   rendering: str, max_tokens: int | None) -> Context:
     """Render ``prefix + [step_msg]`` and find the decision and reasoning-start positions.
 
-    The decision position is the last token of the prefix rendered with the generation prompt; when
-    that rendering is not a token prefix of the full one (a template that re-renders history when a
-    message follows), the token just before the step's first token is used and ``decision_exact``
-    is False."""
+    The decision position is the rendering's own (:func:`attnprobe.render.rendering.decision_point`):
+    the last token of the generation prompt before the step, else the token just before the step's first
+    own token; the same position ``attnprobe capture`` and ``study attention`` query on a recorded call.
+    ``decision_exact`` says that the prefix rendered with the generation prompt on its own is a token prefix
+    of this rendering ending at that position (False for a template that re-renders history when a message
+    follows, or a tokenizer that merges the prompt's last characters with the step's first: Llama 3)."""
     k = len(prefix)
     full = Trajectory(id=f"{base.id}#{tag}", messages=[*prefix, step_msg], task=base.task, model=base.model,
                       framing=base.framing, tools=base.tools, labels=base.labels, meta=base.meta)
@@ -44,7 +46,10 @@ def build_context(model: LoadedModel, base: Trajectory, prefix: list[dict], step
     rs = starts[0]
     pre = prepare(model, replace(full, messages=list(prefix)), rendering=r.rendering, max_tokens=max_tokens)
     n = len(pre.input_ids)
-    exact = n <= rs.position and np.array_equal(r.input_ids[:n], pre.input_ids)
-    dpos = n - 1 if exact else rs.position - 1
+    dpos = r.decision.position
+    if r.decision.message_index != k or not 0 <= dpos < rs.position:  # decision_point's rule, checked
+        raise AttnprobeError(f"trajectory {base.id!r}, message {k}: the rendering's decision "
+                             f"({r.decision.position}) is not before the step ({rs.position})")
+    exact = n - 1 == dpos and np.array_equal(r.input_ids[:n], pre.input_ids)
     dec = QueryPoint(int(dpos), "decision", rs.turn, k)
     return Context(full, r, [dec, QueryPoint(rs.position, "reasoning", rs.turn, k)], bool(exact), int(dpos + 1))

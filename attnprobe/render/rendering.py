@@ -363,8 +363,11 @@ def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
             text = _apply_template(tokenizer, copy.deepcopy(out_msgs), trajectory.tools, add_generation_prompt)
             check_length(text, tokenizer, max_tokens, f"trajectory {trajectory.id!r}")
             _locate(text, parts)
+            prompt_end = None
+            if messages[-1]["role"] == "assistant" and not add_generation_prompt:
+                prompt_end = _prompt_end(tokenizer, out_msgs, trajectory.tools, text)
             return _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                                       num_messages=len(messages))
+                                       num_messages=len(messages), prompt_end=prompt_end)
         except TooLongError as exc:  # another rendering may be shorter; if none fits, this is the error
             too_long = exc
             continue
@@ -378,8 +381,19 @@ def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
     raise RenderError(f"trajectory {trajectory.id!r}: no rendering locates every message part ({detail})")
 
 
+def _prompt_end(tokenizer, out_msgs, tools, text: str) -> int | None:
+    """Characters of ``text`` that the messages before the reply, rendered with the generation prompt,
+    make up (what the model read before it wrote the reply); None when that rendering is not a prefix of
+    ``text`` (a template that renders history differently once a message follows) or fails."""
+    try:
+        prefix = _apply_template(tokenizer, copy.deepcopy(out_msgs[:-1]), tools, True)
+    except Exception:  # noqa: BLE001 - e.g. a template that refuses a conversation without a user message
+        return None
+    return len(prefix) if prefix and text.startswith(prefix) else None
+
+
 def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                        num_messages) -> Rendered:
+                        num_messages, prompt_end: int | None = None) -> Rendered:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int64)
     offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
@@ -445,8 +459,37 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
             # is an action step (seed 002 counts reasoning steps only; analyses filter on the kind).
             kind = "reasoning" if seg.role == "reasoning" else "action"
             queries.append(QueryPoint(seg.start, kind, seg.turn, seg.message_index))
-    decision = QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)
+    decision = decision_point(queries, segments, offsets, num_messages, out_msgs, add_generation_prompt, prompt_end)
     return Rendered(text=text, input_ids=ids, offsets=offsets, segments=segments, token_segment=token_segment,
                     queries_reasoning=queries, decision=decision, rendering=mode,
                     template_hash=template_hash(tokenizer), add_generation_prompt=add_generation_prompt,
                     messages=out_msgs, tried=tried)
+
+
+def decision_point(queries: list[QueryPoint], segments: list[Segment], offsets: np.ndarray, num_messages: int,
+                   messages: list[dict], add_generation_prompt: bool, prompt_end: int | None = None) -> QueryPoint:
+    """The decision token: the last token before the model's reply, where it decided (DESIGN.md §10).
+
+    A trajectory that ends with an assistant reply (a recorded model call, no generation prompt) decided
+    at the last token of its generation prompt: the token that ends at ``prompt_end`` (the characters of
+    the messages before the reply rendered with the generation prompt) when a token boundary falls there,
+    else the token just before the reply's first own token (reasoning or tool call). With ChatML (SmolLM2)
+    and Llama 3 templates both are the reasoning start - 1; a template that opens the reply with its own
+    markup (Qwen's ``<think>\n`` before reasoning_content) decides before that markup. Any other trajectory
+    (awaiting the model's turn, rendered with the generation prompt) decided at its last token, as does a
+    reply with no own token. ``attnprobe counterfactual`` takes the same position
+    (:func:`attnprobe.counterfactual.contexts.build_context`)."""
+    n = len(offsets)
+    last = num_messages - 1
+    if messages and messages[-1].get("role") == "assistant" and not add_generation_prompt:
+        starts = [q for q in queries if q.message_index == last]
+        if starts and starts[0].position >= 1:
+            start = starts[0].position
+            pos = start - 1
+            if prompt_end is not None:
+                ends = np.flatnonzero(offsets[:start, 1] == prompt_end)
+                t = int(ends[-1]) if ends.size else -1
+                if t >= 0 and offsets[t + 1, 0] >= prompt_end:  # a token boundary at the prompt's end
+                    pos = t
+            return QueryPoint(pos, "decision", starts[0].turn, last)
+    return QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)

@@ -210,14 +210,24 @@ def test_attention_rows_print_the_shares_of_attention_json():
 
     doc = {"settings": {
         "none": {"recorded_calls": 4, "captured_calls": 4, "tokens_per_call": 337.2,
-                 "decision": {"questions": 2, "shares": shares(0.456)}, "reasoning": {"questions": 2}},
+                 "decision": {"calls": 3, "questions": 2, "shares": shares(0.456), "relative": shares(2.5),
+                              "visible_tokens": 300.0,
+                              "by_step": {"5": {"calls": 2, "shares": dict.fromkeys(CATEGORIES, 0.0) | {"system": 0.5}}}},
+                 "reasoning": {"calls": 0, "questions": 2}},
         "mask:1": {"recorded_calls": 3, "captured_calls": 0, "tokens_per_call": None,
-                   "decision": {"questions": 0}, "reasoning": {"questions": 0}}}}
+                   "decision": {"calls": 0, "questions": 0}, "reasoning": {"calls": 0, "questions": 0},
+                   "paired": {"decision": {"pairs": 0, "questions": 0, "unpaired": {"setting": 0, "baseline": 3}}}}}}
     rows = SD.attention_rows(doc, "decision")
     assert [r["setting"] for r in rows] == ["none", "mask:1"]
-    assert rows[0]["calls captured / recorded"] == "4 / 4" and rows[0]["tokens per call"] == "337"
+    assert rows[0]["calls used / captured / recorded"] == "3 / 4 / 4" and rows[0]["tokens per call"] == "337"
     assert rows[0]["system"] == "45.6 [44.6, 46.6]" and rows[0]["current step"] == "0.0 [0.0, 0.0]"
     assert rows[1]["system"] == "n/a" and rows[1]["tokens per call"] == "n/a" and rows[1]["questions"] == 0
     assert SD.attention_rows(doc, "reasoning")[0]["system"] == "n/a"
+    rel = SD.attention_rows(doc, "decision", "per-token share relative to uniform")
+    assert (rel[0]["tokens seen"], rel[0]["system"], rel[1]["system"]) == ("300", "2.50 [2.49, 2.51]", "n/a")
+    paired = SD.attention_rows(doc, "decision", "paired difference with the baseline")
+    assert [(r["setting"], r["unpaired setting / baseline"], r["system"]) for r in paired] == [("mask:1", "0 / 3", "n/a")]
+    assert [(r["setting"], r["step"], r["calls"]) for r in SD.attention_rows(doc, "decision", "per step")] == \
+        [("none", 5, 2)]
     with pytest.raises(D.DataError, match="unexpected layout"):
         SD.attention_rows({"settings": {"none": {"decision": {}}}}, "decision")

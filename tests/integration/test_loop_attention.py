@@ -20,7 +20,7 @@ from attnprobe.results.analysis import step_masses
 from attnprobe.results.report import find_results
 from attnprobe.results.result import CaptureResult
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention import CATEGORIES, QUERIES, call_shares, run_attention
+from attnprobe.studies.loop.attention import CATEGORIES, QUERIES, call_shares, call_step, run_attention
 from attnprobe.studies.loop.study import run_study
 
 pytestmark = pytest.mark.slow  # captures with the bundled model (one load per session)
@@ -57,9 +57,11 @@ def study(tmp_path_factory, smol):
         return run_on_executor(ex, folder, trajs, [spec], opts, min_past=min_past)
 
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
-    first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, n_boot=200)
+    first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, shares_min_past=1,
+                          n_boot=200)
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("meta.json")}
-    again = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, n_boot=200)
+    again = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, shares_min_past=1,
+                          n_boot=200)
     return out, first, again, stamps
 
 
@@ -76,6 +78,23 @@ def test_every_recorded_call_is_captured_once(study):
         d = doc["settings"][setting]
         assert (d["recorded_calls"], d["captured_calls"], d["questions"]) == (n, n, 2)
     assert counts == {"done_before": 0, "done": 10, "failed": 0}
+
+
+def test_every_captured_decision_is_the_reasoning_start_minus_one(study):
+    """Issue 26 item 2: the decision of a recorded call is the last token before its reply (every reply of
+    this script opens with text, so each is a reasoning reply)."""
+    out, *_ = study
+    n = 0
+    for folder in ("none", "mask-1"):
+        for p in find_results(out / folder / "capture"):
+            res = CaptureResult.load(p)
+            reply = max(s.message_index for s in res.segments)
+            dec = [q for q in res.queries if q.kind == "decision"]
+            start = [q for q in res.queries if q.kind == "reasoning" and q.message_index == reply]
+            assert len(dec) == len(start) == 1 and dec[0].position == start[0].position - 1, p
+            assert dec[0].message_index == reply
+            n += 1
+    assert n == 10
 
 
 def test_shares_sum_to_one_and_placeholders_are_where_the_policy_put_them(study):
@@ -107,20 +126,37 @@ def test_shares_sum_to_one_and_placeholders_are_where_the_policy_put_them(study)
 
 def test_table_means_equal_the_means_of_the_capture_files(study):
     out, (_, doc), _, _ = study
+    paired: dict[tuple, dict] = {}
     for setting, folder in (("none", "none"), ("mask:1", "mask-1")):
         by_q: dict[str, list[dict]] = {}
         for p in find_results(out / folder / "capture"):
             res = CaptureResult.load(p)
+            if call_step(res) < 1:  # --shares-min-past 1: the first calls (q1's and q2's) are left out
+                continue
             by_q.setdefault(res.meta["trajectory_meta"]["question_id"], []).append(call_shares(res))
+            paired[(setting, res.meta["trajectory_meta"]["question_id"], call_step(res))] = call_shares(res)
+        for q in QUERIES:
+            assert doc["settings"][setting][q]["left_out"] == {"first_call": 2, "action_only": 0, "too_few_past": 0,
+                                                               "not_captured": 0}
+            assert {k: v["calls"] for k, v in doc["settings"][setting][q]["by_step"].items()} == \
+                {"0": 2, "1": 1, "2": 1, "3": 1}
         for q in QUERIES:
             for c in CATEGORIES:
                 want = np.mean([np.mean([s[q][c] for s in calls]) for calls in by_q.values()])
                 got = doc["settings"][setting][q]["shares"][c]
                 assert got["mean"] == pytest.approx(want, abs=1e-9)
-                assert got["lo"] <= got["mean"] + 1e-12 and got["mean"] <= got["hi"] + 1e-12
+                assert np.isnan(got["lo"]) and np.isnan(got["hi"])  # one question (q1) kept: no interval
     # the placeholder column is zero for the baseline and not for the masking setting
     assert doc["settings"]["none"]["decision"]["shares"]["placeholder"]["mean"] == 0.0
     assert doc["settings"]["mask:1"]["decision"]["shares"]["placeholder"]["mean"] > 0.0
+    # paired with the baseline at q1's steps 1-3 (one question): the mean of the three differences
+    for q in QUERIES:
+        p = doc["settings"]["mask:1"]["paired"][q]
+        assert (p["pairs"], p["questions"], p["unpaired"]) == (3, 1, {"setting": 0, "baseline": 0})
+        for c in CATEGORIES:
+            want = np.mean([paired[("mask:1", "q1", k)][q][c] - paired[("none", "q1", k)][q][c] for k in (1, 2, 3)])
+            assert p["difference"][c]["mean"] == pytest.approx(want, abs=1e-9)
+    assert "paired" not in doc["settings"]["none"]
 
 
 def test_counterfactuals_at_the_baselines_steps(study):
@@ -171,7 +207,8 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
 def test_cli(study, tmp_path, capsys):
     out, *_ = study
     assert main(["study", "attention", str(out), "--layers", "0-2", "--min-past", "2", "--no-progress",
-                 "--bootstrap", "50"]) == 0  # everything resumed: nothing is captured again
+                 "--bootstrap", "50", "--shares-min-past", "3"]) == 0  # everything resumed: nothing is captured again
+    assert json.loads((out / "attention.json").read_text())["settings"]["none"]["decision"]["calls"] == 1  # q1 step 3
     assert (out / "attention.json").is_file() and (out / "attention.md").is_file()
     assert "**mask:1**: 2 steps with >= 2 past turns (0 run, 2 already done" in capsys.readouterr().out
     assert main(["study", "attention", str(tmp_path / "missing")]) == 2

@@ -15,11 +15,18 @@ Two parts, both resumable, run on one executor (local or Ray, chosen once by the
   ``attnprobe.studies`` independent), so the caller hands it in as ``counterfactual``.
 
 Numbers per setting (docs/methods.md, "Attention per setting"): per recorded call, the attention share of
-each :data:`CATEGORIES` at two queries of the reply (:data:`QUERIES`), under the seed-002 token convention
-(:func:`attnprobe.results.analysis.token_owners`; the categories of
+each :data:`CATEGORIES` at two queries (:data:`QUERIES`): the **decision** (the last token before the reply,
+where the model decided: :func:`attnprobe.render.rendering.decision_point`, the position ``attnprobe
+counterfactual`` uses too) and the **reasoning start** (the reply's first token, replies of kind reasoning
+only), under the seed-002 token convention (:func:`attnprobe.results.analysis.token_owners`; the categories of
 :func:`attnprobe.results.analysis.step_breakdown`, with the observations the call saw as placeholders or
-refined text split out by the call's ``meta.history``); per question the mean over its calls, per setting
-the mean over questions with a percentile bootstrap CI over questions (:func:`attnprobe.stats.bootstrap_mean_ci`).
+refined text split out by the call's ``meta.history``). A call's **step** is its number of past turns in the
+agent's run; the tables use the calls with at least ``shares_min_past`` past turns (seed 002 E.5's five by
+default; :func:`call_filter` counts what each filter left out), beside a per-step table of every call. Per
+question the mean over its calls, per setting the mean over questions with a percentile bootstrap CI over
+questions (:func:`attnprobe.stats.bootstrap_mean_ci`); the same for the **per-token share** relative to
+uniform (:func:`relative_share`), and per non-baseline setting the **paired difference** with the baseline
+at the same (question, step) (:func:`paired_difference`).
 
 Writes ``OUT/attention.json`` and ``OUT/attention.md`` atomically and appends the section to
 ``OUT/study.md`` (:func:`with_attention`; ``study interference`` keeps it when it rewrites study.md).
@@ -42,6 +49,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, load_json
 from attnprobe.results.analysis import R, token_owners
 from attnprobe.results.formatting import format_ci
+from attnprobe.results.report import find_results
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
 from attnprobe.studies.loop.job import read_result, setting_dir
@@ -53,11 +61,12 @@ CAPTURE_DIR, COUNTERFACTUAL_DIR = "capture", "counterfactual"
 ATTENTION_JSON, ATTENTION_MD = "attention.json", "attention.md"
 HEADING = "## Attention per setting"
 QUERIES = ("decision", "reasoning")
-QUERY_LABELS = {"decision": "decision token (the last token of each recorded call)",
-                "reasoning": "reasoning start (the first token of each call's reply)"}
+QUERY_LABELS = {"decision": "decision token (the last token before each recorded call's reply)",
+                "reasoning": "reasoning start (the first token of each reasoning reply)"}
 CATEGORIES = ("system", "task", "past_reasoning", "past_tool_call", "past_observation", "placeholder", "refined",
               "current_step")
 DEFAULT_CAPTURE = CaptureOptions(queries="reasoning+decision")
+SHARES_MIN_PAST = 5  # seed 002 E.5: "using only reasoning steps with at least five past turns"
 
 # (out folder, baseline history trajectories, policy spec, min_past) -> the counterfactual run's report
 # (attnprobe.counterfactual.job.run_on_executor bound to an executor): {"steps", "min_past", ...}.
@@ -109,74 +118,212 @@ def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | 
 
 
 # ------------------------------------------------------------------ the numbers of one recorded call
-def call_shares(result: CaptureResult) -> dict[str, dict[str, float]]:
-    """Per query of the reply (:data:`QUERIES`, those captured), the attention share of every
-    :data:`CATEGORIES`; they sum to the row's mass (1 up to float32 storage).
+def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tuple[int, dict[str, np.ndarray]]]]:
+    """(reply message index, the reply's kind, {query name: (row index, category -> token mask)}).
 
-    Every token is owned by one message under the seed-002 convention (:func:`token_owners`); tokens of a
-    message the call saw as a placeholder or as refined text (``meta.history.changes`` of its full-history
-    source) count as ``placeholder`` / ``refined``; the others as in
-    :func:`attnprobe.results.analysis.step_breakdown`: system, task, past reasoning / tool calls /
-    observations (turns before the query's), and the current step (the query's own turn)."""
+    The reply's kind is that of its first own segment: ``reasoning`` when it opens with text, ``action``
+    when it is only tool calls (seed 002 E.2-E.3 query reasoning starts only), None without own tokens."""
     turn, role = token_owners(result)
     msg, _ = token_owners(replace(result, segments=[replace(s, turn=s.message_index) for s in result.segments]))
     reply = max(s.message_index for s in result.segments)
+    own = [s for s in result.segments if s.message_index == reply and s.author == "self"
+           and s.role in ("reasoning", "tool_call")]
+    kind = None if not own else "reasoning" if min(own, key=lambda s: s.start).role == "reasoning" else "action"
     hist = (result.meta.get("trajectory_meta") or {}).get("history") or {}
     source, changes = hist.get("source") or [], hist.get("changes") or {}
     status = np.full(len(msg), "", dtype=object)
     if len(source) == reply:  # one source per message sent (the reply is the last message)
         per_msg = np.asarray([changes.get(str(src), "") for src in source] + [""], dtype=object)
         status = np.where((msg >= 0) & (msg < len(source)), per_msg[np.clip(msg, 0, len(source))], "")
-    rows = np.asarray(result.token_attention, dtype=np.float64)
-    out: dict[str, dict[str, float]] = {}
+    ph, rf = status == "placeholder", status == "refined"
+    other = ~(ph | rf)
+    out: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
     for k, q in enumerate(result.queries):
         name = "decision" if q.kind == "decision" else \
-            "reasoning" if q.kind in ("reasoning", "action") and q.message_index == reply else None
-        if name is None:
+            "reasoning" if q.kind == "reasoning" and q.message_index == reply else None
+        if name is None or name in out:
             continue
-        row, t = rows[k], q.turn
-        ph, rf = status == "placeholder", status == "refined"
-        other = ~(ph | rf)
+        t = q.turn
         past, now = other & (turn < t), other & (turn >= t)
-        out[name] = {
-            "system": float(row[other & (role == R["system"])].sum()),
-            "task": float(row[other & (role == R["task"])].sum()),
-            "past_reasoning": float(row[past & (role == R["reasoning"])].sum()),
-            "past_tool_call": float(row[past & (role == R["tool_call"])].sum()),
-            "past_observation": float(row[past & (role == R["observation"])].sum()),
-            "placeholder": float(row[ph].sum()), "refined": float(row[rf].sum()),
-            "current_step": float(row[now & np.isin(role, [R["reasoning"], R["tool_call"], R["observation"],
-                                                            R["template"]])].sum()),
-        }
-    return out
+        out[name] = (k, {
+            "system": other & (role == R["system"]), "task": other & (role == R["task"]),
+            "past_reasoning": past & (role == R["reasoning"]), "past_tool_call": past & (role == R["tool_call"]),
+            "past_observation": past & (role == R["observation"]), "placeholder": ph, "refined": rf,
+            "current_step": now & np.isin(role, [R["reasoning"], R["tool_call"], R["observation"], R["template"]]),
+        })
+    return reply, kind, out
+
+
+def call_shares(result: CaptureResult) -> dict[str, dict[str, float]]:
+    """Per query of the reply (:data:`QUERIES`, those captured), the attention share of every
+    :data:`CATEGORIES`; they sum to the row's mass (1 up to float32 storage). ``reasoning`` only for a
+    reply of kind reasoning (a tool-call-only reply has no reasoning start, seed 002 E.2-E.3).
+
+    Every token is owned by one message under the seed-002 convention (:func:`token_owners`); tokens of a
+    message the call saw as a placeholder or as refined text (``meta.history.changes`` of its full-history
+    source) count as ``placeholder`` / ``refined``; the others as in
+    :func:`attnprobe.results.analysis.step_breakdown`: system, task, past reasoning / tool calls /
+    observations (turns before the query's), and the current step (the query's own turn)."""
+    return {q: r["shares"] for q, r in call_record(result)["queries"].items()}
+
+
+def call_step(result: CaptureResult) -> int:
+    """The call's step: its number of past turns in the agent's run (``meta.step`` - 1: every earlier call
+    is one past turn, whatever the policy left of it in the context), else the reply's turn in the
+    context sent."""
+    meta = result.meta.get("trajectory_meta") or {}
+    step = meta.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
+        return step - 1
+    reply = max(s.message_index for s in result.segments)
+    return max([s.turn for s in result.segments if s.message_index == reply] or [0])
+
+
+def call_record(result: CaptureResult) -> dict:
+    """One captured call: question, step (:func:`call_step`), the reply's kind and per query its shares,
+    the tokens of each category the query sees (positions up to its own) and the per-token share
+    relative to uniform: share_c / (tokens_c / tokens visible), 1 = the category gets its length's worth
+    (NaN for a category with no token)."""
+    meta = result.meta.get("trajectory_meta") or {}
+    _, kind, masks = _query_masks(result)
+    rows = np.asarray(result.token_attention, dtype=np.float64)
+    queries = {}
+    for name, (k, cats) in masks.items():
+        pos = result.queries[k].position
+        seen = np.arange(len(rows[k])) <= pos
+        shares = {c: float(rows[k][m].sum()) for c, m in cats.items()}
+        tokens = {c: int((m & seen).sum()) for c, m in cats.items()}
+        queries[name] = {"shares": shares, "tokens": tokens, "visible": int(pos + 1),
+                         "relative": {c: relative_share(shares[c], tokens[c], pos + 1) for c in CATEGORIES}}
+    return {"question": str(meta.get("question_id") or result.trajectory_id), "step": call_step(result),
+            "kind": kind, "queries": queries}
+
+
+def relative_share(share: float, tokens: int, visible: int) -> float:
+    """A category's share over its uniform share (tokens / tokens visible to the query): 1 = attention in
+    proportion to length, 3 = three times its length's worth; NaN for a category with no token."""
+    return float(share / (tokens / visible)) if tokens > 0 and visible > 0 else float("nan")
+
+
+# ------------------------------------------------------------------ filters and means
+def call_filter(record: dict, query: str, min_past: int) -> str | None:
+    """Why a call is left out at ``query`` (None: kept), the first that applies: ``first_call`` (step 0,
+    whose past shares are 0 by construction), ``action_only`` (a tool-call-only reply has no reasoning
+    start: ``reasoning`` only), ``too_few_past`` (fewer than ``min_past`` past turns, seed 002 E.5),
+    ``not_captured`` (no such query in the capture)."""
+    if record["step"] == 0 and min_past >= 1:
+        return "first_call"
+    if query == "reasoning" and record["kind"] != "reasoning":
+        return "action_only"
+    if record["step"] < min_past:
+        return "too_few_past"
+    if query not in record["queries"]:
+        return "not_captured"
+    return None
+
+
+FILTERS = ("first_call", "action_only", "too_few_past", "not_captured")
 
 
 def _ci(values: np.ndarray, n_boot: int) -> dict:
-    """Mean and 95% percentile bootstrap CI over the first axis (questions), per category."""
-    mean = values.mean(axis=0)
-    if len(values) >= 2:
-        lo, hi = bootstrap_mean_ci(values, n_boot=n_boot, seed=0)
-    else:
-        lo = hi = np.full(values.shape[1:], np.nan)
-    return {c: {"mean": float(mean[i]), "lo": float(lo[i]), "hi": float(hi[i])} for i, c in enumerate(CATEGORIES)}
+    """Mean and 95% percentile bootstrap CI over the first axis (questions), per category; a category's
+    NaN entries (no token of it) are left out of its own mean."""
+    out = {}
+    for i, c in enumerate(CATEGORIES):
+        v = values[:, i][np.isfinite(values[:, i])]
+        if len(v) == 0:
+            out[c] = {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "questions": 0}
+            continue
+        lo, hi = bootstrap_mean_ci(v, n_boot=n_boot, seed=0) if len(v) >= 2 else (np.nan, np.nan)
+        out[c] = {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi), "questions": int(len(v))}
+    return out
 
 
-def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000) -> dict:
-    """A setting's shares: per question the mean over its captured calls, then the mean over questions
-    with a bootstrap CI over questions; also the mean tokens per call (context length)."""
-    by_q: dict[str, list[CaptureResult]] = {}
-    for r in results:
-        qid = str((r.meta.get("trajectory_meta") or {}).get("question_id") or r.trajectory_id)
-        by_q.setdefault(qid, []).append(r)
-    out: dict[str, Any] = {"questions": len(by_q), "calls": len(results),
-                           "tokens_per_call": float(np.mean([len(r.input_ids) for r in results])) if results else None}
-    shares = {qid: [call_shares(r) for r in rs] for qid, rs in by_q.items()}
+def _per_question(records: list[dict], query: str, field: str) -> dict[str, np.ndarray]:
+    """Per question the mean over its calls of ``field`` (shares / relative), categories in order; NaN
+    (a category with no token) is left out of its question's mean."""
+    by_q: dict[str, list[list[float]]] = {}
+    for r in records:
+        by_q.setdefault(r["question"], []).append([r["queries"][query][field][c] for c in CATEGORIES])
+    out = {}
+    for q, v in by_q.items():
+        arr = np.asarray(v, dtype=np.float64)
+        n = np.isfinite(arr).sum(axis=0)
+        out[q] = np.where(n > 0, np.nansum(arr, axis=0) / np.maximum(n, 1), np.nan)
+    return out
+
+
+def kept_records(records: list[dict], query: str, min_past: int) -> tuple[list[dict], dict[str, int]]:
+    """The calls kept at ``query`` and how many each filter left out (:func:`call_filter`)."""
+    left = dict.fromkeys(FILTERS, 0)
+    kept = []
+    for r in records:
+        why = call_filter(r, query, min_past)
+        if why is None:
+            kept.append(r)
+        else:
+            left[why] += 1
+    return kept, left
+
+
+def by_step(records: list[dict], query: str) -> dict[str, dict]:
+    """Per step (past turns) the mean share of every category over the calls of that step that have the
+    query (reasoning replies only for ``reasoning``), first calls included: the table beside the filter."""
+    steps: dict[int, list[dict]] = {}
+    for r in records:
+        if query in r["queries"] and (query != "reasoning" or r["kind"] == "reasoning"):
+            steps.setdefault(r["step"], []).append(r)
+    return {str(k): {"calls": len(v), "questions": len({r["question"] for r in v}),
+                     "shares": {c: float(np.mean([r["queries"][query]["shares"][c] for r in v])) for c in CATEGORIES}}
+            for k, v in sorted(steps.items())}
+
+
+def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_past: int = 5,
+                      records: list[dict] | None = None) -> dict:
+    """A setting's shares at each query over the calls the filter keeps (:func:`call_filter`, at least
+    ``min_past`` past turns): per question the mean over its kept calls, then the mean over questions with
+    a bootstrap CI over questions; the same for the per-token share relative to uniform; the counts each
+    filter left out; the per-step table; the mean tokens per call (context length)."""
+    records = [call_record(r) for r in results] if records is None else records
+    out: dict[str, Any] = {"questions": len({r["question"] for r in records}), "calls": len(records),
+                           "tokens_per_call": float(np.mean([len(r.input_ids) for r in results])) if results else None,
+                           "min_past": min_past}
     for q in QUERIES:
-        per_q = [np.mean([[s[q][c] for c in CATEGORIES] for s in ss if q in s], axis=0)
-                 for ss in shares.values() if any(q in s for s in ss)]
-        out[q] = {"questions": len(per_q), **({"shares": _ci(np.asarray(per_q), n_boot)} if per_q else {})}
-    out["per_question"] = {qid: {q: {c: float(np.mean([s[q][c] for s in ss if q in s])) for c in CATEGORIES}
-                                 for q in QUERIES if any(q in s for s in ss)} for qid, ss in shares.items()}
+        kept, left = kept_records(records, q, min_past)
+        d: dict[str, Any] = {"calls": len(kept), "questions": len({r["question"] for r in kept}), "left_out": left,
+                             "by_step": by_step(records, q)}
+        if kept:
+            d["shares"] = _ci(np.asarray(list(_per_question(kept, q, "shares").values())), n_boot)
+            d["relative"] = _ci(np.asarray(list(_per_question(kept, q, "relative").values())), n_boot)
+            d["tokens"] = {c: float(np.mean([r["queries"][q]["tokens"][c] for r in kept])) for c in CATEGORIES}
+            d["visible_tokens"] = float(np.mean([r["queries"][q]["visible"] for r in kept]))
+        out[q] = d
+    per_question: dict[str, dict] = {}
+    for q in QUERIES:
+        for qid, v in _per_question(kept_records(records, q, min_past)[0], q, "shares").items():
+            per_question.setdefault(qid, {})[q] = {c: float(v[i]) for i, c in enumerate(CATEGORIES)}
+    out["per_question"] = dict(sorted(per_question.items()))
+    return out
+
+
+def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, min_past: int,
+                      n_boot: int = 2000) -> dict:
+    """Setting - baseline share at the same (question, step), over the calls both keep at ``query``: per
+    question the mean difference over its paired steps, then the mean over questions with a paired
+    percentile bootstrap CI (questions resampled, each with its pairs). ``pairs`` / ``questions``: how
+    many entered; ``unpaired``: kept calls of either side without a partner (a question or step the other
+    run did not reach)."""
+    a = {(r["question"], r["step"]): r for r in kept_records(setting, query, min_past)[0]}
+    b = {(r["question"], r["step"]): r for r in kept_records(baseline, query, min_past)[0]}
+    keys = sorted(set(a) & set(b))
+    by_q: dict[str, list[list[float]]] = {}
+    for k in keys:
+        sa, sb = a[k]["queries"][query]["shares"], b[k]["queries"][query]["shares"]
+        by_q.setdefault(k[0], []).append([sa[c] - sb[c] for c in CATEGORIES])
+    out: dict[str, Any] = {"pairs": len(keys), "questions": len(by_q),
+                           "unpaired": {"setting": len(set(a) - set(b)), "baseline": len(set(b) - set(a))}}
+    if by_q:
+        out["difference"] = _ci(np.asarray([np.mean(v, axis=0) for v in by_q.values()]), n_boot)
     return out
 
 
@@ -197,12 +344,16 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
 
 def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAULT_CAPTURE,
                   counterfactual: CounterfactualRunner | None = None, min_past: int | None = None,
-                  force: bool = False, n_boot: int = 2000, only: list[str] | None = None) -> tuple[dict, dict]:
+                  shares_min_past: int = SHARES_MIN_PAST, force: bool = False, n_boot: int = 2000,
+                  only: list[str] | None = None) -> tuple[dict, dict]:
     """Capture every recorded call, run the counterfactuals, write attention.json / attention.md and the
     section of study.md; returns (counts summed over the capture jobs, the attention document).
     ``model``: what the executor loads (``spec``, ``backend``, ``dtype``: recorded and compared on resume);
-    ``counterfactual``: None skips that part (said so in the report); ``only``: these settings of the study
-    (default all; the counterfactuals still run on the baseline's histories)."""
+    ``counterfactual``: None skips that part (said so in the report); ``min_past``: the counterfactual
+    steps' (default per policy family); ``shares_min_past``: the share tables' filter (seed 002 E.5's five
+    past turns by default, :func:`call_filter`); ``only``: these settings of the study (default all; the
+    counterfactuals still run on the baseline's histories, the paired table reads the baseline's
+    captures when they exist)."""
     out = Path(out)
     study = read_study(out)
     settings, baseline = study["settings"], study["baseline"]
@@ -233,7 +384,8 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             rep = counterfactual(setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, spec, mp)
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
-        doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot)
+        doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
+                                 min_past=shares_min_past)
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
         atomic_write_text(out / ATTENTION_MD, markdown(doc))
         study_md = out / "study.md"
@@ -242,20 +394,38 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
     return counts, doc
 
 
+def _captured(job: CaptureJob) -> list[CaptureResult]:
+    job = replace(job)  # a fresh job: its resume states are read anew, after the run
+    return [CaptureResult.load(job.folder(it.data)) for it in job.items() if job.done(it)]
+
+
 def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict[str, CaptureJob],
-                       cf: dict[str, dict], *, model, n_boot: int) -> dict:
-    """attention.json: per setting the capture counts and shares, and the counterfactual report."""
+                       cf: dict[str, dict], *, model, n_boot: int, min_past: int = SHARES_MIN_PAST) -> dict:
+    """attention.json: per setting the capture counts, shares and per-token shares (filtered, and per
+    step), the paired difference with the baseline, and the counterfactual report."""
     per: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
     for s in settings:
-        job = replace(jobs[s])  # a fresh job: its resume states are read anew, after the run
-        results = [CaptureResult.load(job.folder(it.data)) for it in job.items() if job.done(it)]
-        per[s] = {"recorded_calls": len(job.trajectories), "captured_calls": len(results),
-                  "capture_folder": str(job.out.relative_to(out)), **setting_attention(results, n_boot=n_boot)}
+        results = _captured(jobs[s])
+        records[s] = [call_record(r) for r in results]
+        per[s] = {"recorded_calls": len(jobs[s].trajectories), "captured_calls": len(results),
+                  "capture_folder": str(jobs[s].out.relative_to(out)),
+                  **setting_attention(results, n_boot=n_boot, min_past=min_past, records=records[s])}
         if s in cf:
             per[s]["counterfactual"] = {**cf[s], "folder": f"{setting_dir(out, s).name}/{COUNTERFACTUAL_DIR}"}
+    if baseline not in records:  # --policy without the baseline: its captures as they are on disk
+        folder = setting_dir(out, baseline) / CAPTURE_DIR
+        records[baseline] = [call_record(CaptureResult.load(p)) for p in find_results(folder)] \
+            if folder.is_dir() else []
+    for s in settings:
+        if s != baseline:
+            per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,
+                                                     n_boot=n_boot) for q in QUERIES}
     return {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
+            "min_past": min_past, "step": "past turns in the agent's run (meta.step - 1)",
             "capture": {**jobs[settings[0]].settings, "model": model.spec}, "study_models": read_study(out)["models"],
-            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions"}}
+            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
+                          "paired": "questions resampled with their (question, step) pairs"}}
 
 
 # ------------------------------------------------------------------ the report
@@ -264,34 +434,98 @@ def _pct(d: dict) -> str:
 
 
 def share_rows(doc: dict, query: str) -> list[dict[str, Any]]:
-    """One row per setting of attention.json at ``query``: calls captured / recorded, questions, tokens per
-    call and each category's share as "x.x [lo, hi]" (%), "n/a" where the setting has no capture there
-    (attention.md's table and the app's Study page)."""
+    """One row per setting of attention.json at ``query``: calls used / captured / recorded (used: those the
+    filter keeps, :func:`call_filter`), questions, tokens per call and each category's share as
+    "x.x [lo, hi]" (%), "n/a" where the setting has no kept call (attention.md's table and the app's Study
+    page)."""
     rows = []
     for s, d in doc["settings"].items():
         sh = d[query].get("shares")
         tok = d["tokens_per_call"]
-        rows.append({"setting": s, "calls captured / recorded": f"{d['captured_calls']} / {d['recorded_calls']}",
+        rows.append({"setting": s,
+                     "calls used / captured / recorded": f"{d[query].get('calls', '?')} / {d['captured_calls']} / "
+                                                         f"{d['recorded_calls']}",
                      "questions": d[query]["questions"], "tokens per call": "n/a" if tok is None else f"{tok:.0f}",
                      **{c.replace("_", " "): _pct(sh[c]) if sh else "n/a" for c in CATEGORIES}})
     return rows
 
 
+def relative_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per setting the per-token share relative to uniform (:func:`relative_share`; 1 = the category's
+    length's worth) as "x.xx [lo, hi]", and the mean tokens the query sees."""
+    rows = []
+    for s, d in doc["settings"].items():
+        rel, vis = d[query].get("relative"), d[query].get("visible_tokens")
+        rows.append({"setting": s, "tokens seen": "n/a" if vis is None else f"{vis:.0f}",
+                     **{c.replace("_", " "): format_ci(rel[c]["mean"], (rel[c]["lo"], rel[c]["hi"]), signed=False,
+                                                       digits=2) if rel else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per non-baseline setting the paired share difference with the baseline (pp, :func:`paired_difference`)."""
+    rows = []
+    for s, d in doc["settings"].items():
+        p = (d.get("paired") or {}).get(query)
+        if p is None:
+            continue
+        diff = p.get("difference")
+        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})",
+                     "unpaired setting / baseline": f"{p['unpaired']['setting']} / {p['unpaired']['baseline']}",
+                     **{c.replace("_", " "): format_ci(diff[c]["mean"], (diff[c]["lo"], diff[c]["hi"]), pct=True)
+                        if diff else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def step_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per setting and step (past turns) the mean share (%) over that step's calls, first calls included."""
+    return [{"setting": s, "step": int(k), "calls": v["calls"],
+             **{c.replace("_", " "): f"{100 * v['shares'][c]:.1f}" for c in CATEGORIES}}
+            for s, d in doc["settings"].items() for k, v in d[query].get("by_step", {}).items()]
+
+
+def left_out_text(doc: dict, query: str) -> str:
+    """One line per query: how many calls each filter left out, per setting."""
+    parts = []
+    for s, d in doc["settings"].items():
+        lo = d[query].get("left_out") or {}
+        parts.append(f"{s}: " + ", ".join(f"{lo.get(k, 0)} {k.replace('_', ' ')}" for k in FILTERS
+                                          if k != "action_only" or query == "reasoning"))
+    return "; ".join(parts)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["(none)", ""]
+    head = list(rows[0])
+    return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|",
+            *("| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows), ""]
+
+
 def markdown(doc: dict) -> str:
-    """attention.md: the shares per setting at both queries, then the counterfactuals per setting."""
-    labels = [c.replace("_", " ") for c in CATEGORIES]
+    """attention.md: per query the filtered shares, the per-token shares, the paired differences with the
+    baseline and the per-step table; then the counterfactuals per setting."""
+    mp = doc.get("min_past", SHARES_MIN_PAST)
     lines = [f"{HEADING} (attnprobe study attention)", "",
              f"Capture model {doc['capture']['model']} (the study's: {', '.join(doc['study_models']) or '?'}). "
-             "Shares (%): per question the mean over its recorded calls, then the mean over questions; brackets: "
-             f"95% bootstrap CI over questions ({doc['bootstrap']['resamples']} resamples; none for one question). "
-             "Settings send contexts of different lengths (tokens per call): a share over a shorter context is "
-             "not comparable with one over a longer context as it stands.", ""]
+             f"Calls used: those with at least {mp} past turns (seed 002 E.5: \"using only reasoning steps with at "
+             "least five past turns\"; --shares-min-past), a call's step being its number of past turns in the "
+             "agent's run; first calls (0 past turns, past shares 0 by construction) and, at the reasoning start, "
+             "tool-call-only replies (no reasoning start) are left out. Shares (%): per question the mean over "
+             "its calls, then the mean over questions; brackets: 95% bootstrap CI over questions "
+             f"({doc['bootstrap']['resamples']} resamples; none for one question). Settings send contexts of "
+             "different lengths, so compare them with the per-token shares (share / (category tokens / tokens "
+             "the query sees): 1 = its length's worth) and the paired differences (same question and step as "
+             f"the baseline, {doc['baseline']}; pp, paired bootstrap over questions).", ""]
     for q in QUERIES:
-        lines += [f"### {QUERY_LABELS[q].capitalize()}", "",
-                  "| setting | calls captured / recorded | questions | tokens per call | " + " | ".join(labels) + " |",
-                  "|---" * (len(CATEGORIES) + 4) + "|"]
-        lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in share_rows(doc, q)]
-        lines.append("")
+        lines += [f"### {QUERY_LABELS[q].capitalize()}", "", f"Left out: {left_out_text(doc, q)}.", ""]
+        lines += _table(share_rows(doc, q))
+        lines += ["Per-token share relative to uniform (1 = the category's length's worth):", ""]
+        lines += _table(relative_rows(doc, q))
+        lines += [f"Paired difference with {doc['baseline']} (setting - baseline, pp, same question and step):", ""]
+        lines += _table(paired_rows(doc, q))
+        lines += ["Per step (past turns; every call with this query, first calls included; mean share %):", ""]
+        lines += _table(step_rows(doc, q))
     lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']})", "",
               f"Each setting's policy applied after the fact to the full histories of {doc['baseline']} "
               "(attnprobe counterfactual; decision position): where the baseline agent's attention would have "
