@@ -421,7 +421,7 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
             ids = [i for i, lb in zip(index["items"], index["labels"]) if _in_subset(lb, "headline")]
             p = position_inputs(folder, ids)
             gap["position_control"] = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"],
-                                                       n_boot=n_boot, seed=seed)
+                                                       n_boot=n_boot, seed=seed, qs=p["qs"], ds=p["ds"])
     errors = folder / "errors.jsonl"
     m["errors_logged"] = len(read_records(errors, torn_tail="skip", missing_ok=True))
     return m
