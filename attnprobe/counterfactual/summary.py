@@ -176,7 +176,8 @@ def _ci(d: dict) -> str:
 
 TABLE_HEAD = ("policy", "steps", "removed mass %", "mass on changed messages %", "removed obs. mass %",
              "where it went (pp)", "action changed",
-              "reply changed", "tokens saved", "action changed, own tools (parseable both / steps)",
+              "reply changed", "tokens saved",
+             "action changed, own tools (parseable both / steps; both changed, both same, one-sided, neither)",
               "Δ log p recorded step (per token)", "refined: dropped / kept again %")
 
 
@@ -210,10 +211,21 @@ def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
 def _own_cell(a: dict | None) -> str:
     if a is None:
         return "not run"
+    cells = _own_cells(a)
     if not a["parseable_both"]:
-        return f"0 parseable of {a['steps']}"
+        return f"0 parseable of {a['steps']}{cells}"
     return (f"{a['changed']}/{a['parseable_both']} of {a['steps']} ({100 * a['rate']:.0f}% "
-            f"[{100 * a['ci'][0]:.0f}, {100 * a['ci'][1]:.0f}])")
+            f"[{100 * a['ci'][0]:.0f}, {100 * a['ci'][1]:.0f}]){cells}")
+
+
+def _own_cells(a: dict) -> str:
+    """The both-changed / both-same / one-sided counts (issue 26 item 9); empty for a summary written
+    before they existed."""
+    if "one_sided" not in a:
+        return ""
+    return (f"; both changed {a['both_changed']}, both same {a['both_same']}, one-sided {a['one_sided']} "
+            f"(original only {a['one_sided_original']}, counterfactual only {a['one_sided_counterfactual']}), "
+            f"neither {a['neither']}")
 
 
 def _logprob_cell(lp: dict | None) -> str:

@@ -102,7 +102,9 @@ def test_own_tool_change_rate_logprob_difference_and_refined_split():
     table = markdown_table({"mask:5": s})
     row = next(line for line in table.splitlines() if line.startswith("| mask:5"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[9] == "1/2 of 4 (50% [9, 91])"  # one column more since issue 26 (mass on changed messages)
+    # one column more since issue 26 (mass on changed messages), and the cell counts every step
+    assert cells[9] == ("1/2 of 4 (50% [9, 91]); both changed 1, both same 1, one-sided 0 (original only 0, "
+                        "counterfactual only 0), neither 2")
     assert cells[10].startswith("+0.250 [") and cells[10].endswith("(n = 4)")
     assert cells[11] == "10.0 / 10.0 (n = 2)"
     plain = markdown_table(summarize([record()], n_boot=200))
