@@ -325,3 +325,20 @@ def test_position_control_without_shifted_captures_has_no_adjusted_gap(tmp_path)
     with pytest.raises(AttnprobeError, match="not at the agentic distance"):
         position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0,
                          qs=p["qo"], ds=p["do"])
+
+
+def test_a_gap_against_an_all_unparseable_framing_is_flagged_as_format_only():
+    """Issue 26 item 10: direct - agentic with every agentic reply unparseable compares reply formats."""
+    from attnprobe.studies.ibis.metrics import paired_gap
+
+    items = [IbisItem(id=f"i{k}", task="t", query="q", results=[{"title": "a", "url": "https://a.org", "snippet": "s"}],
+                      label="should_research") for k in range(4)]
+    dec = {}
+    for k in range(4):
+        dec[(f"i{k}", "agentic")] = {"decision": "unparseable", "correct": False}
+        dec[(f"i{k}", "direct")] = {"decision": "web_search" if k < 2 else "unparseable", "correct": k < 2}
+    g = paired_gap(dec, items, "agentic", "direct", "should_research", 200, 0)
+    assert g["gap"] == 0.5 and g["unparseable"] == {"agentic": 4, "direct": 2} and g["n_parseable_both"] == 0
+    assert g["format_only"].startswith("every agentic reply is unparseable (4 of 4)")
+    dec[("i0", "agentic")] = {"decision": "visit_page", "correct": False}
+    assert "format_only" not in paired_gap(dec, items, "agentic", "direct", "should_research", 200, 0)

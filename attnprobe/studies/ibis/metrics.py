@@ -89,6 +89,13 @@ def paired_gap(dec, items, a: str, b: str, subset: str, n_boot: int, seed: int, 
     warn = sample_warning(len(ids), n_both)
     if warn:
         out["warning"] = warn
+    unp = {f: sum(not _parseable(view[(i, f)]) for i in ids) for f in (a, b)}
+    out["unparseable"] = unp
+    dead = [f for f in (a, b) if unp[f] == len(ids)]
+    if dead:  # issue 26: e.g. direct - agentic with every agentic reply unparseable
+        out["format_only"] = (f"every {' and every '.join(dead)} reply is unparseable ({len(ids)} of {len(ids)}): "
+                              f"this gap compares whether each framing's reply format parses (scored as wrong when "
+                              f"not), not what the framings differ in")
     return out
 
 
