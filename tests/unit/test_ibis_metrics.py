@@ -342,3 +342,26 @@ def test_a_gap_against_an_all_unparseable_framing_is_flagged_as_format_only():
     assert g["format_only"].startswith("every agentic reply is unparseable (4 of 4)")
     dec[("i0", "agentic")] = {"decision": "visit_page", "correct": False}
     assert "format_only" not in paired_gap(dec, items, "agentic", "direct", "should_research", 200, 0)
+
+
+def test_report_prints_the_gap_at_equal_distance(tmp_path):
+    from attnprobe.studies.ibis.position import position_control, position_inputs
+    from attnprobe.studies.ibis.report import markdown_report
+
+    _distance_captures(tmp_path, 4, own_effect=-0.0005)
+    p = position_inputs(tmp_path, [f"i{i}" for i in range(4)])
+    att = attention_metrics(_index(4), _arrays(4), n_boot=100, seed=0)
+    att["attentional_gap"]["position_control"] = position_control(
+        p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0, qs=p["qs"], ds=p["ds"])
+    md = markdown_report({"model": "tiny", "protocol": "matched", "reminder": "identical", "n_items": 4,
+                          "labels": {"should_research": 4}, "domains": ["d"], "bootstrap": {"n": 100, "seed": 0},
+                          "run": {}, "generation": {}, "attention": att})
+    assert "**at equal distance** (the position control; the observer query moved to the agentic distance" in md
+    assert "agentic - observer_shifted -0.0020 [-0.0020, -0.0020]" in md
+    assert "placebo (descriptive; it is taken at distances both framings share" in md
+    att["attentional_gap"]["position_control"] = position_control(
+        p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0)
+    md = markdown_report({"model": "tiny", "protocol": "matched", "reminder": "identical", "n_items": 4,
+                          "labels": {"should_research": 4}, "domains": ["d"], "bootstrap": {"n": 100, "seed": 0},
+                          "run": {}, "generation": {}, "attention": att})
+    assert "- at equal distance: not computed (no observer_shifted captures in this folder" in md
