@@ -12,5 +12,7 @@ live here, below all of them:
   refiners), applied after the fact (counterfactuals) or in the loop;
 - :mod:`.context`: a policy inside an agent loop (the view sent at each step, the once-per-round
   refinement, the link from each recorded call to the full history), used by the loop's scaffolds and
-  the runner's search worker.
+  the runner's search worker;
+- :mod:`.questions` and :mod:`.answers`: the one question-file reader and the one exact-match scorer
+  (Search-R1 / SQuAD normalisation) of the runner and the loop.
 """
