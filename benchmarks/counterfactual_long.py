@@ -132,7 +132,7 @@ def from_baseline(specs: list[str]) -> None:
         lo, hi = bootstrap_mean_ci(v, n_boot=2000)
         return f"{100 * v.mean():.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
-    lines = ["| policy | steps (changed) | removed mass % | of it: dropped % | kept again % | other % | "
+    lines = ["| policy | steps (changed) | mass on changed messages % | of it: dropped % | kept again % | other % | "
              "split messages | tokens saved |", "|---|---|---|---|---|---|---|---|"]
     for spec in specs:
         policy = parse_policy(spec)

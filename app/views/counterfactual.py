@@ -86,8 +86,10 @@ def show(record: dict, arrays: dict, original, views: dict, rel: str, query: str
     st.caption(f"**{record['trajectory_id']}** · policy **{record['policy']}** · step at message "
                f"{record['step_message_index']} (turn {record['turn']}) · folder `{rel}`")
     k1, k2, k3, k4 = st.columns(4)
-    k1.metric("removed spans held", f"{100 * q['removed_mass']:.1f}%",
-              help="original attention on the removed, masked or refined spans")
+    changed = q.get("changed_message_mass", q["removed_mass"])  # records before issue 26 had only the latter
+    k1.metric("removed mass", f"{100 * q['removed_mass']:.1f}%" if "changed_message_mass" in q else "n/a",
+              help=f"original attention on the tokens absent from the counterfactual context; on the changed "
+                   f"messages (markers and kept text included): {100 * changed:.1f}%")
     k2.metric("of it on observations", f"{100 * q['removed_observation_mass']:.1f}%")
     k3.metric("tokens saved", f"{tok['saved']} ({100 * tok['saved_share']:.0f}%)")
     act = record.get("action")
@@ -100,7 +102,7 @@ def show(record: dict, arrays: dict, original, views: dict, rel: str, query: str
                     key="cf_pair", config={"displaylogo": False})
     st.caption("Masked observations keep their turn (role `placeholder`); refined ones show as `refined`. "
                "Markers count with the message they delimit (seed 002 convention).")
-    st.plotly_chart(CF.redistribution_figure(q["removed_mass"], q["redistribution"]), key="cf_red",
+    st.plotly_chart(CF.redistribution_figure(changed, q["redistribution"]), key="cf_red",
                     config={"displaylogo": False})
     st.subheader("Original token strip (removed spans shaded)")
     pos = original.queries[qi].position

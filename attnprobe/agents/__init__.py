@@ -15,4 +15,6 @@ live here, below all of them:
   the runner's search worker;
 - :mod:`.tagtext`: tag text (Search-R1 / IRCoT) to rounds and back, labelled, so the IRCoT loop and the
   counterfactuals apply one policy to what a tag-format agent saw.
+- :mod:`.questions` and :mod:`.answers`: the one question-file reader and the one exact-match scorer
+  (Search-R1 / SQuAD normalisation) of the runner and the loop.
 """

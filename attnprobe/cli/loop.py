@@ -109,11 +109,11 @@ def _executor(args):
 
 
 def cmd_interference(args) -> int:
+    from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import make_search
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.context import parse_setting
-    from attnprobe.studies.loop.questions import read_questions
     from attnprobe.studies.loop.scoring import Scorer
     from attnprobe.studies.loop.study import run_study
 

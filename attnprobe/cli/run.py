@@ -91,9 +91,10 @@ def make_chat(args):
 
 
 def cmd_run(args) -> int:
+    from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import make_search
     from attnprobe.io import hold_file_lock
-    from attnprobe.studies.runner.run import check_output, check_resume, load_questions, run_questions, token_table
+    from attnprobe.studies.runner.run import check_output, check_resume, run_questions, token_table
 
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
     settings = RunSettings.preset(
@@ -107,7 +108,7 @@ def cmd_run(args) -> int:
         from attnprobe.resources import data_path
 
         args.questions = str(data_path("questions.jsonl"))
-    questions = load_questions(args.questions)
+    questions = read_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
     out = Path(args.out)

@@ -107,15 +107,35 @@ def compare_actions(original: Mapping, counterfactual: Mapping, vocabulary: Sequ
 
 def change_rate(blocks: Iterable[Mapping]) -> dict:
     """Over :func:`compare_actions` blocks: ``{"steps", "parseable_both", "changed", "rate", "ci"}``;
-    the rate and its Wilson interval are over the steps parseable on both sides only (NaN when none)."""
+    the rate and its Wilson interval are over the steps parseable on both sides only (NaN when none).
+
+    Every step is also counted in one of five cells (issue 26 item 9; they sum to ``steps``):
+    ``both_changed`` and ``both_same`` (parseable on both sides), ``one_sided_original`` (parseable in the
+    original only: the policy broke the action), ``one_sided_counterfactual`` (in the counterfactual only)
+    and ``neither``. ``one_sided`` is the sum of the two one-sided cells; ``rate_any_side`` = (both_changed
+    + one_sided) / (steps parseable on at least one side), with its Wilson interval: a one-sided step counts
+    as a change there."""
     from attnprobe.stats import wilson_ci
 
     blocks = list(blocks)
     both = [b for b in blocks if b.get("parseable_both")]
     k = sum(bool(b.get("changed")) for b in both)
     n = len(both)
+
+    def parseable(b: Mapping, side: str) -> bool:
+        return (b.get(side) or {}).get("kind", UNPARSEABLE) != UNPARSEABLE
+
+    rest = [b for b in blocks if not b.get("parseable_both")]
+    only_o = sum(parseable(b, "original") and not parseable(b, "counterfactual") for b in rest)
+    only_c = sum(parseable(b, "counterfactual") and not parseable(b, "original") for b in rest)
+    any_side = n + only_o + only_c
     return {"steps": len(blocks), "parseable_both": n, "changed": k,
-            "rate": k / n if n else float("nan"), "ci": wilson_ci(k, n)}
+            "rate": k / n if n else float("nan"), "ci": wilson_ci(k, n),
+            "both_changed": k, "both_same": n - k, "one_sided_original": only_o,
+            "one_sided_counterfactual": only_c, "one_sided": only_o + only_c,
+            "neither": len(rest) - only_o - only_c, "parseable_any_side": any_side,
+            "rate_any_side": (k + only_o + only_c) / any_side if any_side else float("nan"),
+            "ci_any_side": wilson_ci(k + only_o + only_c, any_side)}
 
 
 # ------------------------------------------------------------------ teacher-forced log-probability

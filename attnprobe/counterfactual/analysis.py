@@ -1,5 +1,14 @@
 """The numbers of one (step, policy): removed mass, where it went, by original turn and role.
 
+Two masses of the original row (issue 26 item 8; docs/methods.md):
+
+- ``removed_mass``: on the original tokens ABSENT from the counterfactual context (:func:`absent_tokens`):
+  what the model can no longer read. A refiner's kept sentences and the markers of a masked message
+  are still there, so they are not in it.
+- ``changed_message_mass``: on every token of every message the policy changed (removed, masked,
+  refined, its calls dropped), markers included: the mass the redistribution is measured against
+  (it sums to this one by identity). Before issue 26 this number was called the removed mass.
+
 Every token of both contexts is owned by one ORIGINAL message under the seed-002 convention
 (:func:`attnprobe.results.analysis.token_owners`: markers belong to the message they delimit, token 0
 to the system prompt) and takes that message's original turn; tokens of a placeholder or a refined
@@ -8,8 +17,9 @@ observation get role ``placeholder`` / ``refined`` (:data:`CF_ROLES`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from difflib import SequenceMatcher
 
 import numpy as np
 
@@ -33,6 +43,34 @@ def token_messages(result: CaptureResult) -> np.ndarray:
     segs = [replace(s, turn=s.message_index) for s in result.segments]
     owner, _ = token_owners(replace(result, segments=segs))
     return owner
+
+
+def absent_tokens(original: CaptureResult, counterfactual: CaptureResult, source: Sequence[int],
+                  changes: Mapping[int, str]) -> np.ndarray:
+    """Per original token: True when it is absent from the counterfactual context.
+
+    A message the policy kept is present whole. A changed message's tokens are aligned with the tokens
+    of the counterfactual messages built from it (``source[k] == i``; its placeholder, refined text or
+    call-less copy) by :class:`difflib.SequenceMatcher` on token ids (matching blocks, in order, no junk
+    heuristic); the tokens left unmatched are absent. A removed message has no counterpart: all of its
+    tokens, markers included, are absent."""
+    o_owner, c_owner = token_messages(original), token_messages(counterfactual)
+    o_ids, c_ids = np.asarray(original.input_ids), np.asarray(counterfactual.input_ids)
+    src = np.asarray(list(source), dtype=np.int64)
+    absent = np.zeros(len(o_ids), dtype=bool)
+    for i, status in changes.items():
+        if status == "kept":
+            continue
+        idx = np.nonzero(o_owner == int(i))[0]
+        if not len(idx):
+            continue
+        local = np.nonzero(src == int(i))[0]
+        b = c_ids[np.isin(c_owner, local)].tolist() if len(local) else []
+        matched = np.zeros(len(idx), dtype=bool)
+        for blk in SequenceMatcher(None, o_ids[idx].tolist(), b, autojunk=False).get_matching_blocks():
+            matched[blk.a:blk.a + blk.size] = True
+        absent[idx[~matched]] = True
+    return absent
 
 
 def token_labels(result: CaptureResult, source: Sequence[int], step_index: int, statuses: dict[int, str],
@@ -83,7 +121,9 @@ def groups(mass: np.ndarray, turn: int) -> dict[str, float]:
 
 def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Counterfactual, step: Step,
                   orig_turns: Sequence[int]) -> tuple[dict, dict[str, np.ndarray]]:
-    """The per-query numbers of one (step, policy): removed mass, redistribution, conservation."""
+    """The per-query numbers of one (step, policy): removed mass (absent tokens), mass on changed messages,
+    redistribution (against the changed messages' mass), conservation. ``removed_by_status`` and
+    ``removed_by_message`` split the mass on changed messages."""
     T = step.turn + 1
     n_all = len(step.trajectory.messages)
     lo = token_labels(original, list(range(n_all)), step.message_index, cf.changes, orig_turns, counterfactual=False)
@@ -95,10 +135,11 @@ def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Co
     kept_w = ro * ~lo["removed"][None, :]
     m_kept = turn_role_mass(kept_w, to, lo["role"], T)
     m_cf = turn_role_mass(rc, tc, lc["role"], T)
-    obs_removed = lo["removed"] & (lo["role"] == RI["observation"])
+    absent = absent_tokens(original, counterfactual, cf.source, cf.changes)
+    obs = lo["role"] == RI["observation"]
     queries = {}
     for q, name in enumerate(QUERY_NAMES):
-        removed = float(ro[q][lo["removed"]].sum())
+        changed = float(ro[q][lo["removed"]].sum())
         by_status = {s: float(ro[q][lo["removed"] & (lo["status"] == s)].sum())
                      for s in (*REMOVING, "calls_removed") if np.any(lo["removed"] & (lo["status"] == s))}
         by_msg = {}
@@ -107,14 +148,17 @@ def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Co
         g_orig, g_kept, g_cf = groups(m_orig[q], step.turn), groups(m_kept[q], step.turn), groups(m_cf[q], step.turn)
         queries[name] = {
             "original_total": float(ro[q].sum()), "counterfactual_total": float(rc[q].sum()),
-            "removed_mass": removed, "kept_mass": float(kept_w[q].sum()),
-            "removed_observation_mass": float(ro[q][obs_removed].sum()),
+            "removed_mass": float(ro[q][absent].sum()), "changed_message_mass": changed,
+            "kept_mass": float(kept_w[q].sum()),
+            "removed_observation_mass": float(ro[q][absent & obs].sum()),
+            "changed_observation_mass": float(ro[q][lo["removed"] & obs].sum()),
             "removed_by_status": by_status, "removed_by_message": by_msg,
             "original": g_orig, "original_kept": g_kept, "counterfactual": g_cf,
             "redistribution": {k: g_cf[k] - g_kept[k] for k in GROUPS},
         }
     arrays = {"mass_original": m_orig.astype(np.float32), "mass_original_kept": m_kept.astype(np.float32),
               "mass_counterfactual": m_cf.astype(np.float32),
-              "removed_tokens": lo["removed"].astype(np.int8), "counterfactual_roles": lc["role"].astype(np.int8),
+              "removed_tokens": lo["removed"].astype(np.int8), "absent_tokens": absent.astype(np.int8),
+              "counterfactual_roles": lc["role"].astype(np.int8),
               "counterfactual_turns": lc["turn"].astype(np.int64)}
     return queries, arrays

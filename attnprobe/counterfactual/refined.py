@@ -1,12 +1,13 @@
 """Where the attention on a refined observation was: on the text the refiner dropped, or on the text it kept.
 
 An extractive refiner (seed 004 §3.3, d~_i = F(q_{i-1}, d_i); ours: BM25 sentence selection) keeps some
-sentences of the observation verbatim. The counterfactual's "removed mass" counts the whole original
-observation, yet most of it can land back on the kept sentences in the refined context. Splitting
+sentences of the observation verbatim. The counterfactual's "mass on changed messages" counts the whole
+original observation, yet most of it can land back on the kept sentences in the refined context (the
+"removed mass", on the tokens absent from the counterfactual context, leaves them out). Splitting
 the original row's mass on a refined message into ``dropped`` (sentences the refiner left out),
 ``kept_again`` (sentences it kept) and ``other`` (the message's markers and the whitespace between
 sentences) says how much attention the refiner really took away. The three sum to the original mass
-on the message (every token it owns, markers included, as in the removed mass).
+on the message (every token it owns, markers included, as in the mass on changed messages).
 
 Input: the original :class:`CaptureResult` and the policy's ``details["refined"]``
 (:func:`attnprobe.agents.policies.extractive_selection`: the original sentences and the kept

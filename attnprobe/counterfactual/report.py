@@ -20,10 +20,12 @@ log = logging.getLogger(__name__)
 
 QUERIES = (("decision", "at the decision position (the token that predicts the step's action)"),
            ("reasoning", "at the step's reasoning start (seed 002's query)"))
-LEGEND = ("Per policy, over every step in the folder: the mean share of attention the removed spans held in "
-          "the original context (percent, 95% bootstrap interval over steps), the part of it on observation "
-          "content, where the mass went in the counterfactual (change per destination group, percentage "
-          "points; the changes sum to the removed mass), how often the next action changed (Wilson interval; "
+LEGEND = ("Per policy, over every step in the folder: the removed mass, the mean share of attention the "
+          "original context put on tokens the counterfactual context no longer holds (percent, 95% bootstrap "
+          "interval over steps), the mass on the messages the policy changed (markers and a refiner's kept "
+          "sentences included), the part of the removed mass on observation content, where the mass went in "
+          "the counterfactual (change per destination group, percentage points; the changes sum to the mass on "
+          "changed messages), how often the next action changed (Wilson interval; "
           "'not run' without --actions), and prompt tokens saved. Steps of one trajectory are not "
           "independent: with few trajectories read the intervals as descriptive. Definitions: "
           "docs/counterfactual.md.")

@@ -17,10 +17,12 @@ capture built (:func:`cache_requests`): 1 token prefilled per generation instead
 
 The rows are analysed in :mod:`~attnprobe.counterfactual.analysis`:
 
-- removed mass: the original attention on the tokens of removed, masked (placeholder) or refined
-  messages and on dropped tool calls (``calls_removed``); kept + removed = 1;
+- removed mass: the original attention on the tokens absent from the counterfactual context;
+- mass on changed messages: the original attention on the tokens of removed, masked (placeholder) or
+  refined messages and on dropped tool calls (``calls_removed``), markers and kept text included;
+  kept + changed = 1;
 - redistribution: per destination (original turn x role, and coarse groups), counterfactual mass
-  minus the original mass on the kept tokens; it sums to the removed mass (both rows sum to 1);
+  minus the original mass on the kept tokens; it sums to the mass on changed messages (both rows sum to 1);
 - optionally the greedy next action in both contexts (parsed with the IBIS parser) and whether it
   changed; the tokens saved.
 

@@ -1,7 +1,8 @@
 """Summaries of counterfactual runs across steps and trajectories, with confidence intervals.
 
-Per policy and query (decision / reasoning start): the mean share of attention the removed spans
-held, where that mass goes (mean change per destination group), tokens saved, and seed 002's check
+Per policy and query (decision / reasoning start): the mean share of attention on the tokens the
+counterfactual context no longer holds (removed mass), on the messages the policy changed (mass on
+changed messages; markers and a refiner's kept sentences included), where that mass goes (mean change per destination group), tokens saved, and seed 002's check
 "removed observations held little attention" (section 5.3.1: "supporting masking of observations the
 model largely stops reading") as the mean attention mass on the removed observation content. For
 refiners, the original mass on refined messages split into the sentences the refiner dropped and
@@ -96,15 +97,22 @@ def _refined_split_stats(qs: list[dict], n_boot: int) -> dict | None:
     return {p: _mean_ci([float(sp[p]) for sp in splits], n_boot) for p in PARTS}
 
 
+def _changed_mass(x: dict) -> float:
+    """Mass on changed messages; a record written before issue 26 holds it under ``removed_mass``."""
+    return float(x["changed_message_mass"] if "changed_message_mass" in x else x["removed_mass"])
+
+
 def summarize(records: Iterable, *, n_boot: int = 2000, skipped: list | None = None) -> dict:
     """``{policy: {"steps", "trajectories", "steps_changed", "tokens_saved", "tokens_saved_share",
     "action" (own-tool action, over all steps), "action_own" (own tools, over steps parseable on both sides), "logprob",
-    per query: {"removed_mass", "removed_observation_mass", "removed_share_of_observations",
+    per query: {"removed_mass", "changed_message_mass", "removed_observation_mass", "removed_share_of_observations",
     "redistribution": {group: ci}, "original", "counterfactual", "refined_split", "conservation_error"}}}``.
 
     ``records``: dicts or ``(where, dict)`` pairs; malformed ones are appended to ``skipped`` as
     ``(where, reason)`` and left out. ``conservation_error`` checks normalisation only: both rows sum
-    to 1, so redistribution sums to the removed mass by identity."""
+    to 1, so redistribution sums to the mass on changed messages by identity. Records written before
+    issue 26 (no ``changed_message_mass``: their ``removed_mass`` was the changed messages' mass) count
+    in ``changed_message_mass`` and not in ``removed_mass`` (``removed_mass_missing`` counts them)."""
     by_policy: dict[str, list[dict]] = {}
     for r in _usable(records, skipped):
         by_policy.setdefault(r["policy"], []).append(r)
@@ -123,16 +131,19 @@ def summarize(records: Iterable, *, n_boot: int = 2000, skipped: list | None = N
                 s[key] = value
         for q in QUERY_NAMES:
             qs = [r["queries"][q] for r in recs]
-            share_obs = [x["removed_observation_mass"] / x["original"]["past_observation"] for x in qs
+            new = [x for x in qs if "changed_message_mass" in x]
+            share_obs = [x["removed_observation_mass"] / x["original"]["past_observation"] for x in new
                          if x["original"]["past_observation"] > 0 and x["removed_observation_mass"] > 0]
             s[q] = {
-                "removed_mass": _mean_ci([x["removed_mass"] for x in qs], n_boot),
-                "removed_observation_mass": _mean_ci([x["removed_observation_mass"] for x in qs], n_boot),
+                "removed_mass": _mean_ci([x["removed_mass"] for x in new], n_boot),
+                "changed_message_mass": _mean_ci([_changed_mass(x) for x in qs], n_boot),
+                "removed_mass_missing": len(qs) - len(new),
+                "removed_observation_mass": _mean_ci([x["removed_observation_mass"] for x in new], n_boot),
                 "removed_share_of_observations": _mean_ci(share_obs, n_boot),
                 "redistribution": {g: _mean_ci([x["redistribution"][g] for x in qs], n_boot) for g in GROUPS},
                 "original": {g: _mean_ci([x["original"][g] for x in qs], n_boot) for g in GROUPS},
                 "counterfactual": {g: _mean_ci([x["counterfactual"][g] for x in qs], n_boot) for g in GROUPS},
-                "conservation_error": float(max((abs(sum(x["redistribution"].values()) - x["removed_mass"])
+                "conservation_error": float(max((abs(sum(x["redistribution"].values()) - _changed_mass(x))
                                                  for x in qs), default=0.0)),
             }
             split = _refined_split_stats(qs, n_boot)
@@ -163,13 +174,16 @@ def _ci(d: dict) -> str:
     return format_ci(d["mean"], (d["lo"], d["hi"]), pct=True, signed=False, unit="")
 
 
-TABLE_HEAD = ("policy", "steps", "removed mass %", "removed obs. mass %", "where it went (pp)", "action changed",
-              "reply changed", "tokens saved", "action changed, own tools (parseable both / steps)",
+TABLE_HEAD = ("policy", "steps", "removed mass %", "mass on changed messages %", "removed obs. mass %",
+             "where it went (pp)", "action changed",
+              "reply changed", "tokens saved",
+             "action changed, own tools (parseable both / steps; both changed, both same, one-sided, neither)",
               "Δ log p recorded step (per token)", "refined: dropped / kept again %")
 
 
 def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
-    """One row per policy (columns :data:`TABLE_HEAD`): removed mass, where it went (largest changes),
+    """One row per policy (columns :data:`TABLE_HEAD`): removed mass, mass on changed messages, where the
+    latter went (largest changes),
     action change (own-tool action, over all steps), reply text change, tokens saved, the own-tool action
     change over the steps parseable on both sides, the recorded step's log-probability change, and the
     refined messages' dropped / kept-again mass. Shared by the markdown table and the HTML report."""
@@ -187,7 +201,8 @@ def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
             act = txt = "not run"
         tok = s["tokens_saved"]
         saved = f"{tok['mean']:.0f} ({100 * s['tokens_saved_share']['mean']:.0f}%)"
-        rows.append((policy, str(s["steps"]), _ci(q["removed_mass"]), _ci(q["removed_observation_mass"]), where, act,
+        rows.append((policy, str(s["steps"]), _ci(q["removed_mass"]), _ci(q["changed_message_mass"]),
+                     _ci(q["removed_observation_mass"]), where, act,
                      txt, saved, _own_cell(s.get("action_own")), _logprob_cell(s.get("logprob")),
                      _split_cell(q.get("refined_split"))))
     return rows
@@ -196,10 +211,21 @@ def table_rows(summary: dict, query: str = "decision") -> list[tuple[str, ...]]:
 def _own_cell(a: dict | None) -> str:
     if a is None:
         return "not run"
+    cells = _own_cells(a)
     if not a["parseable_both"]:
-        return f"0 parseable of {a['steps']}"
+        return f"0 parseable of {a['steps']}{cells}"
     return (f"{a['changed']}/{a['parseable_both']} of {a['steps']} ({100 * a['rate']:.0f}% "
-            f"[{100 * a['ci'][0]:.0f}, {100 * a['ci'][1]:.0f}])")
+            f"[{100 * a['ci'][0]:.0f}, {100 * a['ci'][1]:.0f}]){cells}")
+
+
+def _own_cells(a: dict) -> str:
+    """The both-changed / both-same / one-sided counts (issue 26 item 9); empty for a summary written
+    before they existed."""
+    if "one_sided" not in a:
+        return ""
+    return (f"; both changed {a['both_changed']}, both same {a['both_same']}, one-sided {a['one_sided']} "
+            f"(original only {a['one_sided_original']}, counterfactual only {a['one_sided_counterfactual']}), "
+            f"neither {a['neither']}")
 
 
 def _logprob_cell(lp: dict | None) -> str:

@@ -22,7 +22,7 @@ counterfactual.render(Path({str(tmp_path)!r}), None)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["removed spans held"] == "25.0%" and metrics["tokens saved"] == "1 (20%)"
+    assert metrics["removed mass"] == "20.0%" and metrics["tokens saved"] == "1 (20%)"
     assert metrics["next action"] == "not run"
     cs = charts(at)
     pair = next(c for c in cs if len(c["data"]) == 3 and all(t["type"] == "heatmap" for t in c["data"]))

@@ -33,7 +33,7 @@ def test_cli_runs_and_resumes(smol, tmp_path, capsys):
     # ircot:oqp keeps system, task and the latest turn (messages 10, 11) before step 12
     assert [k for k, v in rec["changes"].items() if v == "kept"] == ["0", "1", "10", "11"]
     assert rec["tokens"]["saved"] > 1000
-    assert abs(sum(rec["queries"]["decision"]["redistribution"].values()) - rec["queries"]["decision"]["removed_mass"]) < 1e-5
+    assert abs(sum(rec["queries"]["decision"]["redistribution"].values()) - rec["queries"]["decision"]["changed_message_mass"]) < 1e-5
     mtime = next(out.glob("*/mask_3*/step_0012/record.json")).stat().st_mtime_ns
     # Rerun: everything is done, nothing is recomputed.
     args = parse(argv)

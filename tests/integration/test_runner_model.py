@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import attnprobe
+from attnprobe.agents.questions import read_questions as load_questions
 from attnprobe.generation.transformers_chat import TransformersChat
-from attnprobe.studies.runner import BM25Search, RunSettings, load_questions, run_questions
+from attnprobe.studies.runner import BM25Search, RunSettings, run_questions
 
 pytestmark = pytest.mark.slow
 

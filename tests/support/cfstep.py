@@ -38,7 +38,7 @@ def make_step(folder: Path) -> None:
     mc[0, 0, 0], mc[0, 0, 1], mc[0, 0, CF_ROLES.index("placeholder")], mc[0, 1, 2] = 0.5, 0.2, 0.05, 0.25
     red = {g: 0.0 for g in GROUPS}
     red.update({"system": 0.1, "task": 0.1, "placeholder": 0.05})
-    q = {"removed_mass": 0.25, "removed_observation_mass": 0.25, "redistribution": red}
+    q = {"removed_mass": 0.2, "changed_message_mass": 0.25, "removed_observation_mass": 0.2, "redistribution": red}
     record = {"trajectory_id": "t", "policy": "mask:0", "step_message_index": 3, "turn": 1, "roles": list(CF_ROLES),
               "changes": {"0": "kept", "1": "kept", "2": "placeholder"},
               "tokens": {"original": 5, "counterfactual": 4, "saved": 1, "saved_share": 0.2},

@@ -113,3 +113,24 @@ def test_recorded_logprob_matches_a_brute_force_forward_per_token(smol):
     other = recorded_logprob(smol, TINY[:3] + [{**TINY[3], "content": "No results."}], STEP)
     assert other["tokens"] == got["tokens"] and other["sum"] != pytest.approx(got["sum"], abs=1e-3)
     json.dumps(logprob_block(got, other))  # JSON-ready
+
+
+def test_change_rate_counts_both_changed_both_same_and_one_sided_steps():
+    """Issue 26 item 9: a step parseable on one side only is no longer dropped silently: 2 both changed, 1 both
+    same, 3 parseable in the original only, 1 in the counterfactual only, 1 neither (8 steps)."""
+    def act(text, c=None):
+        return {"text": text, "call": c}
+
+    s, a, p = act("<search>a</search>"), act("<answer>1</answer>"), act("prose")
+    blocks = [compare_actions(*pair, VOCAB) for pair in
+              [(s, a), (a, s), (s, s), (s, p), (a, p), (s, p), (p, a), (p, p)]]
+    r = change_rate(blocks)
+    assert {k: r[k] for k in ("steps", "parseable_both", "both_changed", "both_same", "one_sided_original",
+                              "one_sided_counterfactual", "one_sided", "neither", "parseable_any_side")} == {
+        "steps": 8, "parseable_both": 3, "both_changed": 2, "both_same": 1, "one_sided_original": 3,
+        "one_sided_counterfactual": 1, "one_sided": 4, "neither": 1, "parseable_any_side": 7}
+    assert r["rate"] == pytest.approx(2 / 3) and r["rate_any_side"] == pytest.approx(6 / 7)
+    from attnprobe.counterfactual.summary import _own_cell
+
+    assert _own_cell(r) == ("2/3 of 8 (67% [21, 94]); both changed 2, both same 1, one-sided 4 (original only 3, "
+                            "counterfactual only 1), neither 1")

@@ -11,7 +11,7 @@ from attnprobe.counterfactual.summary import markdown_table, summarize
 
 def record(policy, traj, removed, obs, saved, changed, red):
     groups = {g: 0.0 for g in GROUPS}
-    q = {"removed_mass": removed, "removed_observation_mass": obs, "redistribution": {**groups, **red},
+    q = {"removed_mass": removed, "changed_message_mass": removed, "removed_observation_mass": obs, "redistribution": {**groups, **red},
          "original": {**groups, "past_observation": 0.5}, "counterfactual": groups}
     return {"policy": policy, "trajectory_id": traj, "changed": removed > 0,
             "tokens": {"saved": saved, "saved_share": saved / 1000},
@@ -76,3 +76,20 @@ def test_report_has_a_counterfactual_section_with_the_summary_tables(tmp_path):
     assert "<td>mask:5</td><td>2</td><td>20.0 [" in html and "<td>1/2 (50% [9, 91])</td>" in html
     assert f"<td>ircot:oq</td><td>1</td><td>{100 * want['ircot:oq']['decision']['removed_mass']['mean']:.1f}" in html
     assert "step_0099" in html and "Skipped: 1 unreadable" in html
+
+
+def test_removed_mass_and_mass_on_changed_messages_are_both_summarised():
+    """Issue 26 item 8: a refiner's record (removed 0.06 of 0.22 on its changed messages) and a record written
+    before the split (its removed_mass was the changed messages' mass): the latter counts only there."""
+    new = record("refine", "a", 0.06, 0.05, 10, False, {"refined": 0.12, "past_reasoning": 0.10})
+    for q in new["queries"].values():
+        q["changed_message_mass"] = 0.22
+    old = record("refine", "b", 0.30, 0.2, 10, False, {"refined": 0.30})
+    for q in old["queries"].values():
+        q.pop("changed_message_mass", None)
+    d = summarize([new, old], n_boot=200)["refine"]["decision"]
+    assert d["removed_mass"]["mean"] == pytest.approx(0.06) and d["removed_mass"]["n"] == 1
+    assert d["changed_message_mass"]["mean"] == pytest.approx(0.26) and d["changed_message_mass"]["n"] == 2
+    assert d["removed_mass_missing"] == 1
+    assert d["conservation_error"] == pytest.approx(0.0, abs=1e-12)  # redistribution sums to the changed mass
+    assert "| refine | 2 | 6.0 [6.0, 6.0] | 26.0 [" in markdown_table({"refine": summarize([new, old])["refine"]})

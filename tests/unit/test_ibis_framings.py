@@ -260,3 +260,32 @@ def test_identical_reminder_option(tok):
         build_framing(it, "agentic", "matched", reminder="listing")
     with pytest.raises(ValueError, match="reminder must be one of"):
         build_framing(it, "agentic", "paper", reminder="both")
+
+
+@pytest.mark.parametrize("family", ["smollm2", "qwen", "llama3"])
+def test_shifted_observer_puts_the_query_at_the_agentic_distance(tok, templated, family):
+    """Issue 26 item 7: the position control's observer query is exactly as far from the decision token as
+    the own query, every labelled token is the observer's, and only the filler was added."""
+    from attnprobe.studies.ibis.position import SHIFTED, query_distance, shifted_observer
+
+    tk = tok if family == "smollm2" else templated[family]
+    for it in ITEMS[::9]:
+        traj, pad = shifted_observer(it, tk)
+        agentic, observer = build_framing(it, "agentic", "matched"), build_framing(it, "observer", "matched")
+        r_s, r_a, r_o = (render(t, tk, add_generation_prompt=True) for t in (traj, agentic, observer))
+        d_a, d_o = query_distance(r_a, agentic), query_distance(r_o, observer)
+        assert query_distance(r_s, traj) == d_a and pad == d_a - d_o > 0  # one token per filler unit
+        if family == "smollm2":
+            assert (d_a, d_o, pad) == (d_a, d_a - 17, 17)  # the shipped report's constant offset
+        assert traj.id == f"{it.id}/{SHIFTED}" and traj.meta["ibis"]["pad"] == pad
+        ts, to = category_tokens(r_s, traj), category_tokens(r_o, observer)
+        for cat in ("query", "results", "reminder", "task", "system"):
+            assert ts[cat] == to[cat], cat
+        assert len(r_s.input_ids) == len(r_o.input_ids) + pad
+        assert tk.decode(ts["framing"]).count(" .") == pad
+
+
+def test_pad_is_refused_outside_the_matched_observer():
+    for fr, proto in (("agentic", "matched"), ("observer", "paper"), ("direct", "matched")):
+        with pytest.raises(ValueError, match="pad applies to the matched observer"):
+            build_framing(ITEMS[0], fr, proto, pad=3)

@@ -174,7 +174,7 @@ def test_position_control_on_hand_built_arrays():
                               "difference_sd": pytest.approx(2.828, abs=1e-3), "difference_range": [10.0, 18.0]}
     assert pc["placebo"]["gap"] == pytest.approx(-0.008, abs=1e-6) and pc["placebo"]["n"] == 5
     assert pc["gap_minus_placebo"]["gap"] == pytest.approx(gap.mean() + 0.008, abs=1e-6)
-    assert pc["adjusted_gap"] == pc["gap_minus_placebo"]["gap"]
+    assert pc["adjusted_gap"] is None  # gap - placebo is not position-adjusted (issue 26): no shifted captures
     r = pc["regression"]
     assert r["slope_per_token"] == pytest.approx(-0.001, abs=1e-9) and r["intercept"] == pytest.approx(0.004, abs=1e-6)
     assert r["intercept_ci95"][0] == pytest.approx(0.004, abs=1e-6)  # an exact line: every resample agrees
@@ -228,3 +228,140 @@ def test_position_inputs_read_the_captures(tmp_path):
     # results distances: agentic 19-16=3 .. 19-7=12, observer 1 .. 10 -> common 3..10: agentic tokens 9..16,
     # observer tokens 6..13; placebo = 3 tokens x their mean attention
     assert p["pa"][0] == pytest.approx(3 * np.mean(ra[9:17])) and p["po"][0] == pytest.approx(3 * np.mean(ro[6:14]))
+
+
+def _save_capture(root, iid, framing, layout, row):
+    """A hand-built capture: layout = (category, role, author, length) pieces in order; the last token is the
+    decision; ``row`` the per-token attention of the decision token."""
+    from attnprobe.render.segments import QueryPoint, Segment
+    from attnprobe.results.result import CaptureResult
+
+    segs, cats, pos = [], [], 0
+    for k, (cat, role, author, length) in enumerate(layout):
+        segs.append(Segment(role, author, 0, k, pos, pos + length))
+        cats.append(cat)
+        pos += length
+    row = np.asarray(row, dtype=np.float32)
+    assert len(row) == pos
+    res = CaptureResult(trajectory_id=f"{iid}/{framing}", input_ids=np.arange(pos), segments=segs,
+                        queries=[QueryPoint(pos - 1, "decision", 0, len(layout) - 1)], layers=[0],
+                        segment_attention=np.zeros((1, len(segs))),
+                        layer_head_attention=np.zeros((1, 1, 1, len(segs))),
+                        token_attention=row[None], meta={"ibis": {"categories": cats}})
+    res.save(root / "captures" / iid / framing)
+
+
+def _distance_captures(root, n_items, own_effect=0.0):
+    """Three framings per item whose decision-token attention depends only on the distance d to the decision
+    token (f(d) = 0.002 + 0.02 exp(-d / 40)), plus ``own_effect`` per token on the agentic query only. The own
+    query sits 17 tokens further away (the matched protocol's offset); observer_shifted moves the observer's
+    query there with 17 filler tokens. Results blocks vary in length per item (n_results = 20 + 3 i)."""
+    f = lambda d: 0.002 + 0.02 * np.exp(-d / 40.0)  # noqa: E731
+    for i in range(n_items):
+        nr, nq = 20 + 3 * i, 4
+        layouts = {
+            "agentic": [("template", "template", "external", 5), ("query", "tool_call", "self", nq),
+                        ("call", "tool_call", "self", 17 + 2), ("results", "observation", "external", nr),
+                        ("reminder", "task", "external", 6), ("template", "template", "external", 3)],
+            "observer": [("template", "template", "external", 5), ("query", "tool_call", "external", nq),
+                         ("framing", "task", "external", 2), ("results", "observation", "external", nr),
+                         ("reminder", "task", "external", 6), ("template", "template", "external", 3)],
+            "observer_shifted": [("template", "template", "external", 5), ("query", "tool_call", "external", nq),
+                                 ("framing", "task", "external", 2 + 17), ("results", "observation", "external", nr),
+                                 ("reminder", "task", "external", 6), ("template", "template", "external", 3)],
+        }
+        for fr, lay in layouts.items():
+            n = sum(x[-1] for x in lay)
+            row = f(n - 1 - np.arange(n))
+            if fr == "agentic":
+                row[5:5 + nq] += own_effect
+            _save_capture(root, f"i{i}", fr, lay, row)
+
+
+def test_position_control_gives_zero_under_a_pure_distance_model(tmp_path):
+    """Issue 26 item 7: attention that depends only on distance (no ownership) gives an adjusted gap of 0,
+    while the raw gap and the old gap - placebo are not 0 (the placebo cannot see the 17-token offset)."""
+    from attnprobe.studies.ibis.position import position_control, position_inputs
+
+    _distance_captures(tmp_path, 8)
+    ids = [f"i{i}" for i in range(8)]
+    p = position_inputs(tmp_path, ids)
+    assert np.all(p["da"] - p["do"] == 17) and np.all(p["ds"] == p["da"])
+    pc = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=500, seed=0,
+                          qs=p["qs"], ds=p["ds"])
+    raw = (p["qa"] - p["qo"]).mean()
+    assert raw < -0.003  # the own query is further away: less attention, with no ownership at all
+    assert abs(pc["gap_minus_placebo"]["gap"]) > 1e-3  # the placebo leaves most of the distance effect in
+    assert pc["adjusted_gap"] == pytest.approx(0.0, abs=1e-7)
+    assert pc["at_equal_distance"]["ci95"] == [pytest.approx(0.0, abs=1e-7)] * 2
+    assert pc["at_equal_distance"]["distance"] == pytest.approx(p["da"].mean(), abs=0.01)
+
+
+def test_position_control_recovers_a_known_ownership_effect(tmp_path):
+    from attnprobe.studies.ibis.position import position_control, position_inputs
+
+    _distance_captures(tmp_path, 8, own_effect=-0.0005)  # 4 own query tokens: -0.002 in mass
+    p = position_inputs(tmp_path, [f"i{i}" for i in range(8)])
+    pc = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=500, seed=0,
+                          qs=p["qs"], ds=p["ds"])
+    assert pc["adjusted_gap"] == pytest.approx(-0.002, abs=1e-6)
+    assert pc["adjusted_gap_ci95"] == [pytest.approx(-0.002, abs=1e-6)] * 2
+    assert pc["at_equal_distance"]["share_items_positive"] == 0.0
+
+
+def test_position_control_without_shifted_captures_has_no_adjusted_gap(tmp_path):
+    import shutil
+
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.studies.ibis.position import position_control, position_inputs
+
+    _distance_captures(tmp_path, 3)
+    shutil.rmtree(tmp_path / "captures" / "i1" / "observer_shifted")  # one item missing: none is used
+    p = position_inputs(tmp_path, ["i0", "i1", "i2"])
+    assert p["qs"] is None
+    pc = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0)
+    assert pc["adjusted_gap"] is None and pc["at_equal_distance"] is None and "observer_shifted" in pc[
+        "adjusted_gap_reason"]
+    with pytest.raises(AttnprobeError, match="not at the agentic distance"):
+        position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0,
+                         qs=p["qo"], ds=p["do"])
+
+
+def test_a_gap_against_an_all_unparseable_framing_is_flagged_as_format_only():
+    """Issue 26 item 10: direct - agentic with every agentic reply unparseable compares reply formats."""
+    from attnprobe.studies.ibis.metrics import paired_gap
+
+    items = [IbisItem(id=f"i{k}", task="t", query="q", results=[{"title": "a", "url": "https://a.org", "snippet": "s"}],
+                      label="should_research") for k in range(4)]
+    dec = {}
+    for k in range(4):
+        dec[(f"i{k}", "agentic")] = {"decision": "unparseable", "correct": False}
+        dec[(f"i{k}", "direct")] = {"decision": "web_search" if k < 2 else "unparseable", "correct": k < 2}
+    g = paired_gap(dec, items, "agentic", "direct", "should_research", 200, 0)
+    assert g["gap"] == 0.5 and g["unparseable"] == {"agentic": 4, "direct": 2} and g["n_parseable_both"] == 0
+    assert g["format_only"].startswith("every agentic reply is unparseable (4 of 4)")
+    dec[("i0", "agentic")] = {"decision": "visit_page", "correct": False}
+    assert "format_only" not in paired_gap(dec, items, "agentic", "direct", "should_research", 200, 0)
+
+
+def test_report_prints_the_gap_at_equal_distance(tmp_path):
+    from attnprobe.studies.ibis.position import position_control, position_inputs
+    from attnprobe.studies.ibis.report import markdown_report
+
+    _distance_captures(tmp_path, 4, own_effect=-0.0005)
+    p = position_inputs(tmp_path, [f"i{i}" for i in range(4)])
+    att = attention_metrics(_index(4), _arrays(4), n_boot=100, seed=0)
+    att["attentional_gap"]["position_control"] = position_control(
+        p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0, qs=p["qs"], ds=p["ds"])
+    md = markdown_report({"model": "tiny", "protocol": "matched", "reminder": "identical", "n_items": 4,
+                          "labels": {"should_research": 4}, "domains": ["d"], "bootstrap": {"n": 100, "seed": 0},
+                          "run": {}, "generation": {}, "attention": att})
+    assert "**at equal distance** (the position control; the observer query moved to the agentic distance" in md
+    assert "agentic - observer_shifted -0.0020 [-0.0020, -0.0020]" in md
+    assert "placebo (descriptive; it is taken at distances both framings share" in md
+    att["attentional_gap"]["position_control"] = position_control(
+        p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"], n_boot=100, seed=0)
+    md = markdown_report({"model": "tiny", "protocol": "matched", "reminder": "identical", "n_items": 4,
+                          "labels": {"should_research": 4}, "domains": ["d"], "bootstrap": {"n": 100, "seed": 0},
+                          "run": {}, "generation": {}, "attention": att})
+    assert "- at equal distance: not computed (no observer_shifted captures in this folder" in md

@@ -9,12 +9,14 @@ import math
 import pytest
 from support.scripted_chat import ScriptedChat
 
+from attnprobe.agents.answers import exact_match
+from attnprobe.agents.answers import normalize_answer as em_normalize
+from attnprobe.agents.questions import QuestionsError, read_questions
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.job import InterferenceJob
 from attnprobe.studies.loop.metrics import bootstrap_ci, mcnemar_exact, paired, summarize, summarize_setting
-from attnprobe.studies.loop.questions import QuestionsError, read_questions
-from attnprobe.studies.loop.scoring import em_normalize, exact_match, extract_answer, extract_confidence
+from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.studies.loop.study import run_study
 from attnprobe.trajectory.importers import iter_import
 

@@ -28,7 +28,7 @@ class FixedSearch(_FixedSearch):
     DOCS = {**_FixedSearch.DOCS, "u/c": ("C", "Gamma one. Answer is 42. Gamma three.")}
 
 
-Q = [{"id": "t1", "question": "What is the answer?", "answer": "42", "aliases": []}]
+Q = [{"id": "t1", "question": "What is the answer?", "answers": ["42"], "type": None}]  # read_questions' form
 SUB = "find the answer"
 # the worker's replies, by how many of its own turns it has been shown (masking keeps every turn)
 WORKER_PLAN = [[("web_search", {"query": "q1 first"})],
@@ -70,6 +70,9 @@ def _digest(out):
     calls = out.read_bytes()
     results = [{k: v for k, v in json.loads(x).items() if k != "seconds"}
                for x in out.with_suffix(".results.ndjson").read_text().splitlines()]
+    for r in results:  # since issue 26 "gold" is the list of gold answers; the pin recorded the one string
+        if isinstance(r.get("gold"), list) and len(r["gold"]) == 1:
+            r["gold"] = r["gold"][0]
     return (hashlib.sha256(calls).hexdigest()[:16],
             hashlib.sha256(json.dumps(results, sort_keys=True).encode()).hexdigest()[:16])
 

@@ -15,10 +15,11 @@ import pytest
 
 import attnprobe
 from attnprobe.agents import filter as F
+from attnprobe.agents.questions import read_questions
 from attnprobe.agents.tools import format_results
 from attnprobe.generation.chat import ChatReply
 from attnprobe.generation.toolparse import parse_tool_calls
-from attnprobe.studies.runner import RunSettings, SearchResult, load_questions, run_questions
+from attnprobe.studies.runner import RunSettings, SearchResult, run_questions
 from attnprobe.studies.runner import validation as V
 from attnprobe.studies.runner.worker import UNABLE_NOTE, rewrite_note
 
@@ -27,7 +28,7 @@ B = SearchResult("Stockholm", "https://w.org/Stockholm", "Stockholm is the capit
 C = SearchResult("Per Teodor Cleve", "https://w.org/Cleve", "Swedish chemist who found holmium in 1879.")
 D = SearchResult("Erbium", "https://w.org/Erbium", "Erbium is named after Ytterby.")
 PAGES = {"q1": [A, B, C], "q2": [D], "q3": [C, D]}
-QUESTION = {"id": "h1", "question": "Which element is named after Holmia?", "answer": "holmium", "aliases": []}
+QUESTION = {"id": "h1", "question": "Which element is named after Holmia?", "answers": ["holmium"], "type": None}
 
 
 class FakeSearch:
@@ -293,12 +294,13 @@ def test_summary_counts_filter_and_validation(tmp_path):
 
 # ------------------------------------------------------------------ questions file
 @pytest.mark.parametrize("line, message", [
-    ('{"id": "b", "question": "Q?", "aliases": 5}', "line 2: field 'aliases': expected a list of non-empty strings, got int"),
-    ('{"id": "b", "question": "Q?", "aliases": ["x", 3]}', "line 2: field 'aliases': expected a list of non-empty"),
-    ('{"id": 7, "question": "Q?"}', "line 2: field 'id': must be a string, got int"),
+    # the shared reader (attnprobe.agents.questions, issue 26): numbers are accepted as ids and aliases
+    ('{"id": "b", "question": "Q?", "aliases": [{"x": 1}]}', "line 2: field 'aliases': expected a string or number "
+                                                             "or a non-empty list of them, got a list with a non-string item"),
+    ('{"id": true, "question": "Q?"}', "line 2: field 'id': use letters"),
     ('{"id": "b"}', "line 2: field 'question': missing"),
-    ('{"id": "b", "question": ["Q?"]}', "line 2: field 'question': must be a non-empty string, got list"),
-    ('{"id": "b", "question": "Q?", "answer": {"x": 1}}', "line 2: field 'answer': expected a non-empty string"),
+    ('{"id": "b", "question": ["Q?"]}', "line 2: field 'question': must be a non-empty string"),
+    ('{"id": "b", "question": "Q?", "answer": {"x": 1}}', "line 2: field 'answer': an answer object needs"),
     ('{"id": "b", "question": "Q?", "answer": true}', "line 2: field 'answer'"),
     ('{"id": "a", "question": "Q?"}', "line 2: field 'id': duplicate id 'a'"),
     ('{"id": "b c", "question": "Q?"}', "line 2: field 'id': use letters"),
@@ -309,7 +311,7 @@ def test_bad_questions_name_file_line_and_field(tmp_path, line, message):
     path = tmp_path / "q.jsonl"
     path.write_text('{"id": "a", "question": "Fine?", "answer": ["x", 1], "aliases": ["y"]}\n' + line + "\n")
     with pytest.raises(attnprobe.AttnprobeError) as info:
-        load_questions(path)
+        read_questions(path)
     text = str(info.value)
     assert text.startswith(f"{path}, line 2") and message in text and "\n" not in text
 
@@ -323,7 +325,21 @@ def test_bad_questions_fail_before_any_model_is_loaded(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(cli_run, "make_chat", no_model)
     path = tmp_path / "q.jsonl"
-    path.write_text('{"id": "a", "question": "Q?", "aliases": 5}\n')
+    path.write_text('{"id": "a", "question": "Q?", "aliases": [{"x": 1}]}\n')
     assert main(["run", str(path), "--out", str(tmp_path / "o.jsonl")]) == 2
     err = capsys.readouterr().err
     assert f"{path}, line 1: field 'aliases'" in err
+
+
+def test_runner_reads_golden_answers_and_scores_with_the_shared_em(tmp_path):
+    """Issue 26 item 10: the runner reads FlashRAG's ``golden_answers`` (its old reader ignored them and left
+    such questions unscored) and scores with the one EM the loop uses."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"id": "h1", "question": QUESTION["question"],
+                                "golden_answers": ["Holmium (element)", "The holmium"]}) + "\n")
+    (q,) = read_questions(path)
+    assert q["answers"] == ["Holmium (element)", "The holmium"]
+    chat = CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url])
+    s = RunSettings.preset("nis-agent", validation="off", manager_steps=2, worker_steps=2)
+    res = run_questions(chat, [q], s, tmp_path / "r.jsonl", search=FakeSearch())["results"][0]
+    assert (res["answer"], res["gold"], res["correct"]) == ("holmium", ["Holmium (element)", "The holmium"], True)

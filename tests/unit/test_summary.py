@@ -17,7 +17,7 @@ from attnprobe.counterfactual.summary import markdown_table, summarize, summariz
 
 def record(policy="mask:5", traj="a", removed=0.2, own=None, logprob=None, split=None):
     groups = {g: 0.0 for g in GROUPS}
-    q = {"removed_mass": removed, "removed_observation_mass": removed, "redistribution": {**groups, "system": removed},
+    q = {"removed_mass": removed, "changed_message_mass": removed, "removed_observation_mass": removed, "redistribution": {**groups, "system": removed},
          "original": {**groups, "past_observation": 0.5}, "counterfactual": groups}
     if split is not None:
         q["refined_split"] = split
@@ -102,9 +102,11 @@ def test_own_tool_change_rate_logprob_difference_and_refined_split():
     table = markdown_table({"mask:5": s})
     row = next(line for line in table.splitlines() if line.startswith("| mask:5"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[8] == "1/2 of 4 (50% [9, 91])"
-    assert cells[9].startswith("+0.250 [") and cells[9].endswith("(n = 4)")
-    assert cells[10] == "10.0 / 10.0 (n = 2)"
+    # one column more since issue 26 (mass on changed messages), and the cell counts every step
+    assert cells[9] == ("1/2 of 4 (50% [9, 91]); both changed 1, both same 1, one-sided 0 (original only 0, "
+                        "counterfactual only 0), neither 2")
+    assert cells[10].startswith("+0.250 [") and cells[10].endswith("(n = 4)")
+    assert cells[11] == "10.0 / 10.0 (n = 2)"
     plain = markdown_table(summarize([record()], n_boot=200))
     assert plain.strip().splitlines()[-1].endswith("| not run | not run | - |")
     assert np.isfinite(s["decision"]["conservation_error"])

@@ -221,8 +221,11 @@ def _paper_direct(item: IbisItem, res: str, spans: list[dict]) -> tuple[list[dic
 COPY_CONTROL_TOOL = "google_search"  # the own call's tool name in the forced-choice copy control
 
 
+FILLER_UNIT = " ."  # the position control's neutral filler: one token per unit in BPE vocabularies (checked)
+
+
 def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_tool: str = "web_search",
-                  reminder: str | None = None) -> Trajectory:
+                  reminder: str | None = None, pad: int = 0) -> Trajectory:
     """The item rendered as a trajectory under one framing and protocol (see module docstring).
 
     ``reminder`` (paper protocol): ``"listing"`` (default) appends each mode's own appendix-E listing,
@@ -232,12 +235,20 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
 
     ``own_tool`` renames the tool of the agentic framing's own earlier call (the copy control of the
     forced choice: with :data:`COPY_CONTROL_TOOL` the context no longer holds the option's name in
-    the call the model made itself; docs/methods.md)."""
+    the call the model made itself; docs/methods.md).
+
+    ``pad`` (matched observer only): ``pad`` copies of :data:`FILLER_UNIT` after the quoted query, before
+    ``Results:``; they move the query away from the decision token without changing any labelled text
+    (the position control, :func:`attnprobe.studies.ibis.position.shifted_observer`)."""
     if framing not in FRAMINGS:
         raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}; got {framing!r}")
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
     reminder = resolve_reminder(protocol, reminder)
+    if pad and (protocol != "matched" or framing != "observer"):
+        raise ValueError("pad applies to the matched observer framing only (the paper's observer shows no query)")
+    if pad < 0:
+        raise ValueError(f"pad must be >= 0; got {pad}")
     res = results_text(item)
     spans: list[dict] = []
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}]
@@ -266,7 +277,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
         else:
             b.add("\n\nYour current search query: \"")
         b.add(item.query, "query", role="tool_call")
-        b.add("\"\nResults:\n" if framing == "observer" else "\"\nIts candidate results:\n")
+        b.add("\"" + FILLER_UNIT * pad + "\nResults:\n" if framing == "observer" else "\"\nIts candidate results:\n")
         b.add(res, "results", role="observation").add("\n\n").add(REMINDER, "reminder")
         messages.append(b.message(1, spans))
     return Trajectory(
@@ -274,7 +285,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
         tools=tools, labels={"ibis": item.label, "expected_action": item.expected_action},
         meta={"ibis": {"item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
                        "query": item.query, "spans": spans, "protocol": protocol,
-                       "reminder": reminder,
+                       "reminder": reminder, **({"pad": pad} if pad else {}),
                        **({"own_tool": own_tool} if own_tool != "web_search" else {})}},
     )
 

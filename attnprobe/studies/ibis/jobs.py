@@ -28,6 +28,7 @@ from attnprobe.studies.ibis.behaviour import (
 )
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.position import SHIFTED, shifted_observer
 
 
 def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
@@ -35,8 +36,16 @@ def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
 
 
 def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str, reminder: str | None) -> list[WorkItem]:
-    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, fr, protocol, reminder=reminder).estimated_tokens(),
+    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, "observer" if fr == SHIFTED else fr, protocol,
+                                                            reminder=reminder).estimated_tokens(),
                      describe={"item_id": it.id, "framing": fr}, data=(it, fr)) for it in items for fr in framings]
+
+
+def capture_framings(framings: Sequence[str], protocol: str) -> tuple[str, ...]:
+    """The framings a capture stage captures: ``framings`` plus, under the matched protocol with both the
+    agentic and the observer framing, the position control's observer_shifted (position.py)."""
+    extra = (SHIFTED,) if protocol == "matched" and {"agentic", "observer"} <= set(framings) else ()
+    return tuple(f for f in framings if f != SHIFTED) + extra
 
 
 @dataclass
@@ -117,7 +126,8 @@ CAPTURE_BATCH = 12  # pairs per sharing pass: 4 items x 3 framings, the size of 
 @dataclass
 class AttentionJob(JobBase):
     """Capture every (item, framing) at the decision token into ``capture_dir``; a finished capture
-    has meta.json."""
+    has meta.json. Under the matched protocol the position control's observer_shifted framing is
+    captured too (:func:`capture_framings`); it needs the model's tokenizer to be built."""
 
     folder: Path
     ibis_items: Sequence[IbisItem]
@@ -136,7 +146,7 @@ class AttentionJob(JobBase):
         self.out = self.folder
 
     def items(self) -> list[WorkItem]:
-        return _pairs(self.ibis_items, self.framings, self.protocol, self.reminder)
+        return _pairs(self.ibis_items, capture_framings(self.framings, self.protocol), self.protocol, self.reminder)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         it, fr = item.data
@@ -146,12 +156,14 @@ class AttentionJob(JobBase):
         from attnprobe.capture.api import capture_many
 
         pairs = [work.data for work in batch]
-        trajs = [build_framing(it, fr, self.protocol, reminder=self.reminder) for it, fr in pairs]
+        trajs = [shifted_observer(it, model.tokenizer, self.reminder)[0] if fr == SHIFTED
+                 else build_framing(it, fr, self.protocol, reminder=self.reminder) for it, fr in pairs]
         results = capture_many(model, trajs, queries="decision", chunk_size=self.chunk_size,
                                share_prefixes=self.share_prefixes and len(trajs) > 1)
         for (it, fr), traj, res in zip(pairs, trajs, results):
             res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol,
                                 "reminder": traj.meta["ibis"].get("reminder"),
+                                **({"pad": traj.meta["ibis"].get("pad", 0)} if fr == SHIFTED else {}),
                                 "categories": segment_categories(res.segments, traj)}
             res.save(capture_dir(self.folder, it.id, fr))
         return [None] * len(batch)

@@ -89,6 +89,13 @@ def paired_gap(dec, items, a: str, b: str, subset: str, n_boot: int, seed: int, 
     warn = sample_warning(len(ids), n_both)
     if warn:
         out["warning"] = warn
+    unp = {f: sum(not _parseable(view[(i, f)]) for i in ids) for f in (a, b)}
+    out["unparseable"] = unp
+    dead = [f for f in (a, b) if unp[f] == len(ids)]
+    if dead:  # issue 26: e.g. direct - agentic with every agentic reply unparseable
+        out["format_only"] = (f"every {' and every '.join(dead)} reply is unparseable ({len(ids)} of {len(ids)}): "
+                              f"this gap compares whether each framing's reply format parses (scored as wrong when "
+                              f"not), not what the framings differ in")
     return out
 
 
@@ -421,7 +428,7 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
             ids = [i for i, lb in zip(index["items"], index["labels"]) if _in_subset(lb, "headline")]
             p = position_inputs(folder, ids)
             gap["position_control"] = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"],
-                                                       n_boot=n_boot, seed=seed)
+                                                       n_boot=n_boot, seed=seed, qs=p["qs"], ds=p["ds"])
     errors = folder / "errors.jsonl"
     m["errors_logged"] = len(read_records(errors, torn_tail="skip", missing_ok=True))
     return m

@@ -1,10 +1,7 @@
 """Scoring a final answer: seed 004's exact match (EM) and seed 002's LLM judge (F.5).
 
-EM (seed 004 §3.1): "Exact Match (EM) (Song et al., 2025; Jin et al., 2025), a standard string-matching
-metric that checks whether y ≡ ŷ". The normalisation is that of the cited works (Search-R1's
-``normalize_answer``, from the SQuAD script): lower case, punctuation removed, the articles a/an/the
-removed, whitespace collapsed; a prediction is correct when it equals any normalised gold answer.
-(The NIS-Agent runner's ``answers.normalize`` also strips accents; EM here does not, as the seed's.)
+EM (seed 004 §3.1): :func:`attnprobe.agents.answers.exact_match`, the one scorer the runner uses too
+(Search-R1's ``em_check`` with SQuAD's ``normalize_answer``; no accent folding).
 
 Judge (seed 002 §F.5): an OpenAI-compatible endpoint asked with :data:`prompts.JUDGE_PROMPT`;
 ``correct: yes|no`` and ``confidence`` (100 when absent) are read from its reply. Offline, ``exact``
@@ -14,30 +11,10 @@ scores the extracted answer by EM instead, and every record says which scorer wa
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass
 
+from attnprobe.agents.answers import exact_match
 from attnprobe.studies.loop.prompts import JUDGE_PROMPT
-
-_PUNCT = set(string.punctuation)
-
-
-def em_normalize(text: str) -> str:
-    """Search-R1 / SQuAD ``normalize_answer``: lower, drop punctuation, drop a/an/the, collapse spaces."""
-    s = "".join(ch for ch in str(text).lower() if ch not in _PUNCT)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def exact_match(prediction: str | None, answers: list[str]) -> bool | None:
-    """EM against any gold answer; None when there is no gold answer (unscored)."""
-    if not answers:
-        return None
-    if prediction is None:
-        return False
-    p = em_normalize(prediction)
-    return any(p == em_normalize(a) for a in answers)
-
 
 _EXACT = re.compile(r"exact\s+answer\s*:\s*(.+)", re.I)
 _CONFIDENCE = re.compile(r"confidence\s*:\s*(\d{1,3})\s*%?", re.I)

@@ -4,10 +4,8 @@ isolation-based stepwise validation, every model call recorded as a trajectory."
 from attnprobe.agents.filter import FilterDecision, filter_action, parse_filter_reply
 from attnprobe.agents.recorder import Recorder
 from attnprobe.agents.search import BM25Search, HTTPSearch, SearchConfigError, SearchResult, make_search
-from attnprobe.studies.runner.answers import is_correct, normalize
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
 from attnprobe.studies.runner.run import (
-           load_questions,
            run_one,
            run_questions,
            summarize,
@@ -15,5 +13,5 @@ from attnprobe.studies.runner.run import (
 )
 
 __all__ = ["FILTER_MODES", "PRESETS", "VALIDATION_MODES", "RunSettings", "FilterDecision", "filter_action",
-           "parse_filter_reply", "Recorder", "is_correct", "load_questions", "normalize", "run_one", "run_questions",
+           "parse_filter_reply", "Recorder", "run_one", "run_questions",
            "summarize", "token_table", "BM25Search", "HTTPSearch", "SearchConfigError", "SearchResult", "make_search"]

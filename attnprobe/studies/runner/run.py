@@ -12,11 +12,11 @@ Files for ``out = X.jsonl``:
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from attnprobe.agents.answers import exact_match
 from attnprobe.agents.recorder import Recorder, drop_records
 from attnprobe.agents.search import SearchBackend, make_search
 from attnprobe.agents.tools import ToolBox
@@ -32,7 +32,6 @@ from attnprobe.io import (
     read_records,
     run_resumable,
 )
-from attnprobe.studies.runner.answers import is_correct, normalize  # noqa: F401  (normalize: public API)
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
@@ -61,60 +60,6 @@ def history_record(history, *, run_id: str, question: dict, worker: int, task: s
                      "refiner_calls": history.refiner_calls}}
 
 
-def _bad(path: Path, lineno: int, field: str, message: str) -> AttnprobeError:
-    return located_error(AttnprobeError)(f"field '{field}': {message}", path, lineno)
-
-
-def _type(v: object) -> str:
-    return "null" if v is None else type(v).__name__
-
-
-def _is_scalar(v: object) -> bool:
-    return isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v).strip() != ""
-
-
-def load_questions(path: str | Path) -> list[dict]:
-    """Read and check a questions file: JSON Lines of {"id", "question", "answer", "aliases"}.
-
-    ``question`` (or ``task``): a non-empty string; ``id`` (optional, default ``q<line>``): a string
-    of letters, digits, '.', '_' or '-', unique; ``answer`` (optional): a string or number, or a
-    non-empty list of them; ``aliases`` (optional): a list of strings. Any violation raises one
-    AttnprobeError naming file, line and field, before any model is loaded or called.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise AttnprobeError(f"questions file not found: {path}")
-    out, seen = [], set()
-    for lineno, rec in read_jsonl(path, error=located_error(AttnprobeError)):
-        if not isinstance(rec, dict):
-            raise located_error(AttnprobeError)(f"expected a JSON object, got {_type(rec)}", path, lineno)
-        key = "question" if "question" in rec or "task" not in rec else "task"
-        q = rec.get(key)
-        if not isinstance(q, str) or not q.strip():
-            raise _bad(path, lineno, key, "missing" if key not in rec else f"must be a non-empty string, got {_type(q)}")
-        qid = rec.get("id", f"q{lineno:03d}")
-        if not isinstance(qid, str):
-            raise _bad(path, lineno, "id", f"must be a string, got {_type(qid)}")
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", qid):
-            raise _bad(path, lineno, "id", "use letters, digits, '.', '_' or '-'")
-        if qid in seen:
-            raise _bad(path, lineno, "id", f"duplicate id {qid!r}")
-        seen.add(qid)
-        answers = rec.get("answer")
-        if answers is not None and not (_is_scalar(answers) or (
-                isinstance(answers, list) and answers and all(_is_scalar(a) for a in answers))):
-            raise _bad(path, lineno, "answer", "expected a non-empty string or number or a list of them, got "
-                                               + _type(answers))
-        aliases = rec.get("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
-            what = _type(aliases) if not isinstance(aliases, list) else "a list with a non-string or empty item"
-            raise _bad(path, lineno, "aliases", f"expected a list of non-empty strings, got {what}")
-        out.append({"id": qid, "question": q.strip(), "answer": answers, "aliases": aliases})
-    if not out:
-        raise AttnprobeError(f"{path}: no questions")
-    return out
-
-
 def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, out: Path, run_id: str,
             replay: list[dict] | None = None, note=None) -> dict:
     rec = Recorder(chat, out, run_id=run_id, task=question["question"], settings=settings.to_dict(),
@@ -134,7 +79,8 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
                                                model=getattr(chat, "name", None)))
     return {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
-        "gold": question.get("answer"), "answer": outcome.answer, "correct": is_correct(outcome.answer, question),
+        "gold": question.get("answers") or None, "answer": outcome.answer,
+        "correct": exact_match(outcome.answer, question.get("answers")),
         "settings": settings.to_dict(), "model": getattr(chat, "name", None), "seconds": round(seconds, 2),
         "input_tokens": totals["input_tokens"], "output_tokens": totals["output_tokens"], "calls": totals["calls"],
         "per_agent": totals["per_agent"], "replayed_calls": rec.replayed, "manager_steps": outcome.steps,

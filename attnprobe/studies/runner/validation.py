@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from attnprobe.studies.runner.answers import normalize
+from attnprobe.agents.answers import normalize_answer as normalize
 
 STAGE1_SYSTEM = (
     "You reorganise an agent's work into a numbered reasoning chain. Write one step per line, in the form\n"

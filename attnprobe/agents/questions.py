@@ -1,4 +1,5 @@
-"""Question sets in the formats users already have: one reader for QA-style JSON Lines.
+"""Question sets in the formats users already have: the one reader of QA-style JSON Lines, used by the
+NIS-Agent runner (``attnprobe run``) and the in-the-loop study (``attnprobe study ...``) alike.
 
 Accepted field names (the first present one wins):
 
@@ -70,7 +71,8 @@ def _first(rec: dict, fields: tuple[str, ...]) -> str | None:
 
 def read_questions(path: str | Path) -> list[dict]:
     """Questions as ``{"id", "question", "answers": [...], "type"}`` (``answers`` empty when the file has
-    none: such questions are run but not scored)."""
+    none: such questions are run but not scored; :func:`attnprobe.agents.answers.exact_match` scores
+    against all of them)."""
     path = Path(path)
     if not path.is_file():
         raise QuestionsError(f"questions file not found: {path}")
