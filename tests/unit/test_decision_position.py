@@ -7,12 +7,11 @@ decides at its last token (the generation prompt's)."""
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.chat_templates import template_tokenizers
 from support.fixed_search import FixedSearch
 from support.scripted_chat import ScriptedChat, tool_call
 
@@ -24,7 +23,6 @@ from attnprobe.studies.loop.context import parse_setting
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.schema import Trajectory
 
-TEMPLATES = Path(__file__).parents[1] / "support" / "templates"
 Q = {"id": "q1", "question": "Who discovered holmium?", "answers": ["Per Teodor Cleve"]}
 
 
@@ -51,12 +49,7 @@ def calls():
 
 @pytest.fixture(scope="module")
 def tokenizers(smol):
-    out = {"smollm2": smol.tokenizer}
-    for name in ("llama3", "qwen"):
-        tok = copy.deepcopy(smol.tokenizer)
-        tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
-        out[name] = tok
-    return out
+    return template_tokenizers(smol.tokenizer)
 
 
 @pytest.mark.parametrize("family", ["smollm2", "llama3", "qwen"])

@@ -10,31 +10,17 @@ from __future__ import annotations
 
 import pytest
 from support.fixed_search import FixedSearch
+from support.ircot import D1, D2, R1, R2, R3, A, Q, U, info
 from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.agents.policies import ircot, rounds
 from attnprobe.studies.loop.agents import LoopConfig, run_question
 from attnprobe.studies.loop.context import parse_setting
-from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT
+from attnprobe.studies.loop.prompts import IRCOT_INVALID
 from attnprobe.studies.loop.scoring import Scorer
 
-Q = {"id": "t1", "question": "What is the answer?", "answers": ["42"]}
-D1 = "Doc 1(Title: A) Alpha one. Alpha two.\nDoc 2(Title: B) Beta one."
-D2 = "Doc 1(Title: C) Gamma one. Answer is 42.\nDoc 2(Title: B) Beta one."
-R1 = "<think>p0</think><search>q1 first</search>"
-R2 = "<think>p1</think><search>q2 second</search>"
-R3 = "<think>p2</think><answer>42</answer>"
 BAD = "I am not sure."
-U = {"role": "user", "content": IRCOT_PROMPT.format(question=Q["question"])}
 FB = {"role": "user", "content": IRCOT_INVALID}
-
-
-def A(text):
-    return {"role": "assistant", "content": text}
-
-
-def info(text):
-    return {"role": "user", "content": f"<information>{text}</information>"}
 
 
 def strip(sent):

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from support.fixed_search import FixedSearch
+from support.ircot import D1, D2, R1, R2, R3, Q
 from support.scripted_chat import ScriptedChat, tool_call, words
 
 from attnprobe.agents.policies import DEFAULT_PLACEHOLDER, refine_latest
@@ -20,13 +21,6 @@ from attnprobe.studies.loop.pool import Browser
 from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.schema import Trajectory
-
-Q = {"id": "t1", "question": "What is the answer?", "answers": ["42"]}
-D1 = "Doc 1(Title: A) Alpha one. Alpha two.\nDoc 2(Title: B) Beta one."
-D2 = "Doc 1(Title: C) Gamma one. Answer is 42.\nDoc 2(Title: B) Beta one."
-R1 = "<think>p0</think><search>q1 first</search>"
-R2 = "<think>p1</think><search>q2 second</search>"
-R3 = "<think>p2</think><answer>42</answer>"
 
 
 def ircot_script(messages, tools):

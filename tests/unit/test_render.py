@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support.chat_templates import template_tokenizers
 
 import attnprobe
 from attnprobe.errors import RenderError
 from attnprobe.render.rendering import render
 from attnprobe.trajectory.schema import Trajectory
 
-TEMPLATES = Path(__file__).parents[1] / "support" / "templates"
-
 
 @pytest.fixture(scope="module")
 def tokenizers(smol):
-    out = {"smollm2": smol.tokenizer}
-    for name in ("llama3", "qwen"):
-        tok = copy.deepcopy(smol.tokenizer)
-        tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
-        out[name] = tok
-    return out
+    return template_tokenizers(smol.tokenizer)
 
 
 def expected_parts(traj: Trajectory) -> set[tuple]:

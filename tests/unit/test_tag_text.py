@@ -13,6 +13,7 @@ import time
 
 import pytest
 from support.fixed_search import FixedSearch
+from support.ircot import D1, D2, R1, R2, R3, Q, U
 from support.scripted_chat import ScriptedChat
 from support.tiny_tokenizer import tiny_tokenizer
 
@@ -23,18 +24,9 @@ from attnprobe.errors import TrajectoryError
 from attnprobe.render.rendering import render
 from attnprobe.studies.loop.agents import LoopConfig, run_question
 from attnprobe.studies.loop.context import parse_setting
-from attnprobe.studies.loop.prompts import IRCOT_PROMPT
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.importers import iter_import
 from attnprobe.trajectory.schema import Trajectory
-
-Q = {"id": "t1", "question": "What is the answer?", "answers": ["42"]}
-D1 = "Doc 1(Title: A) Alpha one. Alpha two.\nDoc 2(Title: B) Beta one."
-D2 = "Doc 1(Title: C) Gamma one. Answer is 42.\nDoc 2(Title: B) Beta one."
-R1 = "<think>p0</think><search>q1 first</search>"
-R2 = "<think>p1</think><search>q2 second</search>"
-R3 = "<think>p2</think><answer>42</answer>"
-U = {"role": "user", "content": IRCOT_PROMPT.format(question=Q["question"])}
 
 
 def script(messages, tools):
