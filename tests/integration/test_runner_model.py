@@ -17,7 +17,9 @@ import pytest
 import attnprobe
 from attnprobe.agents.questions import read_questions as load_questions
 from attnprobe.generation.transformers_chat import TransformersChat
+from attnprobe.render.rendering import render
 from attnprobe.studies.runner import BM25Search, RunSettings, run_questions
+from attnprobe.trajectory.schema import Trajectory
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +109,15 @@ def test_capture_a_recorded_worker_call(e2e, smol):
     result = attnprobe.capture(smol, traj, queries="reasoning+decision")
     assistants = [i for i, m in enumerate(traj.messages) if m["role"] == "assistant"]
     assert [q.message_index for q in result.queries if q.kind == "reasoning"] == assistants
-    assert result.queries[-1].position == len(result.input_ids) - 1
+    # the decision is where the model decided: the last token of the prompt it was sent (the call without its
+    # reply, rendered with the generation prompt), before the reply's first token (issue 26)
+    pending = render(Trajectory(id=traj.id, messages=traj.messages[:-1], tools=traj.tools), smol.tokenizer)
+    decision = [q for q in result.queries if q.kind == "decision"]
+    assert [q.position for q in decision] == [len(pending.input_ids) - 1]
+    assert list(result.input_ids[:len(pending.input_ids)]) == list(pending.input_ids)
+    reply_start = min(q.position for q in result.queries if q.message_index == len(traj.messages) - 1
+                      and q.kind != "decision")
+    assert decision[0].position < reply_start
     np.testing.assert_allclose(result.segment_attention.sum(axis=1), 1.0, atol=1e-5)
     roles = {s.role for s in result.segments}
     assert {"system", "task", "template"} <= roles
