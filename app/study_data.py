@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnprobe.io import safe_name
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.loop.attention import QUERY_LABELS, paired_rows, relative_rows, share_rows, step_rows
+from attnprobe.studies.loop.attention_report import QUERY_LABELS, paired_rows, relative_rows, share_rows, step_rows
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
@@ -310,7 +310,7 @@ ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform":
 
 def attention_rows(summary: dict, query: str, table: str = "shares") -> list[dict]:
     """One of attention.json's tables at ``query`` (``decision`` or ``reasoning``), as attention.md
-    prints it (:data:`ATTENTION_TABLES`: :func:`attnprobe.studies.loop.attention.share_rows` and the
+    prints it (:data:`ATTENTION_TABLES`: :func:`attnprobe.studies.loop.attention_report.share_rows` and the
     others); a malformed file (or one written before these tables) is a DataError (the page shows it and
     goes on)."""
     try:

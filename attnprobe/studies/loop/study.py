@@ -15,6 +15,7 @@ from pathlib import Path
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, read_records, write_jsonl
 from attnprobe.studies.loop.agents import LoopConfig
+from attnprobe.studies.loop.attention_report import with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results, setting_dir
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
@@ -35,8 +36,6 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
              "questions_total": len(questions), **summary}
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None)
-    from attnprobe.studies.loop.attention import with_attention  # (it imports the capture stage; only here)
-
     atomic_write_text(out / "study.md", with_attention(md, out))  # the attention section, once it is run
     for s in settings:
         folder = setting_dir(out, s)

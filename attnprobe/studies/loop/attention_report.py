@@ -1,0 +1,145 @@
+"""attention.md and the tables of the app's Study page, from attention.json (:mod:`.attention` writes it).
+
+Kept apart from the computation so that readers of a finished study (``study interference`` rewriting
+study.md, the app) import no capture stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnprobe.results.formatting import format_ci
+
+ATTENTION_JSON, ATTENTION_MD = "attention.json", "attention.md"
+HEADING = "## Attention per setting"
+QUERIES = ("decision", "reasoning")
+QUERY_LABELS = {"decision": "decision token (the last token before each recorded call's reply)",
+                "reasoning": "reasoning start (the first token of each reasoning reply)"}
+CATEGORIES = ("system", "task", "past_reasoning", "past_tool_call", "past_observation", "placeholder", "refined",
+              "current_step")
+SHARES_MIN_PAST = 5  # seed 002 E.5: "using only reasoning steps with at least five past turns"
+FILTERS = ("first_call", "action_only", "too_few_past", "not_captured")
+
+
+def _pct(d: dict) -> str:
+    return format_ci(d["mean"], (d["lo"], d["hi"]), pct=True, signed=False, unit="")
+
+
+def share_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """One row per setting of attention.json at ``query``: calls used / captured / recorded (used: those the
+    filter keeps, :func:`call_filter`), questions, tokens per call and each category's share as
+    "x.x [lo, hi]" (%), "n/a" where the setting has no kept call (attention.md's table and the app's Study
+    page)."""
+    rows = []
+    for s, d in doc["settings"].items():
+        sh = d[query].get("shares")
+        tok = d["tokens_per_call"]
+        rows.append({"setting": s,
+                     "calls used / captured / recorded": f"{d[query].get('calls', '?')} / {d['captured_calls']} / "
+                                                         f"{d['recorded_calls']}",
+                     "questions": d[query]["questions"], "tokens per call": "n/a" if tok is None else f"{tok:.0f}",
+                     **{c.replace("_", " "): _pct(sh[c]) if sh else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def relative_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per setting the per-token share relative to uniform (:func:`relative_share`; 1 = the category's
+    length's worth) as "x.xx [lo, hi]", and the mean tokens the query sees."""
+    rows = []
+    for s, d in doc["settings"].items():
+        rel, vis = d[query].get("relative"), d[query].get("visible_tokens")
+        rows.append({"setting": s, "tokens seen": "n/a" if vis is None else f"{vis:.0f}",
+                     **{c.replace("_", " "): format_ci(rel[c]["mean"], (rel[c]["lo"], rel[c]["hi"]), signed=False,
+                                                       digits=2) if rel else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per non-baseline setting the paired share difference with the baseline (pp, :func:`paired_difference`)."""
+    rows = []
+    for s, d in doc["settings"].items():
+        p = (d.get("paired") or {}).get(query)
+        if p is None:
+            continue
+        diff = p.get("difference")
+        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})",
+                     "unpaired setting / baseline": f"{p['unpaired']['setting']} / {p['unpaired']['baseline']}",
+                     **{c.replace("_", " "): format_ci(diff[c]["mean"], (diff[c]["lo"], diff[c]["hi"]), pct=True)
+                        if diff else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def step_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per setting and step (past turns) the mean share (%) over that step's calls, first calls included."""
+    return [{"setting": s, "step": int(k), "calls": v["calls"],
+             **{c.replace("_", " "): f"{100 * v['shares'][c]:.1f}" for c in CATEGORIES}}
+            for s, d in doc["settings"].items() for k, v in d[query].get("by_step", {}).items()]
+
+
+def left_out_text(doc: dict, query: str) -> str:
+    """One line per query: how many calls each filter left out, per setting."""
+    parts = []
+    for s, d in doc["settings"].items():
+        lo = d[query].get("left_out") or {}
+        parts.append(f"{s}: " + ", ".join(f"{lo.get(k, 0)} {k.replace('_', ' ')}" for k in FILTERS
+                                          if k != "action_only" or query == "reasoning"))
+    return "; ".join(parts)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["(none)", ""]
+    head = list(rows[0])
+    return ["| " + " | ".join(head) + " |", "|---" * len(head) + "|",
+            *("| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows), ""]
+
+
+def markdown(doc: dict) -> str:
+    """attention.md: per query the filtered shares, the per-token shares, the paired differences with the
+    baseline and the per-step table; then the counterfactuals per setting."""
+    mp = doc.get("min_past", SHARES_MIN_PAST)
+    lines = [f"{HEADING} (attnprobe study attention)", "",
+             f"Capture model {doc['capture']['model']} (the study's: {', '.join(doc['study_models']) or '?'}). "
+             f"Calls used: those with at least {mp} past turns (seed 002 E.5: \"using only reasoning steps with at "
+             "least five past turns\"; --shares-min-past), a call's step being its number of past turns in the "
+             "agent's run; first calls (0 past turns, past shares 0 by construction) and, at the reasoning start, "
+             "tool-call-only replies (no reasoning start) are left out. Shares (%): per question the mean over "
+             "its calls, then the mean over questions; brackets: 95% bootstrap CI over questions "
+             f"({doc['bootstrap']['resamples']} resamples; none for one question). Settings send contexts of "
+             "different lengths, so compare them with the per-token shares (share / (category tokens / tokens "
+             "the query sees): 1 = its length's worth) and the paired differences (same question and step as "
+             f"the baseline, {doc['baseline']}; pp, paired bootstrap over questions).", ""]
+    for q in QUERIES:
+        lines += [f"### {QUERY_LABELS[q].capitalize()}", "", f"Left out: {left_out_text(doc, q)}.", ""]
+        lines += _table(share_rows(doc, q))
+        lines += ["Per-token share relative to uniform (1 = the category's length's worth):", ""]
+        lines += _table(relative_rows(doc, q))
+        lines += [f"Paired difference with {doc['baseline']} (setting - baseline, pp, same question and step):", ""]
+        lines += _table(paired_rows(doc, q))
+        lines += ["Per step (past turns; every call with this query, first calls included; mean share %):", ""]
+        lines += _table(step_rows(doc, q))
+    lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']})", "",
+              f"Each setting's policy applied after the fact to the full histories of {doc['baseline']} "
+              "(attnprobe counterfactual; decision position): where the baseline agent's attention would have "
+              "gone under the policy.", ""]
+    for s, d in doc["settings"].items():
+        rep = d.get("counterfactual")
+        if rep is None:
+            continue
+        if rep["status"] != "ran":
+            lines += [f"- **{s}**: {rep['status']}", ""]
+            continue
+        c = rep["counts"]
+        lines += [f"**{s}**: {rep['steps']} steps with >= {rep['min_past']} past turns ({c['done']} run, "
+                  f"{c['done_before']} already done, {c['failed']} failed) in {rep['folder']}/", "",
+                  rep["markdown"]["decision"]]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def with_attention(study_md: str, out: Path) -> str:
+    """study.md's behaviour tables followed by OUT/attention.md when the attention side has been run (an
+    older attention section is replaced), so one report shows behaviour and attention per setting."""
+    head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
+    path = Path(out) / ATTENTION_MD
+    return head + "\n" + path.read_text(encoding="utf-8") if path.is_file() else head
