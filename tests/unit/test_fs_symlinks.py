@@ -233,3 +233,26 @@ def test_a_truncated_counterfactual_step_is_not_done(tmp_path):
         assert not step_done(tmp_path, step, "mask-5", settings), name
         path.write_bytes(keep)
     assert step_done(tmp_path, step, "mask-5", settings)
+
+
+def test_reanalysing_a_step_replaces_a_symlinked_masses_file_not_its_target(tmp_path, secret, monkeypatch):
+    """Verified, unchanged: safetensors' save_file (reanalyse_step, the IBIS attention.safetensors) writes a
+    temporary file and renames it, so a symlinked target is replaced, never written through."""
+    from support.cfstep import make_step
+
+    from attnprobe.counterfactual import store
+
+    folder = tmp_path / "step_0003"
+    make_step(folder)
+    record = json.loads((folder / "record.json").read_text())
+    (folder / "record.json").write_text(json.dumps({**record, "source": [0, 1, 2]}))
+    (folder / "masses.safetensors").unlink()
+    (folder / "masses.safetensors").symlink_to(secret)
+    monkeypatch.setattr(store, "load_step", lambda d: ({**record, "source": [0, 1, 2]}, {}))
+    monkeypatch.setattr(store, "step_analysis", lambda *a: ({"decision": {}}, {"m": np.ones(2, np.float32)}))
+    traj = Trajectory(id="t", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "Task"},
+                                        {"role": "tool", "content": "obs"}, {"role": "assistant", "content": "go"}])
+    store.reanalyse_step(folder, traj)
+    assert secret.read_text() == SECRET
+    assert not (folder / "masses.safetensors").is_symlink()
+    assert aio.safetensors_problem(folder / "masses.safetensors") is None
