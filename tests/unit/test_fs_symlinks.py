@@ -256,3 +256,18 @@ def test_reanalysing_a_step_replaces_a_symlinked_masses_file_not_its_target(tmp_
     assert secret.read_text() == SECRET
     assert not (folder / "masses.safetensors").is_symlink()
     assert aio.safetensors_problem(folder / "masses.safetensors") is None
+
+
+def test_a_counterfactual_run_refuses_a_symlinked_trajectory_folder(tmp_path, secret):
+    """Step folders are written by AtomicDir under OUT/<trajectory>/<policy>/: main created them through a
+    symlinked trajectory folder, in the link's target."""
+    from attnprobe.counterfactual.job import CounterfactualJob
+    from attnprobe.counterfactual.steps import Step
+
+    traj = Trajectory(id="t1", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}])
+    out = tmp_path / "cf"
+    out.mkdir()
+    (out / "t1").symlink_to(secret.parent)
+    with pytest.raises(AttnprobeError, match=r"/cf/t1: is a symlink inside .*/cf; symlinks in an output folder"):
+        CounterfactualJob(out, [Step(traj, 1, 1)], ["mask:5"], {})
+    CounterfactualJob(tmp_path / "cf2", [Step(traj, 1, 1)], ["mask:5"], {})  # a real folder is fine
