@@ -16,6 +16,7 @@ from support.studydir import BASE, OTHER, make_study, toy_capture
 
 from attnprobe import io as aio
 from attnprobe.errors import AttnprobeError
+from attnprobe.studies.loop.attention import histories, read_study, run_attention  # (imports the capture stack once)
 from attnprobe.trajectory.schema import Trajectory
 
 SECRET = "precious, not ours\n"
@@ -78,8 +79,6 @@ def test_a_symlinked_lock_is_refused_and_its_target_kept(tmp_path, secret):
 def test_study_attention_with_a_symlinked_lock_leaves_the_target_alone(tmp_path, secret):
     """The lock `study attention` (and `study interference`, `run`) takes on the study folder: refused before
     the executor (None) is used."""
-    from attnprobe.studies.loop.attention import run_attention
-
     out = make_study(tmp_path / "study")
     (out / aio.LOCK_NAME).symlink_to(secret)
     with pytest.raises(AttnprobeError, match=r"is a symlink; not followed"):
@@ -134,7 +133,6 @@ def test_a_symlinked_attention_md_is_not_copied_into_study_md(tmp_path, secret):
 def test_study_attention_refuses_symlinked_capture_history_and_study_json(tmp_path, secret):
     """Refused in one line before the executor is used (None here: any use would fail) and before any
     write; main captured into, and read histories from, the links' targets."""
-    from attnprobe.studies.loop.attention import histories, read_study, run_attention
     from attnprobe.studies.loop.job import setting_dir
 
     out = make_study(tmp_path / "study")
