@@ -107,6 +107,12 @@ def study_problem(obj) -> str | None:
                 return f"'settings.{s}.{k}' is {m.get(k)!r}, not a finite number"
             if not _ci_ok(m.get(f"{k}_ci")):
                 return f"'settings.{s}.{k}_ci' is {m.get(f'{k}_ci')!r}, not [low, high]"
+    for name, kind, what in (("config", dict, "an object"), ("bootstrap", dict, "an object"),
+                             ("models", list, "a list"), ("scorer", str, "a string")):
+        if obj.get(name) is not None and not isinstance(obj[name], kind):  # the page's header reads these
+            return f"'{name}' is {type(obj[name]).__name__}, not {what}"
+    if not _num(obj.get("questions_total")):
+        return f"'questions_total' is {obj['questions_total']!r}, not a number"
     if not isinstance(obj.get("baseline"), str) or obj["baseline"] not in settings:
         return f"'baseline' {obj.get('baseline')!r} is not one of the settings"
     for name in ("paired", "questions"):

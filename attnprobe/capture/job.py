@@ -23,8 +23,8 @@ from typing import Any
 from attnprobe.capture.api import capture_many, weights_hash
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.io import load_json, recover_atomic_dirs, safe_name
-from attnprobe.results.result import META_FILE
+from attnprobe.io import load_json, recover_atomic_dirs, safe_name, safetensors_problem
+from attnprobe.results.result import META_FILE, QK_FILE, SCORES_FILE
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,11 @@ class CaptureJob(JobBase):
         return self._read_state(t, since)
 
     def _read_state(self, t: Trajectory, since: float | None) -> tuple[bool, str | None]:
-        meta_path = self.folder(t) / META_FILE
+        folder = self.folder(t)
+        meta_path = folder / META_FILE
+        if folder.is_symlink():  # not followed: recaptured, the new folder replaces the link
+            log.warning("%s: is a symlink; not followed, recapturing %r", folder, t.id)
+            return False, None
         if not written_since(meta_path, since):
             return False, None
         try:
@@ -156,6 +160,11 @@ class CaptureJob(JobBase):
             log.info("trajectory %r changed since it was captured (content hash %s -> %s); recapturing",
                      t.id, meta["trajectory_hash"], now)
             return False, None
+        for name in (SCORES_FILE, QK_FILE) if self.options.save_qk_layers else (SCORES_FILE,):
+            problem = safetensors_problem(folder / name)  # a truncated file is not a finished capture
+            if problem:
+                log.warning("%s: %s; recapturing %r", folder / name, problem, t.id)
+                return False, None
         return True, None
 
     def conflicts(self) -> list[str]:

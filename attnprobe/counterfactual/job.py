@@ -20,7 +20,7 @@ from attnprobe.counterfactual.store import clear_steps, step_dir, step_done
 from attnprobe.counterfactual.summary import markdown_table, summarize_dir
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
-from attnprobe.io import recover_atomic_dirs
+from attnprobe.io import inside, recover_atomic_dirs
 from attnprobe.trajectory.schema import Trajectory
 
 
@@ -46,6 +46,9 @@ class CounterfactualJob(JobBase):
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         self.names = [policy_name(self._policy(p)) for p in self.policies]
+        for s in self.steps:  # a symlinked trajectory or policy folder would take the writes out of OUT
+            for n in self.names:
+                inside(self.out, step_dir(self.out, s, n))
         if self.force:
             clear_steps(self.out, self.steps, self.names)
             self.force = False  # cleared once here; a retried shard must not clear what it wrote

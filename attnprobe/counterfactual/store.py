@@ -17,13 +17,14 @@ from attnprobe.agents.policies import Counterfactual
 from attnprobe.counterfactual.analysis import step_analysis
 from attnprobe.counterfactual.steps import Step
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import AtomicDir, atomic_write_text, load_json, safe_name
+from attnprobe.io import AtomicDir, atomic_write_text, load_json, safe_name, safetensors_problem
 from attnprobe.render.rendering import message_turns
-from attnprobe.results.result import META_FILE, CaptureResult
+from attnprobe.results.result import META_FILE, SCORES_FILE, CaptureResult
 from attnprobe.trajectory.schema import Trajectory
 
 RECORD_FILE, MASSES_FILE = "record.json", "masses.safetensors"
 STEP_FILES = (RECORD_FILE, MASSES_FILE, f"original/{META_FILE}", f"counterfactual/{META_FILE}")
+SAFETENSORS_FILES = (MASSES_FILE, f"original/{SCORES_FILE}", f"counterfactual/{SCORES_FILE}")
 
 
 def step_dir(out: Path, step: Step, policy: str) -> Path:
@@ -37,6 +38,8 @@ def step_done(out: Path, step: Step, policy: str, settings: dict, since: float |
     folder = step_dir(out, step, policy)
     path = folder / RECORD_FILE
     if not all((folder / f).is_file() for f in STEP_FILES):
+        return False
+    if any(safetensors_problem(folder / f) for f in SAFETENSORS_FILES):  # truncated: not done, redone
         return False
     try:
         record = load_json(path)

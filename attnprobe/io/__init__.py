@@ -28,6 +28,7 @@ from attnprobe.io.fs import (
     STALE_AFTER_S,
     NotRegularFile,
     OutputInUse,
+    OutsideFolder,
     check_regular_file,
     ensure_writable_dir,
     ensure_writable_file,
@@ -37,8 +38,10 @@ from attnprobe.io.fs import (
     hold_dir_lock,
     hold_file_lock,
     hold_lock,
+    inside,
     read_regular_bytes,
     safe_name,
+    safetensors_problem,
     unique_names,
 )
 from attnprobe.io.json import (
@@ -61,10 +64,10 @@ from attnprobe.io.loop import EXPECTED_ERRORS, ItemProgress, log_error, run_resu
 
 __all__ = [
     "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "ItemProgress", "LOCK_NAME", "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
+    "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
     "atomic_write_bytes", "atomic_write_text", "check_regular_file", "dumps_line", "ensure_writable_dir",
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
-    "hold_file_lock", "hold_lock", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
+    "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
-    "recover_atomic_dirs", "repair_torn_tail", "run_resumable", "safe_name", "unique_names", "write_jsonl",
+    "recover_atomic_dirs", "repair_torn_tail", "run_resumable", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

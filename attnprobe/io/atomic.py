@@ -172,6 +172,8 @@ class AtomicDir:
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700
         _fsync_dir(tmp)
         target = self.target
+        if target.is_symlink():  # never swap into (or keep) a symlink: the new folder replaces the link itself
+            target.unlink()
         if target.exists() and _exchange(tmp, target):
             shutil.rmtree(tmp, ignore_errors=True)  # now holds the previous version
         elif target.exists():

@@ -1,5 +1,7 @@
 """Filesystem checks and names: writable outputs, regular-file inputs, folder names for ids, content
-fingerprints, and the lock that keeps two runs out of one output."""
+fingerprints, the lock that keeps two runs out of one output, paths kept inside an output folder (no
+symlink inside one is followed: a received folder must not make us read or write elsewhere), and the
+cheap completeness check of a safetensors file."""
 
 from __future__ import annotations
 
@@ -179,6 +181,69 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+# ------------------------------------------------------------------------------- inside a folder
+class OutsideFolder(AttnprobeError):
+    """A path inside an output folder that leads out of it (a symlink on the way, or ``..``)."""
+
+
+def inside(folder: Path, path: Path) -> Path:
+    """``path`` when it lies inside ``folder`` and no part of it below ``folder`` (itself included) is a
+    symlink; else :class:`OutsideFolder`, one line naming the part. Parts that do not exist yet are fine
+    (they will be created as real folders). A study or output folder may come from someone else: a
+    symlink in it would make us read, or write, a file anywhere the user can, so none is followed."""
+    folder, path = Path(folder), Path(path)
+    try:
+        rel = path.relative_to(folder)
+    except ValueError:
+        raise OutsideFolder(f"{path}: not inside {folder}") from None
+    if ".." in rel.parts:
+        raise OutsideFolder(f"{path}: leads out of {folder} ('..')")
+    here = folder
+    for part in rel.parts:
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            raise OutsideFolder(f"{here}: cannot be checked ({exc.strerror or exc})") from None
+        if stat.S_ISLNK(mode):
+            raise OutsideFolder(f"{here}: is a symlink inside {folder}; symlinks in an output folder are not "
+                                "followed (replace it with the real file or folder)")
+    return path
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete safetensors file (None: it is): its header must parse and the file
+    must end exactly where the header's last tensor ends, so a file cut short by a copy or a full disk is
+    caught without loading a tensor (reads 8 bytes and the header only). Symlinks are not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return "a symlink (not followed)" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{file_kind(st.st_mode)}, not a regular file"
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            return f"{st.st_size} bytes: shorter than a safetensors header"
+        n = int.from_bytes(head, "little")
+        if n > min(st.st_size - 8, 100 * 1024 * 1024):
+            return f"header of {n} bytes in a file of {st.st_size} bytes (truncated or not safetensors)"
+        try:
+            header = json.loads(os.pread(fd, n, 8).decode("utf-8"))
+            ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "unreadable safetensors header"
+        want = 8 + n + max(ends, default=0)
+        if st.st_size != want:
+            return f"{st.st_size} bytes, the header describes {want} (truncated or damaged)"
+        return None
+    finally:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------------- locks
 LOCK_NAME = ".attnprobe.lock"  # inside a locked folder (a dot-file: no reader treats it as a result)
 STALE_AFTER_S = 24 * 3600  # a lock from another host (its PID cannot be checked) older than this is taken over
@@ -241,7 +306,7 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
     The file is removed on release.
     """
     lock_path = Path(lock_path)
-    key = str(lock_path.resolve())
+    key = str(lock_path.parent.resolve() / lock_path.name)  # the lock file itself is never followed
     if key in _HELD:
         _HELD[key] += 1
         try:
@@ -252,10 +317,22 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(10):  # retry while a releasing holder unlinks the file we opened
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            # O_NOFOLLOW: a symlink in place of the lock (a received folder) would have us overwrite its
+            # target with the owner record; O_NONBLOCK: a FIFO there must not block the open
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise AttnprobeError(f"{lock_path}: the lock file of the {what} is a symlink; not followed "
+                                     "(delete it)") from None
             raise AttnprobeError(f"{lock_path.parent}: cannot create the lock for the {what} "
                                  f"({exc.strerror or exc})") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise AttnprobeError(f"{lock_path}: the lock file of the {what} is {file_kind(mode)}, not a regular "
+                                 "file (delete it)")
+        os.set_blocking(fd, True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -273,7 +350,7 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
                 raise OutputInUse(f"{lock_path.parent}: the {what} is in use by {_describe(owner)}; wait for it "
                                   f"to finish, or delete {lock_path} if it is not running") from None
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(lock_path).st_ino
         except FileNotFoundError:
             same = False
         if same:

@@ -272,8 +272,15 @@ def repair_torn_tail(path: Path) -> int:
             pos = start
         fh.seek(cut)
         fragment = fh.read()
-        with open(path.with_name(path.name + ".torn"), "ab") as bak:
-            bak.write(fragment + b"\n")
+        bak = os.open(path.with_name(path.name + ".torn"),  # never through a symlink (O_NOFOLLOW)
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        try:
+            mode = os.fstat(bak).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotRegularFile(errno.EINVAL, f"is {file_kind(mode)}, not a regular file", f"{path}.torn")
+            os.write(bak, fragment + b"\n")
+        finally:
+            os.close(bak)
         fh.truncate(cut)
         fh.flush()
         os.fsync(fh.fileno())
@@ -289,7 +296,13 @@ def append_jsonl(path: Path, record: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = dumps_line(record).encode("utf-8")
     # non-blocking open + fstat: a FIFO in place of the file would block the open (or the writes) forever
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
+    # O_NOFOLLOW: a symlink in place of the file (a received output folder) would append elsewhere
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AttnprobeError(f"{path}: is a symlink; not followed (replace it with the real file)") from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -57,3 +57,28 @@ def test_bad_captures_are_data_errors_naming_folder_and_reason(tmp_path):
         load_capture(root.resolve(), "alien")
     with pytest.raises(DataError, match=r"fifo/scores.safetensors: cannot read scores \(is a FIFO"):
         _within(lambda: load_capture(root.resolve(), "fifo"))
+
+
+def test_a_wrongly_typed_study_json_is_skipped_and_the_others_shown(tmp_path):
+    """Issue 27: one study.json with `config`, `bootstrap` or `models` of the wrong type took the Study page
+    down for every study (its label and header call .get() and iterate them); now each is skipped with
+    one line and the good study keeps its label."""
+    from support.studydir import make_study
+
+    from attnprobe_app import study_data as SD
+
+    root = tmp_path / "data"
+    make_study(root / "good")
+    bad = {"config": "seed002", "bootstrap": [2000], "models": 3, "scorer": ["em"], "questions_total": "two"}
+    for key, value in bad.items():
+        make_study(root / key)
+        path = root / key / "study.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    root = root.resolve()
+    studies, problems = SD.load_studies(root, discover(root).studies)
+    assert [s.label for s in studies] == ["good · seed002 · toy-model · 2 settings"]
+    assert problems == ["skipped: bootstrap/study.json: 'bootstrap' is list, not an object",
+                        "skipped: config/study.json: 'config' is str, not an object",
+                        "skipped: models/study.json: 'models' is int, not a list",
+                        "skipped: questions_total/study.json: 'questions_total' is 'two', not a number",
+                        "skipped: scorer/study.json: 'scorer' is list, not a string"]

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+import numpy as np
 import pytest
 
 from attnprobe.cli.options import add_cluster_options, cluster_options
@@ -53,6 +54,11 @@ def test_capture_done_check_is_settings_weights_and_content(tmp_path):
     meta = {"cli_settings": job.settings, "weights_hash": "w1", "trajectory_hash": t.content_hash()}
     (folder / "meta.json").write_text(json.dumps(meta))
     job = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w1")  # a run decides once
+    assert not job.done(item) and job.conflicts() == []  # no scores.safetensors: not a finished capture
+    from safetensors.numpy import save_file
+
+    save_file({"token_attention": np.zeros((1, 2), np.float32)}, str(folder / "scores.safetensors"))
+    job = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w1")
     assert job.done(item) and job.conflicts() == []
     other = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=256), weights="w1")
     assert not other.done(item) and other.conflicts() == [

@@ -46,7 +46,7 @@ import numpy as np
 from attnprobe.agents.policies import default_min_past, parse_policy
 from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, load_json
+from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
 from attnprobe.results.analysis import R, token_owners
 from attnprobe.results.report import find_results
 from attnprobe.results.result import CaptureResult
@@ -61,7 +61,7 @@ from attnprobe.studies.loop.attention_report import (
     markdown,
     with_attention,
 )
-from attnprobe.studies.loop.job import read_result, setting_dir
+from attnprobe.studies.loop.job import check_study_folder, read_result, setting_dir
 from attnprobe.trajectory.schema import Trajectory, load_trajectories
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ CounterfactualRunner = Callable[[Path, list[Trajectory], str, int], dict]
 # ------------------------------------------------------------------ the study folder
 def read_study(out: Path) -> dict:
     """``OUT/study.json``'s settings and baseline; a folder that is not a study is one clear error."""
-    path = Path(out) / "study.json"
+    path = inside(Path(out), Path(out) / "study.json")  # a symlinked study.json is refused, not followed
     if not path.is_file():
         raise AttnprobeError(f"{out}: not an interference study folder (no study.json); make one with "
                              f"'attnprobe study interference QUESTIONS --out {out}'")
@@ -102,8 +102,14 @@ def histories(out: Path, setting: str) -> list[Trajectory]:
     """The setting's full histories of finished questions (those with a result: an item interrupted after
     its history was written has none), in file-name order."""
     folder = setting_dir(out, setting)
-    return [t for p in sorted((folder / "history").glob("*.jsonl"))
-            if read_result(folder / "results" / f"{p.stem}.json") is not None for t in load_trajectories(p)]
+    found = []
+    for p in sorted((folder / "history").glob("*.jsonl")):
+        if p.is_symlink():  # never read through a link out of the study folder
+            log.warning("%s: is a symlink; not followed (its question is left out)", p)
+            continue
+        if read_result(folder / "results" / f"{p.stem}.json") is not None:
+            found += load_trajectories(p)
+    return found
 
 
 def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | None]:
@@ -363,6 +369,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             raise AttnprobeError(f"--policy {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
         settings = [s for s in settings if s in only]
     with hold_dir_lock(out, "study folder"):
+        check_study_folder(out, list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
         jobs = _capture_jobs(out, settings, model, capture, force)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
         for job in jobs.values():
@@ -389,7 +396,9 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
         atomic_write_text(out / ATTENTION_MD, markdown(doc))
         study_md = out / "study.md"
-        if study_md.is_file():
+        if study_md.is_symlink():
+            log.warning("%s: is a symlink; not followed (the attention section is in %s)", study_md, ATTENTION_MD)
+        elif study_md.is_file():
             atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out))
     return counts, doc
 

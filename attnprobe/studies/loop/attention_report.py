@@ -6,10 +6,13 @@ study.md, the app) import no capture stage.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from attnprobe.results.formatting import format_ci
+
+log = logging.getLogger(__name__)
 
 ATTENTION_JSON, ATTENTION_MD = "attention.json", "attention.md"
 HEADING = "## Attention per setting"
@@ -142,4 +145,7 @@ def with_attention(study_md: str, out: Path) -> str:
     older attention section is replaced), so one report shows behaviour and attention per setting."""
     head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
     path = Path(out) / ATTENTION_MD
+    if path.is_symlink():  # a received folder's link to some other file: never copied into study.md
+        log.warning("%s: is a symlink; not followed (study.md gets no attention section)", path)
+        return head
     return head + "\n" + path.read_text(encoding="utf-8") if path.is_file() else head

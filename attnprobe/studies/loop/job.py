@@ -24,7 +24,7 @@ from typing import Any
 from attnprobe.agents.policies import setting_rules
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.io import atomic_write_text, load_json, write_jsonl
+from attnprobe.io import atomic_write_text, inside, load_json, write_jsonl
 from attnprobe.studies.loop.agents import LoopConfig, run_question
 from attnprobe.studies.loop.context import parse_setting, slug
 
@@ -48,9 +48,22 @@ def result_path(out: Path, spec: str, qid: str) -> Path:
     return setting_dir(out, spec) / "results" / f"{qid}.json"
 
 
+SETTING_PARTS = ("calls", "history", "results", "calls.jsonl", "capture", "counterfactual")  # under <slug>/
+
+
+def check_study_folder(out: Path, settings: Sequence[str]) -> None:
+    """One line (:class:`attnprobe.io.OutsideFolder`) when a setting's folder, or a part of it that the
+    study writes or reads (:data:`SETTING_PARTS`), is a symlink: a received study folder must not make us
+    write or read outside it. Checked before any model loads."""
+    for s in settings:
+        for part in SETTING_PARTS:
+            inside(out, setting_dir(out, s) / part)
+
+
 def read_result(path: Path) -> dict | None:
-    """A finished item's result, or None when missing or unreadable (then the item is redone)."""
-    if not path.is_file():
+    """A finished item's result, or None when missing, a symlink (not followed) or unreadable (then the
+    item is redone, and the symlink replaced by the new result)."""
+    if path.is_symlink() or not path.is_file():
         return None
     try:
         rec = load_json(path, error=lambda m, path, line: AttnprobeError(m))
@@ -75,6 +88,7 @@ class InterferenceJob(JobBase):
         self.out = Path(self.out)
         for s in self.settings:
             parse_setting(s)  # a bad spec fails here, before any model is loaded
+        check_study_folder(self.out, self.settings)
 
     def items(self) -> list[WorkItem]:
         return [WorkItem(key=f"{slug(s)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,

@@ -39,8 +39,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     atomic_write_text(out / "study.md", with_attention(md, out))  # the attention section, once it is run
     for s in settings:
         folder = setting_dir(out, s)
-        calls = [c for r in by[s] for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl",
-                                                         missing_ok=True)]
+        calls = [c for r in by[s] if not (folder / "calls" / f"{r['question_id']}.jsonl").is_symlink()
+                 for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)]
         if calls:
             write_jsonl(folder / "calls.jsonl", calls)
     return study
