@@ -12,6 +12,7 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
     executor,
+    non_negative_int,
     parse_int_list,
     positive_int,
 )
@@ -31,7 +32,7 @@ def add_counterfactual_options(p) -> None:
     """Policies, steps and capture options of a counterfactual run (also used by ``study masking``)."""
     g = p.add_argument_group("counterfactual")
     g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
-    g.add_argument("--min-past", type=int, default=None,
+    g.add_argument("--min-past", type=non_negative_int, default=None,
                    help="steps with at least this many past turns (default: the first step at which the policy can "
                         "act: K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when "
                         "policies are mixed)")
@@ -40,7 +41,7 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
     g.add_argument("--actions", action="store_true",
                    help="also generate the next action (greedy) in both contexts and compare (transformers)")
-    g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=96, help="generation limit for --actions (default 96)")
     g.add_argument("--logprob", action="store_true",
                    help="also the teacher-forced log-probability of the recorded step in both contexts "
                         "(one forward pass each; transformers)")
