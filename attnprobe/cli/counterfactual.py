@@ -61,20 +61,28 @@ def run_options(args, progress: bool = True):
                       progress=progress and not args.no_progress)
 
 
-def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
-    OUT/summary.md; (exit code, summary)."""
+def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
+    """(policy specs, min_past, policy names, steps) of a run: the trajectories read and every policy and
+    step option checked, with no model (``study masking`` calls it before its capture stage too)."""
     from attnprobe.agents.policies import default_min_past
-    from attnprobe.counterfactual.job import run_steps
     from attnprobe.counterfactual.steps import plan_steps
-    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
     from attnprobe.trajectory.schema import load_files
 
     specs = list(args.policies or ["mask:5"])
     trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
     min_past = args.min_past if args.min_past is not None else default_min_past(specs)
     names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=args.include_actions,
-                              turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
+                              turns=args.turns, max_steps=args.max_steps)
+    return specs, min_past, names, steps
+
+
+def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
+    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
+    OUT/summary.md; (exit code, summary)."""
+    from attnprobe.counterfactual.job import run_steps
+    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
+
+    specs, min_past, names, steps = plan(args, files)  # refused here, before the model loads
     log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
              "" if args.min_past is not None else " (the default for these policies)")
     ensure_writable_dir(out)
