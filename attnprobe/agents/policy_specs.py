@@ -35,7 +35,7 @@ def _fail(spec: str, what: str) -> ValueError:
 
 def _int(spec: str, value: str, what: str, example: str, least: int) -> int:
     if not _INT.fullmatch(value):
-        raise _fail(spec, f"{what} must be an integer (ASCII digits), e.g. {example}")
+        raise _fail(spec, f"{what} must be an integer, e.g. {example}")
     n = int(value)
     if n < least:
         raise _fail(spec, f"{what} must be >= {least}")
