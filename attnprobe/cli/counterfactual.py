@@ -65,10 +65,11 @@ def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
     """(policy specs, min_past, policy names, steps) of a run: the trajectories read and every policy and
     step option checked, with no model (``study masking`` calls it before its capture stage too)."""
     from attnprobe.agents.policies import default_min_past
+    from attnprobe.agents.policy_specs import canonical_policy
     from attnprobe.counterfactual.steps import plan_steps
     from attnprobe.trajectory.schema import load_files
 
-    specs = list(args.policies or ["mask:5"])
+    specs = [canonical_policy(s) for s in args.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
     trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
     min_past = args.min_past if args.min_past is not None else default_min_past(specs)
     names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=args.include_actions,
