@@ -30,6 +30,7 @@ import copy
 from dataclasses import dataclass, field
 
 from attnprobe.agents.policies import Counterfactual, Policy, compose, parse_policy
+from attnprobe.agents.policy_specs import canonical_setting
 
 
 def _one(part: str) -> Policy:
@@ -78,16 +79,16 @@ class Setting:
 
 
 def parse_setting(spec: str) -> Setting:
-    """``none`` | parts joined by ``+``; at most one refiner. Raises ValueError with the accepted forms."""
-    spec = spec.strip()
-    if spec in ("none", ""):
+    """``none`` | parts joined by ``+``; at most one refiner. The spec is checked and normalised first
+    (:func:`attnprobe.agents.policy_specs.canonical_setting`: one spelling, so one folder, per setting) and
+    ``Setting.spec`` is that canonical form; a bad spec raises ValueError naming it."""
+    spec = canonical_setting(spec)
+    if spec == "none":
         return Setting("none")
-    parts = [p.strip() for p in spec.split("+") if p.strip()]
+    parts = spec.split("+")
     views, refines = [], []
     for part in parts:
         (refines if part.startswith("refine:") else views).append(_one(part))
-    if len(refines) > 1:
-        raise ValueError(f"setting {spec!r}: at most one refine:... per setting")
     view = views[0] if len(views) == 1 else compose(*views) if views else None
     return Setting(spec, view, refines[0] if refines else None, parts)
 

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnprobe.agents.policy_specs import IRCOT_VARIANTS, canonical_policy
 from attnprobe.trajectory.schema import call_arguments, message_text
 
 STATUSES = ("kept", "removed", "placeholder", "refined", "calls_removed")
@@ -323,7 +324,6 @@ def mask_observations(keep_last: int = 5, *, placeholder: str = DEFAULT_PLACEHOL
 
 
 # ------------------------------------------------------------------ seed 004: IRCoT variants, on rounds
-IRCOT_VARIANTS = ("o", "oq", "oqp")
 
 
 @dataclass
@@ -476,57 +476,28 @@ def refine_latest(refiner: Refiner, *, name: str = "refine-latest") -> Policy:
 
 
 # ------------------------------------------------------------------ the CLI's policy names
-POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
-                "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
-
-
-def _int_arg(spec: str, value: str, what: str, example: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"--policy {spec!r}: {what} must be an integer, e.g. {example}") from None
-    if n < 0:
-        raise ValueError(f"--policy {spec!r}: {what} must be >= 0")
-    return n
-
-
 def parse_policy(spec: str) -> Policy:
     """``mask:K`` (seed 002's released rule: successful results older than the K-th most recent turn with a
     non-error call are archived, :func:`mask_archive`) | ``mask-obs:K`` (the K most recent observations,
     :func:`mask_observations`) | ``ircot:o`` | ``ircot:oq`` | ``ircot:oqp`` | ``refine:bm25[:N]`` (every
     observation refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
     (an OpenAI-compatible refiner) | ``refine-latest:...`` (the same, latest observations only).
-    A bad spec raises ValueError naming the ``--policy`` value; ``mask-turns:K`` (removed: it is ``mask:K``
-    for K >= 1) is refused with the replacement named."""
+    The spec is checked and normalised first (:func:`attnprobe.agents.policy_specs.canonical_policy`: one
+    spelling per policy); a bad spec raises ValueError naming the ``--policy`` value."""
     from attnprobe.agents.refiners import bm25_refiner, openai_refiner
 
+    spec = canonical_policy(spec)
     kind, _, arg = spec.partition(":")
-    if kind == "mask-turns":
-        raise ValueError(f"--policy {spec!r}: mask-turns:K was removed; mask:K now counts turns as seed 002's "
-                         "released scaffold does (use mask-obs:K to count observations)")
     if kind in ("mask", "mask-obs"):
-        k = _int_arg(spec, arg, "K", f"{kind}:5")
-        return mask_archive(k) if kind == "mask" else mask_observations(k)
+        return mask_archive(int(arg)) if kind == "mask" else mask_observations(int(arg))
     if kind == "ircot":
-        if arg not in IRCOT_VARIANTS:
-            raise ValueError(f"--policy {spec!r}: the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
         return ircot(arg)
-    if kind in ("refine", "refine-latest"):
-        latest = kind == "refine-latest"
-        sub, _, rest = arg.partition(":")
-        if sub == "bm25":
-            n = _int_arg(spec, rest, "N", f"{kind}:bm25:3") if rest else 3
-            if n < 1:
-                raise ValueError(f"--policy {spec!r}: N must be >= 1")
-            return refine_rounds(bm25_refiner(n), name=f"{kind}:bm25:{n}", latest_only=latest)
-        if sub == "openai":
-            base, _, model = rest.rpartition(":")
-            if not base or not model:
-                raise ValueError(f"--policy {spec!r}: use {kind}:openai:BASE_URL:MODEL")
-            return refine_rounds(openai_refiner(base, model), name=f"{kind}:openai:{model}", latest_only=latest)
-        raise ValueError(f"--policy {spec!r}: unknown refiner {sub!r}; use {kind}:bm25[:N] or "
-                         f"{kind}:openai:BASE_URL:MODEL")
-    raise ValueError(f"--policy {spec!r}: unknown policy; use one of {', '.join(POLICY_SPECS)}")
+    latest = kind == "refine-latest"
+    sub, _, rest = arg.partition(":")
+    if sub == "bm25":
+        return refine_rounds(bm25_refiner(int(rest)), name=spec, latest_only=latest)
+    base, _, model = rest.rpartition(":")
+    return refine_rounds(openai_refiner(base, model), name=f"{kind}:openai:{model}", latest_only=latest)
 
 
 def policy_name(policy: Policy) -> str:

@@ -18,18 +18,17 @@ Every error names the file, the line and the field, before any model is loaded.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import located_error, read_jsonl
+from attnprobe.io.fs import id_problem
 
 QUESTION_FIELDS = ("question", "Question", "query", "problem", "task")
 ANSWER_FIELDS = ("golden_answers", "answers", "answer", "Answer", "possible_answers")
 ALIAS_FIELDS = ("answer_aliases", "aliases")
 ID_FIELDS = ("id", "_id", "qid", "query_id", "question_id")
-_SAFE_ID = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 class QuestionsError(AttnprobeError, ValueError):
@@ -45,6 +44,13 @@ def _scalar(v: Any) -> bool:
 
 
 def _answer_list(value: Any, path: Path, line: int, field: str) -> list[str]:
+    answers = _answer_items(value, path, line, field)
+    if any("\x00" in a for a in answers):
+        raise _bad(path, line, field, "contains a NUL character")
+    return answers
+
+
+def _answer_items(value: Any, path: Path, line: int, field: str) -> list[str]:
     if field == "possible_answers" and isinstance(value, str) and value.strip().startswith("["):
         try:  # PopQA stores the list as a JSON string
             value = json.loads(value)
@@ -74,7 +80,7 @@ def read_questions(path: str | Path) -> list[dict]:
     none: such questions are run but not scored; :func:`attnprobe.agents.answers.exact_match` scores
     against all of them)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():  # anything else (a folder, a FIFO) is named by read_jsonl
         raise QuestionsError(f"questions file not found: {path}")
     out, seen = [], set()
     for line, rec in read_jsonl(path, error=located_error(QuestionsError)):
@@ -86,15 +92,23 @@ def read_questions(path: str | Path) -> list[dict]:
         q = rec[qf]
         if not isinstance(q, str) or not q.strip():
             raise _bad(path, line, qf, "must be a non-empty string")
+        if "\x00" in q:
+            raise _bad(path, line, qf, "contains a NUL character")
         idf = _first(rec, ID_FIELDS)
         qid = rec[idf] if idf else f"q{line:03d}"
-        if not _scalar(qid) or not _SAFE_ID.fullmatch(str(qid)):
-            raise _bad(path, line, idf or "id", "use letters, digits, '.', '_' or '-'")
+        problem = id_problem(qid)  # the id names files (calls/<id>.jsonl): checked before any model loads
+        if problem:
+            raise _bad(path, line, idf or "id", problem)
         qid = str(qid)
         if qid in seen:
             raise _bad(path, line, idf or "id", f"duplicate id {qid!r}")
         seen.add(qid)
-        af = _first(rec, ANSWER_FIELDS)
+        present = [f for f in ANSWER_FIELDS if f in rec]
+        af = present[0] if present else None
+        if af and rec[af] is None and any(rec[f] is not None for f in present[1:]):
+            other = next(f for f in present[1:] if rec[f] is not None)
+            raise _bad(path, line, af, f"is null but '{other}' has a value: which is the gold answer? "
+                                       f"Remove '{af}' or give it the answers")
         answers = _answer_list(rec[af], path, line, af) if af and rec[af] is not None else []
         for alias_field in ALIAS_FIELDS:
             if alias_field in rec and rec[alias_field] not in (None, []):

@@ -69,7 +69,7 @@ class BM25Search:
 
     def __init__(self, corpus: str | Path | None = None):
         path = Path(corpus) if corpus else default_corpus_path()
-        if not path.is_file():
+        if not path.exists():  # anything else (a folder, a FIFO) is named by read_jsonl
             raise SearchConfigError(f"search corpus not found: {path} (set ATTNPROBE_CORPUS or pass --corpus)")
         self.path = path
         self.docs: list[dict] = []

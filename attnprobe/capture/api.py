@@ -178,9 +178,23 @@ def check_layers(model: LoadedModel, layers: Iterable[int] | str | None) -> list
     num_layers = model.num_layers
     chosen = sorted({int(x) for x in layers})
     bad = [x for x in chosen if not 0 <= x < num_layers]
-    if bad:
-        raise ValueError(f"layers {bad} do not exist (the model has {num_layers} layers, 0..{num_layers - 1})")
+    if bad:  # as ranges: '--layers 5-300000' once printed 2.3 MB listing every missing index
+        raise ValueError(f"layers {int_ranges(bad)} do not exist (the model has {num_layers} layers: "
+                         f"{int_ranges(range(num_layers))})")
     return chosen
+
+
+def int_ranges(values: Iterable[int], most: int = 8) -> str:
+    """Sorted integers as ``--layers`` writes them (``0-3,7,9-12``), at most ``most`` ranges then how many
+    more, so a message about any set of values stays one short line."""
+    runs: list[list[int]] = []
+    for v in sorted(set(values)):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (f",... ({len(runs) - most} more ranges)" if len(runs) > most else "")
 
 
 def make_plan(rendered: Rendered, points: Sequence[QueryPoint], layers: Sequence[int] | None,

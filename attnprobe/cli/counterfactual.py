@@ -12,6 +12,7 @@ from attnprobe.cli.options import (
     add_model_options,
     add_output_options,
     executor,
+    non_negative_int,
     parse_int_list,
     positive_int,
 )
@@ -31,7 +32,7 @@ def add_counterfactual_options(p) -> None:
     """Policies, steps and capture options of a counterfactual run (also used by ``study masking``)."""
     g = p.add_argument_group("counterfactual")
     g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
-    g.add_argument("--min-past", type=int, default=None,
+    g.add_argument("--min-past", type=non_negative_int, default=None,
                    help="steps with at least this many past turns (default: the first step at which the policy can "
                         "act: K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when "
                         "policies are mixed)")
@@ -40,7 +41,7 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
     g.add_argument("--actions", action="store_true",
                    help="also generate the next action (greedy) in both contexts and compare (transformers)")
-    g.add_argument("--max-new-tokens", type=int, default=96, help="generation limit for --actions (default 96)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=96, help="generation limit for --actions (default 96)")
     g.add_argument("--logprob", action="store_true",
                    help="also the teacher-forced log-probability of the recorded step in both contexts "
                         "(one forward pass each; transformers)")
@@ -60,20 +61,29 @@ def run_options(args, progress: bool = True):
                       progress=progress and not args.no_progress)
 
 
-def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
-    OUT/summary.md; (exit code, summary)."""
+def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
+    """(policy specs, min_past, policy names, steps) of a run: the trajectories read and every policy and
+    step option checked, with no model (``study masking`` calls it before its capture stage too)."""
     from attnprobe.agents.policies import default_min_past
-    from attnprobe.counterfactual.job import run_steps
+    from attnprobe.agents.policy_specs import canonical_policy
     from attnprobe.counterfactual.steps import plan_steps
-    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
     from attnprobe.trajectory.schema import load_files
 
-    specs = list(args.policies or ["mask:5"])
+    specs = [canonical_policy(s) for s in args.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
     trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
     min_past = args.min_past if args.min_past is not None else default_min_past(specs)
     names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=args.include_actions,
-                              turns=args.turns, max_steps=args.max_steps)  # refused here, before the model loads
+                              turns=args.turns, max_steps=args.max_steps)
+    return specs, min_past, names, steps
+
+
+def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
+    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
+    OUT/summary.md; (exit code, summary)."""
+    from attnprobe.counterfactual.job import run_steps
+    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
+
+    specs, min_past, names, steps = plan(args, files)  # refused here, before the model loads
     log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
              "" if args.min_past is not None else " (the default for these policies)")
     ensure_writable_dir(out)

@@ -68,7 +68,7 @@ def _add_generation(p):
                         f"{DEFAULT_NO_CALL_TOKENS}; 0 = never), so one reply never holds its batch for the whole "
                         "token limit; recorded and compared on resume")
     g.add_argument(
-        "--batch-size", type=int, default=12,
+        "--batch-size", type=positive_int, default=12,
         help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
 
 
@@ -80,9 +80,9 @@ def _add_capture(p, *, force_capture: bool):
 
 def _add_report(p):
     g = p.add_argument_group("report")
-    g.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples for CIs (default 10000)")
-    g.add_argument("--seed", type=int, default=0, help="random seed of the bootstrap and permutations")
-    g.add_argument("--permutations", type=int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
+    g.add_argument("--bootstrap", type=positive_int, default=10000, help="bootstrap resamples for CIs (default 10000)")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the bootstrap and permutations")
+    g.add_argument("--permutations", type=non_negative_int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
     add_plotlyjs_option(g, "report.html")
 
 

@@ -109,6 +109,7 @@ def _executor(args):
 
 
 def cmd_interference(args) -> int:
+    from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
     from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import make_search
     from attnprobe.io import hold_dir_lock
@@ -117,9 +118,12 @@ def cmd_interference(args) -> int:
     from attnprobe.studies.loop.scoring import Scorer
     from attnprobe.studies.loop.study import run_study
 
-    settings = list(dict.fromkeys(args.policies or DEFAULT_SETTINGS[args.scaffold]))
+    # one spelling per setting (mask:05 is mask:5), so one folder; exit 2 on a bad one, before anything loads
+    settings = canonical_settings(args.policies or DEFAULT_SETTINGS[args.scaffold])
     for s in settings:
-        parse_setting(s)  # exit 2 on a bad setting, before anything is loaded
+        parse_setting(s)
+    if args.baseline:
+        args.baseline = canonical_setting(args.baseline)
     if args.baseline and args.baseline not in settings:
         raise ValueError(f"--baseline {args.baseline!r} is not one of the settings ({', '.join(settings)})")
     Scorer(args.judge)  # a bad --judge fails here
@@ -166,7 +170,7 @@ def _register_attention(studies) -> None:
     g = p.add_argument_group("study")
     g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
                    help="only this setting of the study (repeatable; default: every setting)")
-    g.add_argument("--min-past", type=int, default=None,
+    g.add_argument("--min-past", type=non_negative_int, default=None,
                    help="counterfactual steps with at least this many past turns (default per policy, as "
                         "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
     g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
@@ -183,6 +187,7 @@ def _register_attention(studies) -> None:
 
 
 def cmd_attention(args) -> int:
+    from attnprobe.agents.policy_specs import canonical_settings
     from attnprobe.cli.capture import capture_options
     from attnprobe.cli.options import executor, model_options
     from attnprobe.counterfactual.job import run_on_executor
@@ -191,6 +196,8 @@ def cmd_attention(args) -> int:
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
 
     out = Path(args.out)
+    if args.policies:
+        args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
     opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,

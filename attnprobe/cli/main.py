@@ -3,7 +3,8 @@
 Exit codes scripts can trust: 0 success; 1 some items failed (the rest were written);
 2 bad input or usage, or an output that cannot be written (read-only, disk full); 3 model not
 available locally; 130 interrupted. Whatever fails, stderr gets one line ``attnprobe: error: ...``
-(:func:`main` is the one place that turns exceptions into it); ``-v`` adds the traceback.
+(:func:`main` is the one place that turns exceptions into it), at most :data:`MAX_ERROR_CHARS` long;
+``-v`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -53,7 +54,27 @@ EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 
               "(finished results are kept; rerun to resume).")
 
 
-class CommandParser(argparse.ArgumentParser):
+MAX_ERROR_CHARS = 400
+"""No error line is longer than this, whatever the input (a huge bad value is cut with an ellipsis)."""
+
+
+def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line and at most ``limit`` characters: the start, then ``...`` and how much was cut."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    keep = limit - 40
+    return f"{text[:keep]}... ({len(text) - keep} more characters)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors cut to :data:`MAX_ERROR_CHARS` (argparse repeats the bad value)."""
+
+    def error(self, message: str):
+        super().error(shorten(message))
+
+
+class CommandParser(Parser):
     """Parser of every subcommand (nested ones too): also accepts -v/-q after the command name."""
 
     def __init__(self, *args, **kwargs):
@@ -86,7 +107,7 @@ def _command_listing(helps: dict[str, str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="attnprobe", usage="%(prog)s [-h] [--version] [-v] [-q] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
     from attnprobe._version import __version__
@@ -209,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
         log.debug("traceback", exc_info=True)
-        print(f"attnprobe: model not available: {describe_error(exc)}", file=sys.stderr)
+        print(f"attnprobe: model not available: {shorten(describe_error(exc))}", file=sys.stderr)
         return EXIT_MODEL
     except KeyboardInterrupt:
         log.debug("traceback", exc_info=True)
@@ -218,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the boundary: everything else is one line + exit code 2
         log.debug("traceback", exc_info=True)
         hint = "" if verbose or isinstance(exc, (AttnprobeError, OSError, ValueError)) else " (-v shows the traceback)"
-        print(f"attnprobe: error: {describe_error(exc)}{hint}", file=sys.stderr)
+        print(f"attnprobe: error: {shorten(describe_error(exc))}{hint}", file=sys.stderr)
         return EXIT_INPUT
 
 

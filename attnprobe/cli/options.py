@@ -280,8 +280,8 @@ def add_cluster_options(parser: argparse.ArgumentParser):
                         "cluster; host:port or ray://host:port a remote one (docs/scale.md). Needs attnprobe[ray]")
     g.add_argument("--ray-replicas", type=positive_int, default=None,
                    help="model replicas (default: as many as the cluster's resources allow)")
-    g.add_argument("--ray-cpus-per-replica", type=float, default=1.0, help="CPUs each replica reserves (default 1)")
-    g.add_argument("--ray-gpus-per-replica", type=float, default=None,
+    g.add_argument("--ray-cpus-per-replica", type=non_negative_float, default=1.0, help="CPUs each replica reserves (default 1)")
+    g.add_argument("--ray-gpus-per-replica", type=non_negative_float, default=None,
                    help="GPUs each replica reserves (default: --tensor-parallel-size for vllm, 1 with --device "
                         "cuda, else 0)")
     g.add_argument("--ray-tp-across-nodes", action="store_true",

@@ -46,9 +46,8 @@ def study_markdown(head: dict, summary: dict) -> str:
 
 
 def cmd_study_masking(args) -> int:
-    from attnprobe.agents.policies import parse_policy
     from attnprobe.cli.capture import run_capture_files
-    from attnprobe.cli.counterfactual import execute
+    from attnprobe.cli.counterfactual import execute, plan
     from attnprobe.io import atomic_write_text, finite_json
     from attnprobe.results.analysis import decay_curves, headline
     from attnprobe.results.report import find_results
@@ -57,8 +56,7 @@ def cmd_study_masking(args) -> int:
     out = Path(args.out)
     files = [Path(p) for p in args.trajectories]
     args.policies = args.policies or ["mask:5"]
-    for spec in args.policies:  # a bad policy is refused now, not after the whole capture stage
-        parse_policy(spec)
+    plan(args, files)  # bad policies, no qualifying step, bad trajectories: refused now, not after the capture stage
     for k, v in {"queries": "reasoning", "save_qk_layers": [], "truncate": False}.items():
         setattr(args, k, v)
     code = run_capture_files(args, files, out / "captures")

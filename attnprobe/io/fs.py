@@ -111,7 +111,7 @@ def safe_name(identifier: str, default: str = "item") -> str:
     """A file or folder name for any id: readable, filesystem-safe, and injective (two different ids
     never share a name).
 
-    An id that is already safe (letters, digits, ``._-``; no leading or trailing ``.``/``_``; at most 80
+    An id that is already safe (letters, digits, ``._-``; no leading or trailing ``.``/``_``/``-``; at most 80
     characters) is its own name, so existing result folders keep their names. Any other id becomes a
     readable sanitised prefix plus ``-`` and 8 hex digits of the SHA-1 of the full id. A safe id that
     *ends like* such a name (``-`` and 8 hex digits) is hashed as well, so a kept id can never equal a
@@ -119,10 +119,27 @@ def safe_name(identifier: str, default: str = "item") -> str:
     unless 32-bit hashes of two ids collide: :func:`unique_names` checks a whole set.
     ``default`` is the prefix for an id with no safe character at all.
     """
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", identifier.replace("/", "__")).strip("._")[:80] or default
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", identifier.replace("/", "__")).strip("._-")[:80] or default
     if readable == identifier and not _HASHED.search(identifier):
         return readable
     return f"{readable}-{hashlib.sha1(identifier.encode()).hexdigest()[:8]}"
+
+
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SAFE_ID_RULE = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+"""The one rule for ids that become file names as they are (question and IBIS item ids): never ``.``, ``..``,
+a hidden file, an option-like ``-rf``, or a name too long for the filesystem once an extension is added."""
+
+
+def id_problem(value) -> str | None:
+    """Why ``value`` (a str or int id) cannot be used as a file name (:data:`SAFE_ID`), or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return f"use {SAFE_ID_RULE} (the id names files), not a {type(value).__name__}"
+    text = str(value)
+    if SAFE_ID.fullmatch(text):
+        return None
+    shown = repr(text) if len(text) <= 40 else repr(text[:37]) + f"... ({len(text)} characters)"
+    return f"use {SAFE_ID_RULE} (the id names files), not {shown}"
 
 
 def unique_names(identifiers: Iterable[str], default: str = "item") -> dict[str, str]:

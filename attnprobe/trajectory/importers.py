@@ -19,7 +19,7 @@ from typing import Any
 from attnprobe.errors import TrajectoryError
 from attnprobe.io import load_json, loads_strict, read_jsonl
 from attnprobe.trajectory.schema import Trajectory, message_text
-from attnprobe.trajectory.tags import TagError, scan
+from attnprobe.trajectory.tags import SEARCH_OPEN, TagError, scan
 
 FORMATS = ("openai", "masking", "smolagents", "tags")
 
@@ -200,11 +200,25 @@ def tag_annotations(role: str, text: str, *, pending: bool = False, path=None, l
     """The ``annotations`` of one message of a tag-format agent (:mod:`attnprobe.trajectory.tags`: queries
     ``tool_call``/self, documents ``observation``/external, tags included) and whether a query is left
     unanswered. Assistant text may hold both (a Search-R1 rollout is one text with the documents inserted);
-    a user message only documents. Malformed tags are one located error."""
+    a user message only documents. Malformed tags are one located error; beyond :func:`scan`'s rules an
+    import also refuses a nested ``<search>`` and an empty query (the loop reads those as a query's text and
+    as no query; a measured record with either is ambiguous)."""
     try:
         spans, pending = scan(text, searches=role == "assistant", information=True, pending=pending)
     except TagError as exc:
         raise TrajectoryError(str(exc), path=path, line=line, field=field) from None
+    for sp in spans:  # stricter than the loop's reading: an import is a record to measure, not a reply to act on
+        query = sp.inner(text) if sp.kind == "search" else None
+        if query is None:
+            continue
+        nested = query.find(SEARCH_OPEN)
+        if nested >= 0:
+            raise TrajectoryError(f"a <search> at character {sp.start + len(SEARCH_OPEN) + nested} inside the query "
+                                  f"opened at character {sp.start} (nested <search>)", path=path, line=line,
+                                  field=field)
+        if not query.strip():
+            raise TrajectoryError(f"the <search> at character {sp.start} has an empty query", path=path, line=line,
+                                  field=field)
     return [sp.annotation() for sp in spans], pending
 
 

@@ -62,7 +62,7 @@ def test_layer_selection_and_positions(smol, samples):
     rows = eager_output_attentions(smol.model, pos.input_ids, positions)
     _check(pos, rows)
     np.testing.assert_allclose(pos.segment_attention[1], full.segment_attention[2], atol=TOL)
-    with pytest.raises(ValueError, match="layers \\[30\\] do not exist"):
+    with pytest.raises(ValueError, match="layers 30 do not exist"):
         attnprobe.capture(smol, traj, layers=[30])
     with pytest.raises(ValueError, match="outside the trajectory"):
         attnprobe.capture(smol, traj, queries=[10 ** 6])

@@ -1,150 +1,112 @@
-"""Options and outputs are refused while parsing or before any model loads (issue 22): bounded integer
-lists, limits >= 1, finite temperatures, non-negative token limits, ports; `run`'s output checked and
-locked (a second run into one --out is refused in one line, so records are never duplicated). No model."""
+"""Options that need no model are refused before it loads, in one short line (issue 27: '--min-past -1' was
+accepted; '--layers 5-300000' printed 2.3 MB listing every missing layer; 'study masking' captured with the
+model before checking its counterfactual steps; 'run' suggested the old '--overwrite')."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import textwrap
-import time
+from types import SimpleNamespace
 
 import pytest
 
-import attnprobe.cli.options as options
-from attnprobe.capture.models import ModelSpec
-from attnprobe.cli.main import main
+from attnprobe.capture.api import check_layers, int_ranges
+from attnprobe.cli.main import MAX_ERROR_CHARS, main, shorten
+from attnprobe.resources import data_path
+
+NO_MODEL = "/nonexistent/model-folder"
+TRAJ = str(data_path("long_research.jsonl"))
 
 
-def _refused_while_parsing(capsys, argv: list[str], words: str) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and words in err, err
-    return err
+def _err(capsys) -> str:
+    return capsys.readouterr().err
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    def refuse(*args, **kw):
-        raise AssertionError("the model must not be loaded for options that are refused")
-
-    monkeypatch.setattr(ModelSpec, "load", refuse)
-    monkeypatch.setattr(options, "make_generator", refuse)
+def _one_short_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("attnprobe") or "error" in ln]
+    assert lines and all(len(ln) <= MAX_ERROR_CHARS + 80 for ln in err.splitlines()), err[:500]
+    return lines[-1]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["run", "--out", "o.jsonl", "--limit", "0"], "argument --limit: must be at least 1, got 0"),
-    (["run", "--out", "o.jsonl", "--limit", "-1"], "argument --limit: must be at least 1, got -1"),
-    (["run", "--out", "o.jsonl", "--temperature", "nan"], "must be a finite number >= 0, got 'nan'"),
-    (["run", "--out", "o.jsonl", "--temperature", "inf"], "must be a finite number >= 0, got 'inf'"),
-    (["run", "--out", "o.jsonl", "--temperature", "-0.5"], "must be a finite number >= 0"),
-    (["run", "--out", "o.jsonl", "--max-new-tokens", "-5"], "argument --max-new-tokens: must be at least 1, got -5"),
-    (["run", "--out", "o.jsonl", "--max-tokens", "-5"], "must be at least 1, got -5"),  # its old name
-    (["run", "--out", "o.jsonl", "--manager-steps", "-1"], "argument --manager-steps: must be 0 or more"),
-    (["capture", "t.jsonl", "--out", "o", "--max-tokens", "-1"], "argument --max-tokens: must be at least 1"),
-    (["capture", "t.jsonl", "--out", "o", "--layers", "3-1"], "range '3-1' runs backwards"),
-    (["capture", "t.jsonl", "--out", "o", "--layers", "-1"], "not a list of integers >= 0"),
-    (["capture", "t.jsonl", "--out", "o", "--layers", "1,x"], "(at 'x')"),
-    (["app", "--data", ".", "--port", "99999"], "argument --port: port must be 0-65535, got 99999"),
-    (["app", "--data", ".", "--port", "9" * 5000], "expected a port number"),
+@pytest.mark.parametrize("argv, needle", [
+    (["counterfactual", TRAJ, "--out", "o", "--min-past", "-1"], "--min-past: must be 0 or more, got -1"),
+    (["study", "attention", "o", "--min-past", "-1"], "--min-past: must be 0 or more, got -1"),
+    (["counterfactual", TRAJ, "--out", "o", "--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
+    (["ibis", "run", "--batch-size", "0"], "--batch-size: must be at least 1"),
+    (["ibis", "report", "--bootstrap", "-5"], "--bootstrap: must be at least 1"),
+    (["counterfactual", TRAJ, "--out", "o", "--ray-cpus-per-replica", "-1"], "must be a finite number >= 0"),
 ])
-def test_bad_options_are_refused_while_parsing(capsys, argv, words):
-    _refused_while_parsing(capsys, argv, words)
+def test_negative_numbers_are_refused_while_parsing(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and needle in _one_short_line(_err(capsys))
 
 
-def test_a_huge_range_is_refused_before_it_is_expanded(capsys):
-    t0 = time.perf_counter()
-    _refused_while_parsing(capsys, ["capture", "t.jsonl", "--out", "o", "--layers", "0-1000000000"],
-                           f"'0-1000000000' names more than {options.MAX_LIST_ITEMS} values")
-    assert time.perf_counter() - t0 < 5  # was a MemoryError after filling memory
-    assert options.parse_int_list("0-3,7, 9-9") == [0, 1, 2, 3, 7, 9]
-    assert options.parse_int_list("all") is None
+@pytest.mark.parametrize("policies, needle", [
+    (["mask: 2"], "--policy 'mask: 2': contains a space"),
+    (["mask:2+"], "--policy 'mask:2+': an empty part"),
+    (["none+mask:2"], "'none' (no policy) cannot be composed"),
+    (["mask:5", "mask:05"], "--policy 'mask:05' is the same setting as 'mask:5'"),
+    (["refine:openai:ftp://h/v1:m"], "BASE_URL must be an http:// or https:// URL"),
+])
+def test_study_interference_refuses_settings_before_the_model(tmp_path, capsys, policies, needle):
+    argv = ["study", "interference", str(data_path("questions_loop.jsonl")), "--scaffold", "seed002",
+            "--model", NO_MODEL, "--out", str(tmp_path / "s")]
+    for p in policies:
+        argv += ["--policy", p]
+    assert main(argv) == 2  # exit 3 would mean the model was looked for first
+    assert needle in _one_short_line(_err(capsys))
 
 
-def test_app_port_in_use_is_one_line_naming_host_and_port(tmp_path, capsys, monkeypatch):
-    import attnprobe.cli.app as app
-
-    monkeypatch.setattr(app, "run_child", lambda cmd, env: pytest.fail("streamlit must not start"))
-    if app.importlib.util.find_spec("streamlit") is None:
-        pytest.skip("needs the [app] extra")
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        assert main(["app", "--data", str(tmp_path), "--port", str(port)]) == 2
-    err = capsys.readouterr().err
-    assert err.strip() == (f"attnprobe: error: 127.0.0.1:{port}: address already in use (another server is "
-                           "listening there; choose another --port, or --port 0 for any free one)")
+def test_counterfactual_refuses_a_bad_policy_before_the_model(tmp_path, capsys):
+    assert main(["counterfactual", TRAJ, "--policy", "mask:\u0663", "--model", NO_MODEL,
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "non-ASCII" in _one_short_line(_err(capsys))
 
 
-QUESTIONS = '{"id": "q1", "question": "Who?", "answer": "x"}\n'
-
-HOLDER = textwrap.dedent("""
-    import sys, time
-    from attnprobe.io import hold_file_lock
-    with hold_file_lock(sys.argv[1], "output of attnprobe run"):
-        print("held", flush=True)
-        time.sleep(60)
-""")
+def test_study_masking_checks_its_steps_before_the_capture_stage(tmp_path, capsys):
+    assert main(["study", "masking", TRAJ, "--turns", "999", "--model", NO_MODEL, "--out", str(tmp_path / "s")]) == 2
+    assert "no step qualifies" in _one_short_line(_err(capsys))
+    assert not (tmp_path / "s" / "captures").exists()  # exit 2, not 3: the model was never looked for
 
 
-def test_run_into_an_output_in_use_is_refused_before_the_model_loads(tmp_path, capsys, no_model):
-    """Two concurrent runs into one --out wrote 24 call records for 12 calls: now the second is refused."""
-    q = tmp_path / "q.jsonl"
-    q.write_text(QUESTIONS)
-    out = tmp_path / "runs" / "x.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        assert main(["run", str(q), "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith(f"attnprobe: error: {out.parent}: the output of attnprobe run x.jsonl is in use by "
-                              f"process {proc.pid} on ") and "\n" not in err, err
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not out.exists()
+def test_missing_layers_are_printed_as_ranges():
+    model = SimpleNamespace(num_layers=30)
+    with pytest.raises(ValueError) as exc:
+        check_layers(model, range(5, 300_001))
+    assert str(exc.value) == "layers 30-300000 do not exist (the model has 30 layers: 0-29)"
+    assert int_ranges([0, 1, 2, 3, 7, 9, 10, 11, 12]) == "0-3,7,9-12"
+    assert int_ranges(range(0, 40, 2), most=3) == "0,2,4,... (17 more ranges)"
+    assert check_layers(model, [3, 1, 3]) == [1, 3]
 
 
-def test_run_output_checked_before_the_model_loads(tmp_path, capsys, no_model):
-    q = tmp_path / "q.jsonl"
-    q.write_text(QUESTIONS)
-    folder = tmp_path / "a-folder"
-    folder.mkdir()
-    assert main(["run", str(q), "--out", str(folder)]) == 2
-    assert f"{folder}: the output file (--out) is a folder" in capsys.readouterr().err
+def test_a_huge_bad_value_gives_a_short_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["capture", TRAJ, "--layers", "1-2," + "x" * 1_000_000, "--out", str(tmp_path)])
+    line = _one_short_line(_err(capsys))
+    assert "--layers" in line and line.endswith("more characters)")
+    assert main(["counterfactual", TRAJ, "--policy", "y" * 1_000_000, "--out", str(tmp_path / "o")]) == 2
+    assert "unknown policy" in _one_short_line(_err(capsys))
+    long = shorten("word " * 10_000)
+    assert len(long) <= MAX_ERROR_CHARS and long.endswith("more characters)") and shorten("a\n b") == "a b"
+
+
+def test_run_suggests_force_not_the_old_option(tmp_path, capsys):
     out = tmp_path / "o.jsonl"
-    out.write_text(json.dumps({"id": "old"}) + "\n")
-    assert main(["run", str(q), "--out", str(out)]) == 2
-    assert "already has records: pass --resume" in capsys.readouterr().err
-    assert main(["run", str(q), "--out", str(out), "--resume", "--force"]) == 2
-    assert "--resume and --force exclude each other" in capsys.readouterr().err
-    if os.geteuid() != 0:  # root writes anywhere
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o500)
-        assert main(["run", str(q), "--out", str(ro / "x.jsonl")]) == 2
-        assert "not writable" in capsys.readouterr().err
+    out.write_text('{"x": 1}\n')
+    assert main(["run", str(data_path("questions.jsonl")), "--model", NO_MODEL, "--out", str(out)]) == 2
+    line = _one_short_line(_err(capsys))
+    assert "--force" in line and "--overwrite" not in line
 
 
-def test_strict_json_inputs_are_refused_with_file_line_and_key(tmp_path, capsys, no_model):
-    """Duplicate keys used to be decided silently (the last one won); NaN was written back out."""
-    dup = tmp_path / "t.jsonl"
-    dup.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi", "content": "bye"}]}\n')
-    assert main(["capture", str(dup), "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err.strip() == (f"attnprobe: error: {dup}, line 1: invalid JSON: duplicate key "
-                                               "'content' (a key may appear once per object)")
-    q = tmp_path / "q.jsonl"
-    q.write_text('{"id": "q1", "question": "Who?", "answer": NaN}\n')
-    assert main(["run", str(q), "--out", str(tmp_path / "r.jsonl")]) == 2
-    assert f"{q}, line 1: invalid JSON: NaN is not a JSON number" in capsys.readouterr().err
-    src = tmp_path / "in.jsonl"
-    src.write_text('{"messages": [{"role": "user", "content": "x"}], "answer": Infinity}\n')
-    assert main(["import", str(src), "--format", "openai", "--out", str(tmp_path / "imp.jsonl")]) == 2
-    assert "invalid JSON: Infinity is not a JSON number" in capsys.readouterr().err
-    assert not (tmp_path / "imp.jsonl").exists()
+def test_counterfactual_specs_are_planned_in_their_one_spelling():
+    from pathlib import Path
+
+    from attnprobe.cli.counterfactual import plan
+    from attnprobe.cli.main import build_parser
+
+    args = build_parser().parse_args(["counterfactual", TRAJ, "--out", "o", "--policy", "mask:03",
+                                      "--policy", "refine:bm25"])
+    specs, min_past, names, _ = plan(args, [Path(TRAJ)])
+    assert specs == names == ["mask:3", "refine:bm25:3"] and min_past == 1
+    args.policies = ["mask:3", "mask:03"]
+    with pytest.raises(ValueError, match="policy names must be distinct"):
+        plan(args, [Path(TRAJ)])

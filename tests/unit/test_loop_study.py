@@ -52,7 +52,7 @@ def test_reads_the_formats_users_have(tmp_path):
     ({"question": "Q", "golden_answers": []}, "line 2: field 'golden_answers': expected a string or number or a "
                                               "non-empty list of them, got an empty list"),
     ({"question": "Q", "answer": {"x": 1}}, "line 2: field 'answer': an answer object needs 'value' or 'aliases'"),
-    ({"id": "a b", "question": "Q"}, "line 2: field 'id': use letters"),
+    ({"id": "a b", "question": "Q"}, "line 2: field 'id': use 1-128 letters"),
     ({"id": "ok", "question": "Q"}, "line 2: field 'id': duplicate id 'ok'"),
     ("[1]", "line 2: expected a JSON object"),
 ])

@@ -297,13 +297,13 @@ def test_summary_counts_filter_and_validation(tmp_path):
     # the shared reader (attnprobe.agents.questions, issue 26): numbers are accepted as ids and aliases
     ('{"id": "b", "question": "Q?", "aliases": [{"x": 1}]}', "line 2: field 'aliases': expected a string or number "
                                                              "or a non-empty list of them, got a list with a non-string item"),
-    ('{"id": true, "question": "Q?"}', "line 2: field 'id': use letters"),
+    ('{"id": true, "question": "Q?"}', "line 2: field 'id': use 1-128 letters"),
     ('{"id": "b"}', "line 2: field 'question': missing"),
     ('{"id": "b", "question": ["Q?"]}', "line 2: field 'question': must be a non-empty string"),
     ('{"id": "b", "question": "Q?", "answer": {"x": 1}}', "line 2: field 'answer': an answer object needs"),
     ('{"id": "b", "question": "Q?", "answer": true}', "line 2: field 'answer'"),
     ('{"id": "a", "question": "Q?"}', "line 2: field 'id': duplicate id 'a'"),
-    ('{"id": "b c", "question": "Q?"}', "line 2: field 'id': use letters"),
+    ('{"id": "b c", "question": "Q?"}', "line 2: field 'id': use 1-128 letters"),
     ('["Q?"]', "line 2: expected a JSON object, got list"),
     ('{"id": "b", "question": "Q?"', "line 2"),
 ])

@@ -27,6 +27,7 @@ from attnprobe.studies.loop.context import parse_setting
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.importers import iter_import
 from attnprobe.trajectory.schema import Trajectory
+from attnprobe.trajectory.tags import TagSpan, scan
 
 
 def script(messages, tools):
@@ -180,6 +181,12 @@ def test_import_messages_form_reads_tags_only_after_the_first_turn(tmp_path):
     ({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>t</think>"},
                    {"role": "user", "content": "<information>d</information>"}]}, "messages[2].content",
      "answers no <search>"),
+    # issue 27: an import refuses what the loop reads leniently (a nested <search>, an empty query)
+    ({"prompt": "Q", "response": "<search>a <search>b</search><information>d</information>"}, "response",
+     "a <search> at character 10 inside the query opened at character 0 (nested <search>)"),
+    ({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<t>x</t><search> </search>"},
+                   {"role": "user", "content": "invalid"}]}, "messages[1].content",
+     "the <search> at character 8 has an empty query"),
 ])
 def test_malformed_tag_logs_are_one_located_error(tmp_path, record, field, needle):
     p = _write(tmp_path / "bad.jsonl", [{"id": "ok", "response": "<answer>1</answer>"}, {"id": "b", **record}])
@@ -190,17 +197,18 @@ def test_malformed_tag_logs_are_one_located_error(tmp_path, record, field, needl
 
 
 def test_documented_acceptances(tmp_path):
-    """A nested <search> is part of the query (Search-R1's first-close reading); an empty query is a labelled
-    span but no round (the loop ran no query: parse_tags ignores it); an unclosed <search> with nothing after
-    it is prose."""
-    recs = [{"id": "n", "prompt": "Q", "response": "<search>a <search>b</search><information>d</information>"},
-            {"id": "e", "messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<search> </search>"},
-                                     {"role": "user", "content": "invalid"}]},
-            {"id": "u", "prompt": "Q", "response": "<think>t</think><search>cut off"}]
-    n, e, u = iter_import(_write(tmp_path / "ok.jsonl", recs), "tags")
-    assert n.messages[1]["annotations"][0] == {"start": 0, "end": 28, "role": "tool_call", "author": "self"}
-    assert e.messages[1]["annotations"] == [{"start": 0, "end": 18, "role": "tool_call", "author": "self"}]
-    assert "tool_calls" not in tag_rounds(e.messages)[1]
+    """The scanner (the loop's reading) keeps a nested <search> as query text (Search-R1's first-close reading)
+    and an empty query as a labelled span but no round (parse_tags ignores it); an import refuses both (above).
+    An unclosed <search> with nothing after it is prose, in both."""
+    text = "<search>a <search>b</search><information>d</information>"
+    assert scan(text)[0][0] == TagSpan("search", 0, 28)
+    e = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<search> </search>",
+                                             "annotations": [{"start": 0, "end": 18, "role": "tool_call",
+                                                              "author": "self"}]}]
+    assert scan(e[1]["content"])[0] == [TagSpan("search", 0, 18)]
+    assert "tool_calls" not in tag_rounds(e)[1]
+    (u,) = iter_import(_write(tmp_path / "ok.jsonl", [{"id": "u", "prompt": "Q",
+                                                       "response": "<think>t</think><search>cut off"}]), "tags")
     assert "annotations" not in u.messages[1]
 
 

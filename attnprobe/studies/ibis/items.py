@@ -22,12 +22,12 @@ from typing import Any
 
 from attnprobe.errors import TrajectoryError
 from attnprobe.io import read_jsonl
+from attnprobe.io.fs import id_problem
 
 LABELS = ("should_research", "should_visit_page", "should_return_answer")
 HEADLINE_LABELS = ("should_research", "should_visit_page")
 EXPECTED_ACTION = {"should_research": "web_search", "should_visit_page": "visit_page",
                    "should_return_answer": "answer"}
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _KNOWN = ("id", "domain", "task", "query", "results", "label", "note")
 
 
@@ -91,9 +91,9 @@ def validate_item(rec: Any, *, path: str | None = None, line: int | None = None)
         _fail(f"an IBIS item must be a JSON object, got {type(rec).__name__}", path, line, None)
     if "id" not in rec:
         _fail("missing required field", path, line, "id")
-    if not isinstance(rec["id"], (str, int)) or not _ID_RE.match(str(rec["id"])):
-        _fail("must be 1-100 characters of letters, digits, '_', '-' or '.', starting with a letter or digit "
-              "(it names folders)", path, line, "id")
+    problem = id_problem(rec["id"])  # it names folders
+    if problem:
+        _fail(problem, path, line, "id")
     for key in ("task", "query"):
         _nonempty_str(rec, key, path, line)
     if "label" not in rec:
@@ -125,7 +125,7 @@ def validate_item(rec: Any, *, path: str | None = None, line: int | None = None)
 def load_items(path: str | Path) -> list[IbisItem]:
     """Load and validate a JSON Lines file of IBIS items (duplicate ids are refused)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():  # anything else (a folder, a FIFO) is named by read_jsonl
         raise ItemError("file not found", path=str(path))
     items: list[IbisItem] = []
     seen: dict[str, int] = {}

@@ -154,7 +154,7 @@ def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = Fal
     if resume and overwrite:
         raise AttnprobeError("--resume and --force exclude each other")
     if ((out.exists() and out.stat().st_size) or results_path(out).exists()) and not (resume or overwrite):
-        raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --overwrite to "
+        raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --force to "
                              "start again")
     return out
 

@@ -1,0 +1,116 @@
+"""Policy and setting specs in one canonical spelling: each policy has exactly one accepted string per meaning,
+so one setting has one result folder.
+
+Checked here, before any model loads (issue 27): a spec is printable ASCII with no spaces; integers are ASCII
+digits written without leading zeros after normalisation (``mask:05`` -> ``mask:5``; ``mask:٣``, ``mask: 2``
+refused); ``refine:bm25`` is ``refine:bm25:3``; an ``openai`` refiner needs an http(s) URL; a setting is
+``none`` or policies joined by ``+`` with no empty part, no ``none`` part and no part twice. Anything else is
+refused in one line naming the spec and what is wrong. This module imports nothing of attnprobe's, so
+:mod:`attnprobe.agents.policies` and :mod:`attnprobe.agents.context` can both use it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+IRCOT_VARIANTS = ("o", "oq", "oqp")
+POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
+                "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
+DEFAULT_BM25_KEEP = 3
+_INT = re.compile(r"-?[0-9]{1,9}")  # ASCII digits only: str.isdigit / int() also take '٣' and ' 2'
+_PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
+
+
+def _show(spec: str) -> str:
+    """The spec as an error line shows it: repr, cut to 80 characters (a huge bad value stays one short line)."""
+    r = repr(spec)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _fail(spec: str, what: str) -> ValueError:
+    return ValueError(f"--policy {_show(spec)}: {what}")
+
+
+def _int(spec: str, value: str, what: str, example: str, least: int) -> int:
+    if not _INT.fullmatch(value):
+        raise _fail(spec, f"{what} must be an integer, e.g. {example}")
+    n = int(value)
+    if n < least:
+        raise _fail(spec, f"{what} must be >= {least}")
+    return n
+
+
+def _check_text(spec: str) -> None:
+    if not isinstance(spec, str) or not spec:
+        raise _fail(str(spec), "empty")
+    if not _PRINTABLE.fullmatch(spec):
+        bad = next(c for c in spec if not ("\x21" <= c <= "\x7e"))
+        what = "a space" if bad.isspace() else f"the non-ASCII or control character {bad!r}"
+        raise _fail(spec, f"contains {what}; write it as e.g. mask:5 (ASCII, no spaces)")
+
+
+def canonical_policy(spec: str) -> str:
+    """The one spelling of a single policy spec (see the module doc); ValueError naming the spec otherwise."""
+    _check_text(spec)
+    kind, _, arg = spec.partition(":")
+    if kind == "mask-turns":
+        raise _fail(spec, "mask-turns:K was removed; mask:K now counts turns as seed 002's "
+                          "released scaffold does (use mask-obs:K to count observations)")
+    if kind in ("mask", "mask-obs"):
+        return f"{kind}:{_int(spec, arg, 'K', f'{kind}:5', 0)}"
+    if kind == "ircot":
+        if arg not in IRCOT_VARIANTS:
+            raise _fail(spec, f"the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
+        return spec
+    if kind in ("refine", "refine-latest"):
+        sub, _, rest = arg.partition(":")
+        if sub == "bm25":
+            n = _int(spec, rest, "N", f"{kind}:bm25:3", 1) if rest else DEFAULT_BM25_KEEP
+            return f"{kind}:bm25:{n}"
+        if sub == "openai":
+            base, _, model = rest.rpartition(":")
+            if not base or not model:
+                raise _fail(spec, f"use {kind}:openai:BASE_URL:MODEL")
+            url = urlsplit(base)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise _fail(spec, f"BASE_URL must be an http:// or https:// URL, not {_show(base)}")
+            return spec
+        raise _fail(spec, f"unknown refiner {sub[:40]!r}; use {kind}:bm25[:N] or {kind}:openai:BASE_URL:MODEL")
+    if kind == "none":
+        raise _fail(spec, "'none' takes no argument")
+    raise _fail(spec, f"unknown policy; use one of {', '.join(POLICY_SPECS)}")
+
+
+def canonical_setting(spec: str) -> str:
+    """The one spelling of a setting: ``none`` or :func:`canonical_policy` parts joined by ``+`` (order kept:
+    composed policies apply in order). Refused: an empty part (``+``, ``++``, ``mask:2+``), ``none`` composed
+    with a policy, the same part twice, more than one ``refine:`` refiner."""
+    _check_text(spec)
+    if spec == "none":
+        return spec
+    parts = spec.split("+")
+    if any(not p for p in parts):
+        raise _fail(spec, "an empty part (a '+' at the start, at the end or doubled)")
+    if "none" in parts:
+        raise _fail(spec, "'none' (no policy) cannot be composed with other policies; drop it")
+    canon = [canonical_policy(p) for p in parts]
+    dup = next((c for i, c in enumerate(canon) if c in canon[:i]), None)
+    if dup is not None:
+        raise _fail(spec, f"{dup} appears twice")
+    if sum(c.startswith("refine:") for c in canon) > 1:
+        raise _fail(spec, "at most one refine:... per setting")
+    return "+".join(canon)
+
+
+def canonical_settings(specs: Iterable[str]) -> list[str]:
+    """:func:`canonical_setting` of each; two specs that mean the same setting (``mask:5`` and ``mask:05``)
+    are refused, naming both, since they would run one setting twice under two folder names."""
+    out: dict[str, str] = {}
+    for s in specs:
+        c = canonical_setting(s)
+        if c in out:
+            raise ValueError(f"--policy {_show(s)} is the same setting as {_show(out[c])} ({c}); give it once")
+        out[c] = s
+    return list(out)
