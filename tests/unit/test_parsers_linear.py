@@ -83,3 +83,26 @@ def test_unclosed_brackets_are_text_in_linear_time():
     assert seconds < 1.5 and (content, calls) == ("[" * 200_000, [])
     (content, calls), seconds = _timed(parse_tool_calls, "{" * 200_000, ["f"])
     assert seconds < 1.5 and calls == []
+
+
+def test_reasoning_chain_lines_parse_in_linear_time():
+    from attnprobe.studies.runner.validation import parse_chain
+
+    items = {"T": "task", "O1": "obs"}
+    hostile = "\n".join([" " * 20_000 + "x", "S1" + " " * 20_000 + "x", "S1: a (" + "T  " * 20_000 + "x",
+                         "S2: b (T)" + " " * 20_000 + "x"])
+    (steps, parsed), seconds = _timed(parse_chain, hostile, items, "42")
+    assert seconds < 1.0 and parsed
+    assert [(s.label, s.claim[:8], s.cites) for s in steps] == [("S1", "a (T  T ", []), ("S2", "b (T)   ", [])]
+    steps, _ = parse_chain("  - **S1**: Paris is in France (from: T, O1).  \nAnswer: Paris (S1 and T)", items, "x")
+    assert [(s.label, s.claim, s.cites) for s in steps] == [("S1", "Paris is in France", ["T", "O1"]),
+                                                           ("S2", "Paris", ["S1", "T"])]
+
+
+def test_counterfactual_tag_actions_read_in_linear_time():
+    from attnprobe.counterfactual.actions import classify_action
+
+    text = "<search>" * (MB // 8) + "<answer>" * (MB // 8) + "<answer> 42 </answer>"
+    action, seconds = _timed(classify_action, text, None, [])
+    assert seconds < 1.0
+    assert action == {"action": "<answer>", "kind": "tag", "arguments": {"answer": "<answer>" * (MB // 8) + " 42"}}
