@@ -187,6 +187,14 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
     return g
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (--request-timeout)."""
+    v = non_negative_float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return v
+
+
 def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | None, temperature: bool = False,
                            backend_alias: bool = False, max_new_tokens_help: str | None = None,
                            temperature_help: str | None = None):
@@ -207,6 +215,11 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | 
     g.add_argument("--served-model", default=None, help="model name to request from the endpoint (--generator openai)")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the endpoint's API key (default OPENAI_API_KEY)")
+    g.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="--generator openai: seconds to wait for a reply, and to read it, per try (default 600 for "
+                        "study/ibis runs, 300 otherwise; failed tries are retried twice)")
+    g.add_argument("--max-reply-bytes", type=positive_int, default=None, metavar="BYTES",
+                   help="--generator openai: the most bytes read from one reply (default 8000000)")
     g.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
                    help=max_new_tokens_help or f"generation limit per model call (default {max_new_tokens})")
     if temperature:
@@ -267,6 +280,10 @@ def make_generator(args, **overrides):
           "served_model": getattr(args, "served_model", None),
           "api_key_env": getattr(args, "api_key_env", "OPENAI_API_KEY")}
     kw.update(overrides)
+    if getattr(args, "request_timeout", None):  # the option beats a command's default
+        kw["timeout"] = args.request_timeout
+    if getattr(args, "max_reply_bytes", None):
+        kw["max_reply_bytes"] = args.max_reply_bytes
     kind = kw.pop("kind", None) or generator_kind(args)
     return open_backend(kind, **kw)
 

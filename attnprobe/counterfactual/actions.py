@@ -20,7 +20,6 @@ parseable call at all. So:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,7 +30,6 @@ from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.results.analysis import END_MARKER
 
 TAGS = ("search", "answer")
-_TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.S)
 UNPARSEABLE = "unparseable"
 
 
@@ -80,10 +78,27 @@ def classify_action(text: str, tool_calls: Sequence[Mapping] | None, vocabulary:
         _, calls = parse_tool_calls(text, sorted(known))
         if calls:
             return {"action": calls[0].name, "kind": "call", "arguments": calls[0].arguments}
-    m = _TAG.search(text or "")
-    if m:
-        return {"action": f"<{m.group(1)}>", "kind": "tag", "arguments": {m.group(1): m.group(2).strip()}}
+    tag = _first_tag(text or "")
+    if tag:
+        return {"action": f"<{tag[0]}>", "kind": "tag", "arguments": {tag[0]: tag[1].strip()}}
     return {"action": UNPARSEABLE, "kind": UNPARSEABLE, "arguments": {}}
+
+
+def _first_tag(text: str) -> tuple[str, str] | None:
+    """The first closed ``<search>``/``<answer>`` span, (tag, text inside), as the regex
+    ``<(search|answer)>(.*?)</\\1>`` (DOTALL) finds it, in linear time: a tag's first open closes iff its
+    closing tag occurs after it, and when it does not, no later open of that tag closes either."""
+    best = None
+    for tag in TAGS:
+        o, c = f"<{tag}>", f"</{tag}>"
+        start = text.find(o)
+        if start >= 0 and text.rfind(c) >= start + len(o) and (best is None or start < best[1]):
+            best = (tag, start)
+    if best is None:
+        return None
+    tag, start = best
+    inner = start + len(tag) + 2
+    return tag, text[inner:text.find(f"</{tag}>", inner)]
 
 
 def classify_stored(action: Mapping, vocabulary: Sequence[str]) -> dict:

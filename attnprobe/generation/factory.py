@@ -23,12 +23,13 @@ def _open_transformers(*, model: str, dtype: str, device: str, stop_at_call: boo
 
 
 def _open_openai(*, model: str, base_url: str | None, served_model: str | None, api_key_env: str, timeout: float,
-                 **_: Any) -> ChatBackend:
+                 max_reply_bytes: int | None = None, **_: Any) -> ChatBackend:
     from attnprobe.generation.openai_chat import OpenAIChat
 
     if not base_url:
         raise AttnprobeError("the openai generation backend needs a base URL (e.g. http://127.0.0.1:8000/v1)")
-    return OpenAIChat(base_url, served_model or model, api_key_env=api_key_env, timeout=timeout)
+    cap = {"max_reply_bytes": max_reply_bytes} if max_reply_bytes else {}
+    return OpenAIChat(base_url, served_model or model, api_key_env=api_key_env, timeout=timeout, **cap)
 
 
 BACKENDS: dict[str, Callable[..., ChatBackend]] = {
@@ -43,17 +44,19 @@ def backend_kinds() -> list[str]:
 
 def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", device: str = "cpu",
                  base_url: str | None = None, served_model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
-                 timeout: float = 300.0, stop_at_call: bool | None = None) -> ChatBackend:
+                 timeout: float = 300.0, stop_at_call: bool | None = None,
+                 max_reply_bytes: int | None = None) -> ChatBackend:
     """A chat backend of ``kind`` ("transformers" | "openai").
 
     transformers: loads ``model`` (any spec ``load_model`` accepts) with ``dtype`` on ``device``;
     ``stop_at_call`` None = stop generating at a complete call of an offered tool whenever tools are
     offered. openai: ``base_url`` (required), ``served_model`` (default: ``model``), the key from the
-    environment variable ``api_key_env``, ``timeout`` seconds per request.
+    environment variable ``api_key_env``, ``timeout`` seconds per request, replies of at most
+    ``max_reply_bytes`` (default :data:`attnprobe.generation.openai_chat.MAX_REPLY_BYTES`).
     """
     try:
         opener = BACKENDS[kind]
     except KeyError:
         raise AttnprobeError(f"unknown generation backend {kind!r} (choose from {', '.join(BACKENDS)})") from None
     return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
-                  api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call)
+                  api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes)

@@ -6,11 +6,17 @@ one, a placeholder is sent (local servers ignore it). Every failure (connection 
 HTTP error status, a reply that is not a chat completion) is raised as an :class:`AttnprobeError`
 with a one-line message naming the endpoint. When the server returns no structured ``tool_calls``,
 calls are parsed from the text by :mod:`attnprobe.generation.toolparse`.
+
+The body is read by attnprobe, not the client: at most ``max_reply_bytes`` (a server that streams without
+end cannot fill memory) and within ``timeout`` seconds in all (a server that trickles bytes cannot stall a
+run); a body that is not UTF-8 JSON is one line naming the URL, with at most 120 characters of it quoted.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
@@ -18,6 +24,8 @@ from attnprobe.generation.chat import ChatReply, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 NO_KEY = "EMPTY"  # sent when the key variable is unset: the client needs one, local servers ignore it
+MAX_REPLY_BYTES = 8_000_000  # a reply of 8,192 tokens with logprobs is well under 1 MB
+DEFAULT_MAX_TOKENS = 256
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -28,14 +36,15 @@ def _one_line(text: Any, limit: int = 300) -> str:
 class OpenAIChat:
     """Chat completions from an OpenAI-compatible endpoint (see the module docstring).
 
-    ``timeout`` is per request in seconds; ``max_retries`` retries connection errors, timeouts,
-    HTTP 408/409/429 and 5xx with backoff (the ``openai`` client's policy).
+    ``timeout`` is per request in seconds (waiting for the reply, and reading it in all);
+    ``max_retries`` retries connection errors, timeouts, HTTP 408/409/429 and 5xx with backoff (the
+    ``openai`` client's policy); ``max_reply_bytes`` caps the body read.
     """
 
     kind = "openai"
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 300.0,
-                 max_retries: int = 2):
+                 max_retries: int = 2, max_reply_bytes: int = MAX_REPLY_BYTES):
         import openai
 
         self.base_url = base_url.rstrip("/")
@@ -44,6 +53,7 @@ class OpenAIChat:
         self.name = model
         self.api_key_env = api_key_env
         self.timeout = timeout
+        self.max_reply_bytes = max_reply_bytes
         self.has_key = bool(os.environ.get(api_key_env))
         self._client = openai.OpenAI(api_key=os.environ.get(api_key_env) or NO_KEY, base_url=self.base_url,
                                      timeout=timeout, max_retries=max_retries)
@@ -52,9 +62,10 @@ class OpenAIChat:
         import openai
 
         try:
-            return self._client.chat.completions.create(**payload)
+            with self._client.chat.completions.with_streaming_response.create(**payload) as raw:
+                return self._read(raw)
         except openai.APITimeoutError:
-            raise AttnprobeError(f"{self.url}: no reply within {self.timeout:g} s") from None
+            raise AttnprobeError(f"{self.url}: no reply within {self.timeout:g} s (--request-timeout)") from None
         except openai.APIConnectionError as exc:
             reason = exc.__cause__ or exc
             text = _one_line(reason, 200)
@@ -70,32 +81,66 @@ class OpenAIChat:
         except openai.OpenAIError as exc:  # e.g. a response body the client cannot read
             raise AttnprobeError(f"{self.url}: {type(exc).__name__}: {_one_line(exc)}") from None
 
+    def _read(self, raw) -> Any:
+        """The reply's JSON, read within the byte cap and the time limit (see the module docstring)."""
+        chunks, size, start = [], 0, time.monotonic()
+        try:
+            for chunk in raw.iter_bytes():
+                size += len(chunk)
+                if size > self.max_reply_bytes:
+                    raise AttnprobeError(f"{self.url}: the reply exceeds {self.max_reply_bytes:,} bytes (the cap: "
+                                         "--max-reply-bytes); not read further")
+                if time.monotonic() - start > self.timeout:
+                    raise AttnprobeError(f"{self.url}: the reply did not finish within {self.timeout:g} s "
+                                         f"({size:,} bytes read; --request-timeout)")
+                chunks.append(chunk)
+        except AttnprobeError:
+            raise
+        except Exception as exc:  # the HTTP library's read errors (a timeout, a dropped connection)
+            detail = f"{type(exc).__name__}: {_one_line(exc, 120)}"
+            if "timeout" in type(exc).__name__.lower():
+                raise AttnprobeError(f"{self.url}: the reply stalled for {self.timeout:g} s ({size:,} bytes read; "
+                                     "--request-timeout)") from None
+            raise AttnprobeError(f"{self.url}: the reply broke off after {size:,} bytes ({detail})") from None
+        body = b"".join(chunks)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise AttnprobeError(f"{self.url}: the reply is not UTF-8 text (byte {exc.start} of {len(body):,}: "
+                                 f"{_one_line(body[max(0, exc.start - 40):exc.start + 40], 120)})") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            kind = "an HTML page" if text.lstrip()[:1] == "<" else \
+                "not JSON" if exc.pos == 0 else f"broken JSON at character {exc.pos}"
+            raise AttnprobeError(f"{self.url}: the reply is not a chat completion ({kind}: "
+                                 f"{_one_line(text, 120)})") from None
+
     def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
                  temperature: float = 0.0) -> ChatReply:
         messages = [{k: v for k, v in m.items() if k != "annotations"} for m in messages]  # attnprobe's labels
-        payload: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+        payload: dict[str, Any] = {"model": self.model, "messages": messages,  # a limit is always sent
+                                   "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                                    "temperature": temperature}
         if tools:
             payload["tools"] = tools
         resp = self._create(payload)
-        if isinstance(resp, (str, bytes)):  # the client hands back a body it could not parse as JSON
-            kind = "an HTML page" if str(resp).lstrip()[:1] == "<" else "not JSON"
-            raise AttnprobeError(f"{self.url}: the reply is not a chat completion ({kind}: {_one_line(resp, 120)})")
         try:
-            choice = resp.choices[0]
-            msg = choice.message
-            text = msg.content or ""
+            choice = resp["choices"][0]
+            msg = choice["message"]
+            text = msg.get("content") or ""
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
-            tool_calls = [{"id": tc.id, "type": tc.type or "function",
-                           "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
-                          for tc in (msg.tool_calls or [])]
-            usage = resp.usage
-            input_tokens = int(getattr(usage, "prompt_tokens", None) or 0)
-            output_tokens = int(getattr(usage, "completion_tokens", None) or 0)
-            finish = choice.finish_reason or "stop"
+            tool_calls = [{"id": tc["id"], "type": tc.get("type") or "function",
+                           "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}}
+                          for tc in (msg.get("tool_calls") or [])]
+            usage = resp.get("usage") or {}
+            input_tokens = int(usage.get("prompt_tokens") or 0)
+            output_tokens = int(usage.get("completion_tokens") or 0)
+            finish = choice.get("finish_reason") or "stop"
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-            raise AttnprobeError(f"{self.url}: malformed chat completion response: {_one_line(resp)}") from None
+            raise AttnprobeError(f"{self.url}: malformed chat completion response: "
+                                 f"{_one_line(json.dumps(resp)[:400])}") from None
         content = text
         if not tool_calls:
             content, parsed = parse_tool_calls(text, tool_names(tools))

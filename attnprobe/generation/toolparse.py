@@ -14,12 +14,16 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from attnprobe.render.rendering import bracket_end
 from attnprobe.trajectory.schema import call_arguments
+from attnprobe.trajectory.tags import closed
 
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-_FENCED = re.compile(r"```(?:json|tool_call|python)?\s*(.*?)```", re.S)
-_PYCALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\((.*?)\)", re.S)
+# (head, closing mark, whether an unclosed block runs to the end): blocks are read in linear time by
+# :func:`_blocks`, as the regexes <tool_call>\s*(.*?)\s*(?:</tool_call>|$) and
+# ```(?:json|tool_call|python)?\s*(.*?)``` (DOTALL) read them (the lazy regexes are quadratic on long
+# whitespace runs and unclosed blocks: 40 KB of spaces after <tool_call> took 60 s)
+_TAGGED = (re.compile(r"<tool_call>\s*"), "</tool_call>", True)
+_FENCED = (re.compile(r"```(?:json|tool_call|python)?\s*"), "```", False)
+_PYNAME = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 
 
 @dataclass
@@ -40,40 +44,91 @@ def call_ids(messages: list[dict], k: int, prefix: str = "call") -> list[str]:
     return [f"{prefix}{seen + i + 1}" for i in range(k)]
 
 
+_OPENER = re.compile(r"[{\[]")
+_OPENERS = re.compile(r"[{\[]+")
+
+
 def _json_objects(text: str) -> list[tuple[int, int, object]]:
-    """Every top-level JSON value ({...} or [...]) that parses, with its span."""
+    """Every top-level JSON value ({...} or [...]) that parses, with its span. A value nested deeper than
+    the decoder's recursion limit is text, and so is the run of brackets that opens it (retrying each of
+    100,000 nested brackets took a minute)."""
     dec = json.JSONDecoder()
-    out, i = [], 0
-    while i < len(text):
-        ch = text[i]
-        if ch in "{[":
-            try:
-                obj, end = dec.raw_decode(text, i)
-                out.append((i, end, obj))
-                i = end
-                continue
-            except json.JSONDecodeError:
-                pass
-        i += 1
+    out, i, ends = [], 0, {}
+    while (m := _OPENER.search(text, i)) is not None:
+        i = m.start()
+        if i not in ends:
+            _bracket_ends(text, i, ends)
+        if ends[i] is None:  # unclosed: not JSON (and the decoder's error would count lines up to i)
+            i += 1
+            continue
+        try:
+            obj, end = dec.raw_decode(text, i)
+            out.append((i, end, obj))
+            i = end
+            continue
+        except json.JSONDecodeError:
+            i += 1
+        except RecursionError:
+            i = _OPENERS.match(text, i).end()
     return out
 
 
 def _python_literals(text: str) -> list[tuple[int, int, object]]:
     """Every top-level Python literal ({...} or [...]) that ``ast.literal_eval`` accepts, with its span
-    (the Python-repr call lists of the smolagents format; never evaluated beyond literals)."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] in "{[":
-            end = bracket_end(text, i)
-            if end is not None:
-                try:
-                    out.append((i, end, ast.literal_eval(text[i:end])))
-                    i = end
+    (the Python-repr call lists of the smolagents format; never evaluated beyond literals). As in
+    :func:`_json_objects`, a literal too deep to evaluate is text with the run of brackets that opens it."""
+    out, i, ends = [], 0, {}
+    while (m := _OPENER.search(text, i)) is not None:
+        i = m.start()
+        if i not in ends:
+            _bracket_ends(text, i, ends)
+        end = ends[i]
+        if end is not None:
+            try:
+                out.append((i, end, ast.literal_eval(text[i:end])))
+                i = end
+                continue
+            except SyntaxError as exc:
+                if "too many nested" in str(exc):  # the parser's nesting limit: skip the whole run
+                    i = _OPENERS.match(text, i).end()
                     continue
-                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                    pass
+            except (ValueError, TypeError):
+                pass
+            except (MemoryError, RecursionError):
+                i = _OPENERS.match(text, i).end()
+                continue
         i += 1
     return out
+
+
+def _bracket_ends(text: str, start: int, ends: dict[int, int | None]) -> None:
+    """:func:`attnprobe.render.rendering.bracket_end` for ``text[start]`` and, from the same pass, for every
+    bracket it opens outside a string (their scans from there would read the same characters), into
+    ``ends``. Scanning once per bracket was quadratic (16 KB of ``[`` took 34 s)."""
+    pairs = {"{": "}", "[": "]", "(": ")"}
+    stack: list[tuple[str, int]] = []
+    quote, esc = None, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in pairs:
+            stack.append((pairs[ch], i))
+        elif ch in ")]}":
+            if not stack or ch != stack[-1][0]:
+                break  # a mismatch: every bracket still open fails here too
+            ends[stack.pop()[1]] = i + 1
+            if not stack:
+                return
+    for _, i in stack:
+        ends[i] = None
 
 
 def _as_call(obj, known: set[str] | None) -> ParsedCall | None:
@@ -96,13 +151,13 @@ def _calls_from(obj, known) -> list[ParsedCall]:
 def parse_tool_calls(text: str, known_tools: list[str] | None = None) -> tuple[str, list[ParsedCall]]:
     """Return (text before the first call, calls). ``known_tools`` restricts names (recommended)."""
     known = set(known_tools) if known_tools else None
-    for pattern in (_TAGGED, _FENCED):
+    for kind in (_TAGGED, _FENCED):
         calls, first = [], None
-        for m in pattern.finditer(text):
-            for _, _, obj in _json_objects(m.group(1)):
+        for start, body in _blocks(text, *kind):
+            for _, _, obj in _json_objects(body):
                 found = _calls_from(obj, known)
                 if found and first is None:
-                    first = m.start()
+                    first = start
                 calls += found
         if calls:
             return text[:first].strip(), calls
@@ -114,14 +169,40 @@ def parse_tool_calls(text: str, known_tools: list[str] | None = None) -> tuple[s
                 head = re.sub(r"(Calling tools:|Action:)\s*$", "", head.rstrip())
                 return head.strip(), found
     if known:
-        for m in _PYCALL.finditer(text):
-            name = m.group(1)
+        for start, name, args_src in _py_calls(text):
             if name not in known:
                 continue
-            args = _py_args(m.group(2))
+            args = _py_args(args_src)
             if args is not None:
-                return text[:m.start()].strip(), [ParsedCall(name, args)]
+                return text[:start].strip(), [ParsedCall(name, args)]
     return text.strip(), []
+
+
+def _blocks(text: str, head: re.Pattern, close: str, to_end: bool):
+    """(start, text inside) of each block opened by ``head`` and closed by the first ``close`` after it
+    (trailing whitespace dropped for ``<tool_call>``); an unclosed block runs to the end when ``to_end``."""
+    pos = 0
+    while (m := head.search(text, pos)) is not None:
+        end = text.find(close, m.end())
+        if end < 0:
+            if to_end:
+                yield m.start(), text[m.end():].rstrip()
+            return
+        body = text[m.end():end]
+        yield m.start(), body.rstrip() if to_end else body
+        pos = end + len(close)
+
+
+def _py_calls(text: str):
+    """``name(args)`` spans as the regex ``\\b(name)\\s*\\((.*?)\\)`` (DOTALL) finds them, in linear time
+    (the lazy regex is quadratic on unclosed parentheses): (start, name, args text) up to the first ``)``."""
+    pos = 0
+    while (m := _PYNAME.search(text, pos)) is not None:
+        close = text.find(")", m.end())
+        if close < 0:  # no ")" after this "(": no later call closes either
+            return
+        yield m.start(), m.group(1), text[m.end():close]
+        pos = close + 1
 
 
 def _py_args(src: str) -> dict | None:
@@ -141,7 +222,7 @@ def _py_args(src: str) -> dict | None:
 
 
 # ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)
-_TAG = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.S) for name in ("think", "search", "answer", "information")}
+_TAGS = ("think", "search", "answer", "information")
 
 
 @dataclass
@@ -162,10 +243,11 @@ def parse_tags(text: str) -> TagAction:
     """Parse ``<think>``, ``<search>`` and ``<answer>`` spans out of a tag-format reply. Only closed spans
     count, as in Search-R1 (``<(search|answer)>(.*?)</\\1>``): a reply cut off inside ``<search>`` is no
     query. Only what comes before the first ``</search>`` or ``</answer>`` counts (text a model writes after
-    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored."""
-    ends = [m.end() for m in (re.search(r"</search>", text), re.search(r"</answer>", text)) if m]
+    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored. Linear time
+    (:func:`attnprobe.trajectory.tags.closed`)."""
+    ends = [i + len(tag) for tag in ("</search>", "</answer>") if (i := text.find(tag)) >= 0]
     cut = text[: min(ends)] if ends else text
-    spans = {name: [s.strip() for s in pat.findall(cut) if s.strip()] for name, pat in _TAG.items()}
+    spans = {name: [s.strip() for s in closed(cut, name) if s.strip()] for name in _TAGS}
     answers = spans["answer"]
     return TagAction(thoughts=spans["think"], queries=spans["search"], answer=answers[0] if answers else None,
                      text=cut.strip())

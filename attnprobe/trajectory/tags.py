@@ -102,6 +102,22 @@ def scan(text: str, *, searches: bool = True, information: bool = True,
         pending, pos = False, min(end, n)
 
 
+def closed(text: str, name: str) -> list[str]:
+    """The text inside each closed ``<name>...</name>`` pair of ``text``, in order, as Search-R1's
+    ``<name>(.*?)</name>`` (DOTALL) finds them: an open tag is closed by the first closing tag after it, and
+    the next pair is searched for after that. Linear time (the lazy regex is quadratic on unclosed tags: a
+    1 MB reply of ``<search>`` took minutes): once an open tag has no closing tag after it, none later can."""
+    o, c = f"<{name}>", f"</{name}>"
+    out, pos = [], 0
+    while (start := text.find(o, pos)) >= 0:
+        end = text.find(c, start + len(o))
+        if end < 0:
+            break
+        out.append(text[start + len(o):end])
+        pos = end + len(c)
+    return out
+
+
 def first_query(text: str, spans: list[TagSpan]) -> TagSpan | None:
     """The query a turn ran: its first ``<search>`` span, if its query is not empty (the loop runs the
     first query of a reply and, like :func:`attnprobe.generation.toolparse.parse_tags`, reads only up to the

@@ -59,6 +59,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
     limits = limits or Limits()
     chat = _CancellableChat(loaded, stop_at_call=False)
     lock = threading.Lock()  # one generation at a time: the model is not re-entrant on CPU
+    admitted = threading.BoundedSemaphore(limits.max_queue)  # generating or waiting for the lock
     context = context_length(loaded)
     max_prompt = limits.max_prompt_tokens or context
     api_key = limits.api_key.encode() if limits.api_key else None
@@ -118,7 +119,8 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
 
         def _refuse(self, err: RequestError):
             self.close_connection = True
-            self._send(err.status, err.body(), {"WWW-Authenticate": "Bearer"} if err.status == 401 else None)
+            headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(err.status)
+            self._send(err.status, err.body(), headers)
             if getattr(self, "_body_unread", False):
                 self._discard_input()
 
@@ -225,6 +227,17 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
             })
 
         def _complete(self, req: dict):
+            """The reply, when fewer than --max-queue requests are admitted; else 503 at once (a flood is
+            answered, never left to the listen backlog to reset)."""
+            if not admitted.acquire(blocking=False):
+                raise RequestError(503, f"busy: {limits.max_queue} requests are generating or waiting (attnprobe "
+                                        "serve --max-queue); retry after the Retry-After seconds", code="busy")
+            try:
+                return self._complete_admitted(req)
+            finally:
+                admitted.release()
+
+        def _complete_admitted(self, req: dict):
             sock = self.connection
             while not lock.acquire(timeout=_CHECK_EVERY_S):  # wait our turn; give up if the client leaves
                 if client_gone(sock):
@@ -275,6 +288,7 @@ def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits |
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's 5 reset 3 of 120 connections in a 30-way flood)
 
     def handle_error(self, request, client_address):
         """A client that vanished mid-response is routine; anything else is one line on stderr."""

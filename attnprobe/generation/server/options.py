@@ -11,6 +11,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.generation.server.launcher import serve
 from attnprobe.generation.server.protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUE,
     DEFAULT_READ_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     Limits,
@@ -37,6 +38,9 @@ def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
                         f"(default {DEFAULT_REQUEST_TIMEOUT:g})")
     g.add_argument("--max-seconds", type=float, default=None,
                    help="stop a generation that runs longer and answer HTTP 503 (default: no limit)")
+    g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help="requests generating or waiting their turn; more are answered HTTP 503 with Retry-After "
+                        f"(default {DEFAULT_MAX_QUEUE})")
     return g
 
 
@@ -58,12 +62,14 @@ def limits_from_args(args) -> Limits:
         key = os.environ.get(args.api_key_env, "")
         if not key:
             raise AttnprobeError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-    for name in ("max_prompt_tokens", "max_body_bytes", "read_timeout", "request_timeout", "max_seconds"):
+    for name in ("max_prompt_tokens", "max_body_bytes", "read_timeout", "request_timeout", "max_seconds",
+                 "max_queue"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             raise AttnprobeError(f"--{name.replace('_', '-')} must be positive, got {v}")
     return Limits(max_prompt_tokens=args.max_prompt_tokens, max_body_bytes=args.max_body_bytes,
-                  read_timeout=args.read_timeout, request_timeout=args.request_timeout, max_seconds=args.max_seconds, api_key=key)
+                  read_timeout=args.read_timeout, request_timeout=args.request_timeout, max_seconds=args.max_seconds, api_key=key,
+                  max_queue=args.max_queue)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from attnprobe.io import loads_strict
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any prompt a context window holds
 DEFAULT_READ_TIMEOUT = 30.0  # seconds per socket read
 DEFAULT_REQUEST_TIMEOUT = 120.0  # seconds to receive a whole request (line, headers, body)
+DEFAULT_MAX_QUEUE = 16  # requests generating or waiting their turn; more are answered 503 at once
 DEFAULT_CONTEXT = 8192  # prompt-token limit when the model config names no context length
 DEFAULT_MAX_TOKENS = 256
 
@@ -40,6 +41,7 @@ class Limits:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_seconds: float | None = None
     api_key: str | None = None
+    max_queue: int = DEFAULT_MAX_QUEUE
 
 
 def context_length(loaded) -> int:
