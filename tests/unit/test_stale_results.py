@@ -159,3 +159,37 @@ def test_study_md_drops_an_attention_section_computed_from_other_results(tmp_pat
     md = (tmp_path / "study.md").read_text()
     assert "| shares |" not in md
     assert f"{HEADING}\n\nDropped: the results of none changed since it ran; run 'attnprobe study attention" in md
+
+
+def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """`study interference` with another --served-model or --max-new-tokens on a finished folder: exit 2, one
+    line naming the option, no model call, study.md untouched; --force redoes it."""
+    from attnprobe.cli.main import main
+    from attnprobe.execution.local import LocalExecutor as Local
+
+    chats = []
+
+    def executor(args):
+        chats.append(ScriptedChat(script))
+        return Local(lambda: chats[-1], progress=False)
+
+    from attnprobe.cli import loop as cli_loop
+
+    monkeypatch.setattr(cli_loop, "_executor", executor)
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    out = tmp_path / "study"
+    argv = ["study", "interference", str(qfile), "--policy", "none", "--out", str(out), "--max-turns", "3",
+            "--generator", "openai", "--base-url", "http://127.0.0.1:9/v1", "--no-progress"]
+    assert main([*argv, "--served-model", "m1"]) == 0
+    md = (out / "study.md").read_text()
+    capsys.readouterr()
+    assert main([*argv, "--served-model", "m2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"attnprobe: error: {out}: study interference ran there with other options: --model/--served-model "
+                   "was 'openai:m1', now 'openai:m2'; use --force to redo or another --out")
+    assert main([*argv, "--served-model", "m1", "--max-new-tokens", "64"]) == 2
+    assert "--max-new-tokens was 128, now 64" in capsys.readouterr().err
+    assert (out / "study.md").read_text() == md and not chats[-1].sent
+    assert main([*argv, "--served-model", "m2", "--force"]) == 0
+    assert len(chats[-1].sent) == 6  # every item redone (two calls each)

@@ -365,7 +365,7 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
     if conflicts:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                             "use --force to replace them")
+                             "use --force to redo or another --out")
     return jobs
 
 
