@@ -193,3 +193,42 @@ def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tm
     assert (out / "study.md").read_text() == md and not chats[-1].sent
     assert main([*argv, "--served-model", "m2", "--force"]) == 0
     assert len(chats[-1].sent) == 6  # every item redone (two calls each)
+
+
+def test_study_attention_runs_on_current_calls_and_stamps_its_section(tmp_path):
+    """run_attention end to end without a model (an executor that captures nothing): the capture jobs and the
+    counterfactual get only the calls and histories of current results, attention.json records their stamp,
+    and study.md keeps the section until the results change."""
+    from types import SimpleNamespace
+
+    from attnprobe.studies.loop.attention import run_attention
+
+    class NoCapture:
+        jobs: list = []
+
+        def run(self, job):
+            self.jobs.append(job)
+            return {"done_before": 0, "done": 0, "failed": 0}
+
+    seen = []
+
+    def counterfactual(folder, trajectories, spec, min_past):
+        seen.append(sorted(t.meta["question_id"] for t in trajectories))
+        return {"steps": 0, "min_past": min_past}
+
+    _run(tmp_path, settings=("none", "ircot:o"))
+    _run(tmp_path, QUESTIONS[:2], settings=("none", "ircot:o"))  # q2 leaves the study
+    (tmp_path / "ircot-o" / "results" / "q1.json").unlink()  # and one result is deleted
+    model = SimpleNamespace(spec="no-such-model", backend="transformers", dtype="float32")
+    ex = NoCapture()
+    _, doc = run_attention(ex, tmp_path, model=model, counterfactual=counterfactual, n_boot=10)
+    calls = {job.out.parent.name: sorted({t.meta["question_id"] for t in job.trajectories}) for job in ex.jobs}
+    assert calls == {"none": ["q0", "q1"], "ircot-o": ["q0"]}
+    assert seen == [["q0", "q1"]]  # the baseline's histories of its current results
+    assert doc["settings"]["none"]["recorded_calls"] == 4 and doc["settings"]["ircot:o"]["recorded_calls"] == 2
+    stamps = json.loads((tmp_path / ATTENTION_JSON).read_text())["results_stamps"]
+    assert stamps == {s: results_stamp(current_results(tmp_path, s)) for s in ("none", "ircot:o")}
+    assert (tmp_path / "study.md").read_text().count(HEADING) == 1 and "Dropped" not in (tmp_path / "study.md").read_text()
+    _run(tmp_path, QUESTIONS[:2], settings=("none", "ircot:o"))  # q1 of ircot:o runs again: other results
+    md = (tmp_path / "study.md").read_text()
+    assert "Dropped: the results of ircot:o changed since it ran" in md

@@ -413,7 +413,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
                                  min_past=shares_min_past)
-        current = {s: results_stamp(v) for s, v in study["results"].items()}
+        current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
         doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
         atomic_write_text(out / ATTENTION_MD, markdown(doc))
