@@ -57,7 +57,7 @@ def _capture_locked(args, trajs, out: Path) -> int:
     if conflicts:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                             "use another --out, or --force to replace them")
+                             "use --force to redo or another --out")
     # The model loads only if something is left to do; a missing model is exit code 3 for the whole
     # command, not a per-trajectory failure (it is not in the job's catch).
     with executor(args) as ex:

@@ -61,6 +61,12 @@ def run_options(args, progress: bool = True):
                       progress=progress and not args.no_progress)
 
 
+def model_record(args) -> dict:
+    """The model options as the settings record compares them (the weights are compared per step)."""
+    return {"spec": getattr(args, "model", None), "backend": getattr(args, "backend", None),
+            "dtype": getattr(args, "dtype", None)}
+
+
 def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
     """(policy specs, min_past, policy names, steps) of a run: the trajectories read and every policy and
     step option checked, with no model (``study masking`` calls it before its capture stage too)."""
@@ -89,7 +95,7 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     ensure_writable_dir(out)
     with hold_dir_lock(out), executor(args) as ex:
         report = run_steps(ex, out, steps, names, specs, run_options(args), batch_size=args.batch_size,
-                           force=args.force)
+                           force=args.force, model=model_record(args))
     counts, summary, skipped = report["counts"], report["summary"], report["skipped"]
     for where, why in skipped:
         log.warning("summary: skipped %s: %s", where, why)

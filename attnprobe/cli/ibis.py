@@ -261,16 +261,22 @@ def _stage_run(args, target: Target, items, ex) -> int:
 
 
 def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = True) -> int:
+    from attnprobe.io.settings import check_settings
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import AttentionJob
 
     if not (target.folder / "items.jsonl").is_file():
         _prepare(args, target, items, "transformers")
+    force = args.force or getattr(args, "force_capture", False)
+    # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
+    check_settings(target.folder, "ibis capture", {"model": args.model, "dtype": args.dtype, "protocol": args.protocol,
+                                                   "reminder": resolve_reminder(args.protocol, args.reminder),
+                                                   "chunk_size": args.chunk_size}, force=force)
     inv = ex.call(invariants, items, args.protocol, args.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=args.chunk_size, protocol=args.protocol,
-                       force=args.force or getattr(args, "force_capture", False), reminder=args.reminder,
-                       share_prefixes=not args.no_prefix_sharing)
+                       force=force, reminder=args.reminder, share_prefixes=not args.no_prefix_sharing)
     counts = ex.run(job)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
     index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder) if aggregate_now else None

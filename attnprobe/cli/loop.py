@@ -108,6 +108,14 @@ def _executor(args):
     return executor(args, load=load)
 
 
+def model_label(args) -> str:
+    """What generates, as results are stamped with it: the endpoint's served model, or the model
+    path with its dtype (a changed one is refused on rerun unless --force)."""
+    if args.backend == "openai":
+        return f"openai:{args.served_model or args.model}"  # the same model behind another URL is the same
+    return f"{args.backend}:{args.model}:{getattr(args, 'dtype', None)}"
+
+
 def cmd_interference(args) -> int:
     from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
     from attnprobe.agents.questions import read_questions
@@ -134,7 +142,7 @@ def cmd_interference(args) -> int:
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
-                                  force=args.force, n_boot=args.bootstrap)
+                                  force=args.force, n_boot=args.bootstrap, model=model_label(args))
     print((Path(args.out) / "study.md").read_text(encoding="utf-8"))
     print(f"study interference: {counts['done']} run, {counts['done_before']} already done, {counts['failed']} "
           f"failed -> {Path(args.out) / 'study.md'}", file=sys.stderr)
@@ -189,6 +197,7 @@ def _register_attention(studies) -> None:
 def cmd_attention(args) -> int:
     from attnprobe.agents.policy_specs import canonical_settings
     from attnprobe.cli.capture import capture_options
+    from attnprobe.cli.counterfactual import model_record
     from attnprobe.cli.options import executor, model_options
     from attnprobe.counterfactual.job import run_on_executor
     from attnprobe.counterfactual.run import RunOptions
@@ -204,7 +213,8 @@ def cmd_attention(args) -> int:
                       progress=not args.no_progress)
     with hold_dir_lock(out, "study folder"), executor(args) as ex:  # not while the study itself runs
         def counterfactual(folder, trajectories, spec, min_past):
-            return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force)
+            return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
+                                   model=model_record(args))
 
         counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
                                     counterfactual=counterfactual, min_past=args.min_past,

@@ -21,7 +21,11 @@ from attnprobe.counterfactual.summary import markdown_table, summarize_dir
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import inside, recover_atomic_dirs
+from attnprobe.io.settings import check_settings
 from attnprobe.trajectory.schema import Trajectory
+
+OPTION_NAMES = {"spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
+                "chunk_size": "--chunk-size", "backend": "--backend", "dtype": "--dtype"}
 
 
 @dataclass
@@ -114,11 +118,24 @@ def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], 
     return LocalExecutor(lambda: model, progress=opts.progress).run(job)
 
 
+def options_record(opts: RunOptions, model: dict | None = None) -> dict:
+    """What ``out``'s settings record (:func:`attnprobe.io.settings.check_settings`) holds for a
+    counterfactual run: the model (``spec``/``backend``/``dtype``, when the caller knows them) and every
+    option that changes a step's record. A rerun without ``--actions`` into a folder made with it is
+    refused (not a silent replacement of the finished steps' next-action data) unless ``--force``."""
+    return {**(model or {}), "rendering": opts.rendering, "max_tokens": opts.max_tokens,
+            "layers": None if opts.layers is None else list(opts.layers), "chunk_size": opts.chunk_size,
+            "actions": opts.actions, "max_new_tokens": opts.max_new_tokens if opts.actions else None,
+            "logprob": opts.logprob}
+
+
 def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[str], specs: Sequence[str],
-              opts: RunOptions, *, batch_size: int = 1, force: bool = False) -> dict:
+              opts: RunOptions, *, batch_size: int = 1, force: bool = False, model: dict | None = None) -> dict:
     """Planned ``steps`` (:func:`plan_steps`) under every policy of ``specs`` on ``executor`` (any executor;
     resumable) into ``out``, then the summary of ``out``: ``{"counts", "summary", "skipped", "markdown":
-    {query: table}}``. The settings are made where the model is."""
+    {query: table}}``. Other options than ``out`` was made with are refused before the model loads unless
+    ``force`` (:func:`options_record`). The settings are made where the model is."""
+    check_settings(out, "counterfactual", options_record(opts, model), force=force, names=OPTION_NAMES)
     settings = executor.call(counterfactual_settings, list(names), replace(opts, progress=False))
     job = CounterfactualJob(Path(out), list(steps), list(specs), settings, opts, batch_size=batch_size, force=force)
     counts = executor.run(job)
@@ -129,7 +146,8 @@ def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[
 
 
 def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
-                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False) -> dict:
+                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False,
+                    model: dict | None = None) -> dict:
     """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns (:func:`run_steps`), as
     ``{"steps", "min_past", **run_steps(...)}``. No step qualifies: ``steps`` 0, nothing run and no model
     loaded (callers that compose studies report it instead of failing)."""
@@ -137,4 +155,4 @@ def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory
         return {"steps": 0, "min_past": min_past}
     names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
     return {"steps": len(steps), "min_past": min_past,
-            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force)}
+            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model)}

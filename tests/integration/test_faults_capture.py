@@ -107,7 +107,7 @@ def test_resume_key_recovery_and_variants(smol, tmp_path, capsys, monkeypatch):
     assert main([*args, "--dtype", "bfloat16"]) == 2
     assert _stderr_lines(capsys) == [
         f"attnprobe: error: {out} holds captures made with other settings: {out / 'tiny-1' / 'meta.json'}: "
-        "dtype was 'float32', now 'bfloat16' (and 2 more); use another --out, or --force to replace them"]
+        "dtype was 'float32', now 'bfloat16' (and 2 more); use --force to redo or another --out"]
     tampered = json.loads((out / "tiny-3" / "meta.json").read_text())
     real_weights = tampered["weights_hash"]
     tampered["weights_hash"] = "0000000000000000"
@@ -116,7 +116,7 @@ def test_resume_key_recovery_and_variants(smol, tmp_path, capsys, monkeypatch):
     assert _stderr_lines(capsys) == [
         f"attnprobe: error: {out} holds captures made with other settings: {out / 'tiny-3' / 'meta.json'}: "
         f"weights fingerprint was 0000000000000000, now {real_weights} (the model files changed); "
-        "use another --out, or --force to replace them"]
+        "use --force to redo or another --out"]
     monkeypatch.undo()
 
     # a full disk while replacing tiny-1 (--force): one line naming the file; the old result is intact

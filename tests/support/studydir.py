@@ -79,7 +79,8 @@ def make_study(out: Path) -> Path:
                OTHER: [_result("q1", OTHER, True, "Paris", 1), _result("q2", OTHER, True, "Rome", 1)]}
     summary = summarize(results, BASE, n_boot=2000, seed=0)
     study = {"config": {"scaffold": "seed002"}, "settings": [BASE, OTHER], "models": ["toy-model"], "scorer": "em",
-             "questions_total": 2, **summary}
+             "questions_total": 2, **summary,
+             "results": {s: {r["question_id"]: f"stamp-{r['question_id']}" for r in rs} for s, rs in results.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps(finite_json(study), indent=1))
     search = {"role": "assistant", "content": "",

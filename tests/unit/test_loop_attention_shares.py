@@ -70,6 +70,10 @@ def test_study_folder_errors_and_the_report_section(tmp_path):
     with pytest.raises(AttnprobeError, match=r"study.json: field 'settings'"):
         read_study(tmp_path)
     (tmp_path / "study.json").write_text(json.dumps({"settings": {"none": {}, "mask:5": {}}, "baseline": "none"}))
+    with pytest.raises(AttnprobeError, match=r"study.json: field 'results'.*run 'attnprobe study interference'"):
+        read_study(tmp_path)  # no stamps of its results (an older attnprobe): the study is run again first
+    (tmp_path / "study.json").write_text(json.dumps({"settings": {"none": {}, "mask:5": {}}, "baseline": "none",
+                                                     "results": {"none": {}, "mask:5": {}}}))
     assert read_study(tmp_path)["settings"] == ["none", "mask:5"]
     head = "# Interference study\n\n| table |\n"
     assert with_attention(head, tmp_path) == head  # nothing to append yet

@@ -268,8 +268,8 @@ def test_resume_with_another_policy_is_refused_in_one_located_line(tmp_path):
     with pytest.raises(attnprobe.AttnprobeError) as err:
         run(tmp_path, resume=True)
     assert str(err.value) == (f"{tmp_path / 'r.results.ndjson'}, line 1: run baseline-t1 was made with other "
-                              "settings (context_policy: 'mask:1' there, 'none' now); resume with the same options "
-                              "or use another --out")
+                              "settings (context_policy: 'mask:1' there, 'none' now); resume with the same options, "
+                              "use --force to redo or another --out")
     # an interrupted run (calls recorded, no result yet) is refused too, at its first call
     with pytest.raises(RuntimeError):
         run(tmp_path, "p", fail_on_call=3)
@@ -293,7 +293,7 @@ def test_cli_refuses_another_policy_on_resume_before_loading_a_model(tmp_path, m
     err = capsys.readouterr().err.strip()
     assert err == (f"attnprobe: error: {tmp_path / 'r.results.ndjson'}, line 1: run baseline-t1 was made with "
                    "other settings (context_policy: 'mask:1' there, 'mask:2+refine:bm25:3' now); resume with the "
-                   "same options or use another --out")
+                   "same options, use --force to redo or another --out")
     assert main(argv + ["--context-policy", "mask:x", "--force"]) == 2
     assert capsys.readouterr().err.strip() == ("attnprobe: error: --context-policy 'mask:x': K must be an integer, "
                                                "e.g. mask:5")

@@ -343,3 +343,29 @@ def test_runner_reads_golden_answers_and_scores_with_the_shared_em(tmp_path):
     s = RunSettings.preset("nis-agent", validation="off", manager_steps=2, worker_steps=2)
     res = run_questions(chat, [q], s, tmp_path / "r.jsonl", search=FakeSearch())["results"][0]
     assert (res["answer"], res["gold"], res["correct"]) == ("holmium", ["Holmium (element)", "The holmium"], True)
+
+
+def test_resume_reruns_a_question_whose_text_or_gold_changed(tmp_path):
+    """Issue 27: 'done' means the same inputs. A question whose gold answers (or text) changed since it ran is
+    run again on --resume (its old calls are dropped, not replayed) and scored against the new gold; an
+    unchanged one is skipped."""
+    s = RunSettings.preset("nis-agent", validation="off", manager_steps=2, worker_steps=2, filter="none")
+    out = tmp_path / "r.jsonl"
+    first = run_questions(CannedChat(manager=MANAGER, worker=WORKER), [QUESTION], s, out, search=FakeSearch())
+    assert first["results"][0]["correct"] is True
+    n_calls = len(attnprobe.load_trajectories(out))
+    same = run_questions(CannedChat(manager=MANAGER, worker=WORKER), [QUESTION], s, out, search=FakeSearch(),
+                         resume=True)
+    assert same["skipped"] == 1
+    new_gold = {**QUESTION, "answers": ["erbium"]}
+    again = run_questions(CannedChat(manager=MANAGER, worker=WORKER), [new_gold], s, out, search=FakeSearch(),
+                          resume=True)
+    assert again["skipped"] == 0
+    (res,) = again["results"]
+    assert res["gold"] == ["erbium"] and res["answer"] == "holmium" and res["correct"] is False
+    assert len(attnprobe.load_trajectories(out)) == n_calls  # the old question's calls replaced, not kept beside
+    new_text = {**new_gold, "question": "Which element is named after Stockholm?"}
+    third = run_questions(CannedChat(manager=MANAGER, worker=WORKER), [new_text], s, out, search=FakeSearch(),
+                          resume=True)
+    assert third["skipped"] == 0 and third["results"][0]["question"] == new_text["question"]
+    assert json.loads(out.with_suffix(".summary.json").read_text())["runs"] == 1

@@ -28,8 +28,14 @@ questions (:func:`attnprobe.stats.bootstrap_mean_ci`); the same for the **per-to
 uniform (:func:`relative_share`), and per non-baseline setting the **paired difference** with the baseline
 at the same (question, step) (:func:`paired_difference`).
 
-Writes ``OUT/attention.json`` and ``OUT/attention.md`` atomically and appends the section to
-``OUT/study.md`` (:func:`with_attention`; ``study interference`` keeps it when it rewrites study.md).
+Only the calls and histories of the study's current results are used (:func:`current_results`: the
+results study.json summarised, still on disk with the same input stamp, and only their calls with that
+stamp), never a question dropped from the study, a deleted result or an earlier run's calls.
+
+Writes ``OUT/attention.json`` (with ``results_stamps``: per setting the stamp of the results it used)
+and ``OUT/attention.md`` atomically and appends the section to ``OUT/study.md`` (:func:`with_attention`;
+``study interference`` keeps it when it rewrites study.md while the results are the same, and replaces it
+by a one-line note when they changed).
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
 from attnprobe.results.analysis import R, token_owners
-from attnprobe.results.report import find_results
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
 from attnprobe.studies.loop.attention_report import (
@@ -59,6 +64,7 @@ from attnprobe.studies.loop.attention_report import (
     QUERIES,
     SHARES_MIN_PAST,
     markdown,
+    results_stamp,
     with_attention,
 )
 from attnprobe.studies.loop.job import check_study_folder, read_result, setting_dir
@@ -89,27 +95,47 @@ def read_study(out: Path) -> dict:
     baseline = study.get("baseline") or settings[0]
     if baseline not in settings:
         raise AttnprobeError(f"{path}: field 'baseline': {baseline!r} is not one of the settings")
-    return {"settings": settings, "baseline": baseline, "models": study.get("models") or []}
+    results = study.get("results")
+    if not (isinstance(results, dict) and all(isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+                                              for v in results.values())):
+        raise AttnprobeError(f"{path}: field 'results': missing or not the stamps of the results (made by an older "
+                             f"attnprobe); run 'attnprobe study interference' on {out} again first")
+    return {"settings": settings, "baseline": baseline, "models": study.get("models") or [],
+            "results": {s: dict(results.get(s) or {}) for s in settings}}
+
+
+def current_results(out: Path, setting: str) -> dict[str, str]:
+    """``{question id: stamp}`` of the setting's results that study.json summarised and that are still on
+    disk with that stamp (a deleted or rewritten result file drops its question), in study order."""
+    stamps = read_study(out)["results"].get(setting, {})
+    folder = setting_dir(out, setting)
+    return {qid: st for qid, st in stamps.items()
+            if (rec := read_result(folder / "results" / f"{qid}.json")) is not None and rec.get("inputs") == st}
+
+
+def _stamped(path: Path, stamp: str) -> list[Trajectory]:
+    """The trajectories of ``path`` made for the result with ``stamp`` (``meta.inputs``); a symlink is never
+    read through (it could point out of the study folder): its question is left out with a warning."""
+    if path.is_symlink():
+        log.warning("%s: is a symlink; not followed (its question is left out)", path)
+        return []
+    return [t for t in load_trajectories(path) if (t.meta or {}).get("inputs") == stamp] if path.is_file() else []
 
 
 def recorded_calls(out: Path, setting: str) -> list[Trajectory]:
-    """The setting's recorded calls, as ``study interference`` gathered them (none yet: [])."""
-    path = setting_dir(out, setting) / "calls.jsonl"
-    return load_trajectories(path) if path.is_file() else []
+    """The setting's recorded calls of its current results (:func:`current_results`), in question order:
+    never a call of a question no longer in the study, of a deleted result, or of an earlier run."""
+    folder = setting_dir(out, setting)
+    return [t for qid, st in current_results(out, setting).items()
+            for t in _stamped(folder / "calls" / f"{qid}.jsonl", st)]
 
 
 def histories(out: Path, setting: str) -> list[Trajectory]:
-    """The setting's full histories of finished questions (those with a result: an item interrupted after
-    its history was written has none), in file-name order."""
+    """The setting's full histories of its current results (:func:`current_results`; an item interrupted
+    after its history was written has no result), in question order."""
     folder = setting_dir(out, setting)
-    found = []
-    for p in sorted((folder / "history").glob("*.jsonl")):
-        if p.is_symlink():  # never read through a link out of the study folder
-            log.warning("%s: is a symlink; not followed (its question is left out)", p)
-            continue
-        if read_result(folder / "results" / f"{p.stem}.json") is not None:
-            found += load_trajectories(p)
-    return found
+    return [t for qid, st in current_results(out, setting).items()
+            for t in _stamped(folder / "history" / f"{qid}.jsonl", st)]
 
 
 def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | None]:
@@ -344,7 +370,7 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
     if conflicts:
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                             "use --force to replace them")
+                             "use --force to redo or another --out")
     return jobs
 
 
@@ -393,13 +419,15 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
                                  min_past=shares_min_past)
+        current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
+        doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
         atomic_write_text(out / ATTENTION_MD, markdown(doc))
         study_md = out / "study.md"
         if study_md.is_symlink():
             log.warning("%s: is a symlink; not followed (the attention section is in %s)", study_md, ATTENTION_MD)
         elif study_md.is_file():
-            atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out))
+            atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
     return counts, doc
 
 
@@ -422,10 +450,10 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
                   **setting_attention(results, n_boot=n_boot, min_past=min_past, records=records[s])}
         if s in cf:
             per[s]["counterfactual"] = {**cf[s], "folder": f"{setting_dir(out, s).name}/{COUNTERFACTUAL_DIR}"}
-    if baseline not in records:  # --policy without the baseline: its captures as they are on disk
-        folder = setting_dir(out, baseline) / CAPTURE_DIR
-        records[baseline] = [call_record(CaptureResult.load(p)) for p in find_results(folder)] \
-            if folder.is_dir() else []
+    if baseline not in records:  # --policy without the baseline: its captures of its current calls, if made
+        some = next(iter(jobs.values()))
+        base = replace(some, out=setting_dir(out, baseline) / CAPTURE_DIR, trajectories=recorded_calls(out, baseline))
+        records[baseline] = [call_record(r) for r in _captured(base)] if base.out.is_dir() else []
     for s in settings:
         if s != baseline:
             per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,

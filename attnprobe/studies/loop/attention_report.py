@@ -6,6 +6,8 @@ study.md, the app) import no capture stage.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -140,12 +142,42 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def with_attention(study_md: str, out: Path) -> str:
+def results_stamp(stamps: dict[str, str]) -> str:
+    """One setting's results as one digest: its ``{question id: result stamp}`` (study.json's ``results``).
+    attention.json records it per setting it used; study.md keeps the attention section while they agree."""
+    return hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def stale_attention(out: Path, current: dict[str, str]) -> str | None:
+    """Why OUT/attention.json no longer matches the study's results (None: it does): a setting whose
+    results changed since it was computed, or no stamp (an older attnprobe)."""
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.io import load_json
+
+    try:
+        doc = load_json(Path(out) / ATTENTION_JSON)
+    except AttnprobeError as exc:
+        return f"attention.json unreadable ({exc})"
+    made = doc.get("results_stamps") if isinstance(doc, dict) else None
+    if not isinstance(made, dict) or not made:
+        return "attention.json records no stamp of the results it used"
+    changed = [s for s, v in made.items() if current.get(s) != v]
+    return f"the results of {changed[0]} changed since it ran" if changed else None
+
+
+def with_attention(study_md: str, out: Path, current: dict[str, str] | None = None) -> str:
     """study.md's behaviour tables followed by OUT/attention.md when the attention side has been run (an
-    older attention section is replaced), so one report shows behaviour and attention per setting."""
+    older attention section is replaced), so one report shows behaviour and attention per setting.
+    ``current``: the study's :func:`results_stamp` per setting; an attention section computed from other
+    results is dropped, and a line says so (run ``attnprobe study attention`` again)."""
     head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
     path = Path(out) / ATTENTION_MD
     if path.is_symlink():  # a received folder's link to some other file: never copied into study.md
         log.warning("%s: is a symlink; not followed (study.md gets no attention section)", path)
         return head
-    return head + "\n" + path.read_text(encoding="utf-8") if path.is_file() else head
+    if not path.is_file():
+        return head
+    if current is not None and (why := stale_attention(out, current)):
+        return (head + f"\n{HEADING}\n\nDropped: {why}; run 'attnprobe study attention {out}' again for the "
+                "attention of the current results.\n")
+    return head + "\n" + path.read_text(encoding="utf-8")

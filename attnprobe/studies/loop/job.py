@@ -8,13 +8,19 @@ the result last (its presence means the item is finished):
 - ``history/<qid>.jsonl`` the full history (no masking, no refinement), one trajectory; every call's
   ``meta.history`` points into it;
 - ``results/<qid>.json``  the outcome (answer, correctness, ART, tool calls, tokens, context length, time)
-  with the settings that made it: an item is done when that file exists with the same setting and
-  loop config, which includes a fingerprint of the scaffold's prompt templates (a changed option or
-  template reruns it; ``--force`` reruns everything). The model is not compared: use another OUT per model.
+  with the settings that made it and ``inputs``, the stamp of everything that decided it
+  (:func:`inputs_stamp`: the question's text and gold answers, the setting and its masking rule, the loop
+  config with its prompt-template fingerprint, the model): an item is done when that file exists with the
+  same stamp. A changed question or gold answer reruns that item; a changed global option (model, loop
+  config) is refused before anything runs (:func:`attnprobe.io.settings.check_settings`, in
+  :func:`attnprobe.studies.loop.study.run_study`) unless ``--force``, which reruns everything. Every
+  recorded call carries the stamp too (``meta.inputs``), so ``study attention`` uses only the calls of
+  current results.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +87,7 @@ class InterferenceJob(JobBase):
     settings: Sequence[str]
     config: LoopConfig
     force: bool = False
+    model: str | None = None  # what generates (a label: path or served model name), part of every stamp
     stage: str = "interference"
     unit: str = "run"
 
@@ -101,7 +108,7 @@ class InterferenceJob(JobBase):
         if not written_since(path, since):
             return False
         rec = read_result(path)
-        return finished_with(rec, spec, self.config)
+        return finished_with(rec, spec, self.config, q, self.model)
 
     @property
     def prepare_key(self) -> Any:
@@ -125,6 +132,10 @@ class InterferenceJob(JobBase):
             folder = setting_dir(self.out, spec)
             result, calls, history = run_question(chat, search, parse_setting(spec), self.config, q,
                                                   run_id=f"{slug(spec)}/{q['id']}", scorer=scorer)
+            stamp = inputs_stamp(q, spec, self.config, self.model)
+            result["inputs"] = stamp
+            for c in [*calls, history]:
+                c.setdefault("meta", {})["inputs"] = stamp
             write_jsonl(folder / "calls" / f"{q['id']}.jsonl", calls)
             write_jsonl(folder / "history" / f"{q['id']}.jsonl", [history])
             atomic_write_text(result_path(self.out, spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
@@ -132,21 +143,35 @@ class InterferenceJob(JobBase):
         return out
 
 
-def finished_with(rec: dict | None, spec: str, config: LoopConfig) -> bool:
-    """A result made with this setting, config and masking rule (a mask:K result from before the released
-    rule, issue 26, has no ``policy_rules`` and is run again)."""
+def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | None = None) -> str:
+    """The digest of everything that decides one item's result: the question's text, gold answers and
+    type, the setting and its masking rule, the loop config (prompt-template fingerprint included) and
+    the model label. Equal stamps: the same inputs, so the result on disk is this item's."""
+    what = {"question": question.get("question"), "answers": question.get("answers"),
+            "type": question.get("type"), "setting": spec, "policy_rules": setting_rules(spec),
+            "config": config.to_dict(), "model": model}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def finished_with(rec: dict | None, spec: str, config: LoopConfig, question: dict, model: str | None = None) -> bool:
+    """A result made from these inputs (:func:`inputs_stamp`): this setting, config, masking rule, model,
+    question text and gold answers. A result without a stamp (an older attnprobe) or without the masking
+    rule it records (from before the released mask:K rule, issue 26) is run again."""
     return (rec is not None and rec.get("setting") == spec and rec.get("config") == config.to_dict()
-            and rec.get("policy_rules", {}) == setting_rules(spec))
+            and rec.get("policy_rules", {}) == setting_rules(spec)
+            and rec.get("inputs") == inputs_stamp(question, spec, config, model))
 
 
-def load_results(out: Path, settings: Sequence[str], questions: Sequence[dict], config: LoopConfig) -> dict:
-    """Finished results per setting, in question order (items not finished with ``config`` are left out)."""
+def load_results(out: Path, settings: Sequence[str], questions: Sequence[dict], config: LoopConfig,
+                 model: str | None = None) -> dict:
+    """Finished results per setting, in question order: every result on disk made from the current inputs
+    (:func:`finished_with`), whichever run wrote it."""
     by = {}
     for s in settings:
         rows = []
         for q in questions:
             rec = read_result(result_path(out, s, q["id"]))
-            if finished_with(rec, s, config):
+            if finished_with(rec, s, config, q, model):
                 rows.append(rec)
         by[s] = rows
     return by

@@ -1,9 +1,11 @@
 """Run the settings side by side on one question set and write the study's tables.
 
-``OUT/study.json`` (config, per-setting summaries with CIs, paired comparisons, per-question outcomes) and
-``OUT/study.md`` (the table, then the attention section of ``attnprobe study attention`` once that has run:
-:mod:`attnprobe.studies.loop.attention`), rewritten atomically after every run of the study; ``OUT/<setting>/calls.jsonl``
-gathers that setting's recorded calls in question order (one file to capture).
+``OUT/study.json`` (config, per-setting summaries with CIs, paired comparisons, per-question outcomes, and
+``results``: the stamp of every result summarised, per setting and question) and ``OUT/study.md`` (the
+table, then the attention section of ``attnprobe study attention`` once that has run and only while it was
+computed from the same results: :mod:`attnprobe.studies.loop.attention`), rewritten atomically after every
+run of the study from every result on disk made from the current inputs; ``OUT/<setting>/calls.jsonl``
+gathers the recorded calls of those results in question order (one file to capture; empty when none).
 """
 
 from __future__ import annotations
@@ -14,18 +16,26 @@ from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, read_records, write_jsonl
+from attnprobe.io.settings import check_settings
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention_report import with_attention
+from attnprobe.studies.loop.attention_report import results_stamp, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results, setting_dir
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
 
+# --option names of LoopConfig's fields (the settings record names them in its refusal line)
+OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
+                "final_call": "the final answer call", "model": "--model/--served-model"}
+
 
 def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-                baseline: str | None = None, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Summarise what is finished in ``out`` and write study.json, study.md and each setting's calls.jsonl."""
+                baseline: str | None = None, n_boot: int = 2000, seed: int = 0, model: str | None = None) -> dict:
+    """Summarise every result in ``out`` made from the current inputs (whichever run wrote it: a rerun
+    that finishes nothing leaves the numbers as they were) and write study.json, study.md and each
+    setting's calls.jsonl (only the calls of those results)."""
     out = Path(out)
-    by = load_results(out, settings, questions, config)
+    by = load_results(out, settings, questions, config, model)
+    stamps = {s: {r["question_id"]: r["inputs"] for r in by[s]} for s in settings}
     baseline = baseline or settings[0]
     summary = summarize(by, baseline, n_boot=n_boot, seed=seed)
     models = sorted({r.get("model") or "?" for rs in by.values() for r in rs})
@@ -33,22 +43,28 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     rules = {part: rule for s in settings for part, rule in setting_rules(s).items()}  # masking rule per policy
     study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
              "scorer": label,
-             "questions_total": len(questions), **summary}
+             "questions_total": len(questions), **summary, "results": stamps}
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None)
-    atomic_write_text(out / "study.md", with_attention(md, out))  # the attention section, once it is run
+    # the attention section, once it is run, while it matches these results
+    atomic_write_text(out / "study.md", with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
     for s in settings:
         folder = setting_dir(out, s)
         calls = [c for r in by[s] if not (folder / "calls" / f"{r['question_id']}.jsonl").is_symlink()
-                 for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)]
-        if calls:
+                 for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)
+                 if (c.get("meta") or {}).get("inputs") == r["inputs"]]
+        if calls or (folder / "calls.jsonl").exists():  # never an old file beside new results
             write_jsonl(folder / "calls.jsonl", calls)
     return study
 
 
 def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-              baseline: str | None = None, force: bool = False, n_boot: int = 2000) -> tuple[dict, dict]:
-    """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study)."""
-    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force)
+              baseline: str | None = None, force: bool = False, n_boot: int = 2000,
+              model: str | None = None) -> tuple[dict, dict]:
+    """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
+    A folder whose results were made with another loop config or ``model`` is refused before anything
+    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely."""
+    check_settings(out, "study interference", {**config.to_dict(), "model": model}, force=force, names=OPTION_NAMES)
+    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model)
     counts = executor.run(job)
-    return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot)
+    return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)

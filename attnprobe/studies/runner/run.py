@@ -12,6 +12,7 @@ Files for ``out = X.jsonl``:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +36,8 @@ from attnprobe.io import (
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
+
+log = logging.getLogger(__name__)
 
 
 def results_path(out: Path) -> Path:
@@ -187,7 +190,20 @@ def check_resume(out: Path, settings: RunSettings) -> None:
                 name = (r.get("id") if what == "call" else r.get("run_id")) if isinstance(r, dict) else None
                 raise located_error(AttnprobeError)(
                     f"{what} {name} was made with other settings ({_settings_diff(got, want)}); resume with "
-                    "the same options or use another --out", path, lineno)
+                    "the same options, use --force to redo or another --out", path, lineno)
+
+
+def same_inputs(result: dict, question: dict) -> bool:
+    """Whether a finished run was made from this question: the same text and gold answers (a result
+    records both), so an answer is never scored against an old gold."""
+    return result.get("question") == question["question"] and (result.get("gold") or None) == \
+        (question.get("answers") or None)
+
+
+def changed_runs(done: dict[str, dict], questions: list[dict], name: str) -> set[str]:
+    """The run ids of finished runs whose question changed since (:func:`same_inputs`)."""
+    return {f"{name}-{q['id']}" for q in questions
+            if f"{name}-{q['id']}" in done and not same_inputs(done[f"{name}-{q['id']}"], q)}
 
 
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
@@ -215,6 +231,13 @@ def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *
     check_resume(out, settings)
     done = {r["run_id"]: r for r in read_records(rpath, torn_tail="skip", missing_ok=True)}
     calls = read_records(out, torn_tail="skip", missing_ok=True)
+    changed = changed_runs(done, questions, settings.name)
+    if changed:  # other input, not another option: that question runs again, its old calls are not replayed
+        log.info("run: %d question(s) changed since they ran (text or gold answers), run again: %s", len(changed),
+                 ", ".join(sorted(changed)[:5]))
+        drop_records(out, {c.get("id") for c in calls if (c.get("meta") or {}).get("run_id") in changed})
+        calls = [c for c in calls if (c.get("meta") or {}).get("run_id") not in changed]
+        done = {k: v for k, v in done.items() if k not in changed}
     by_run: dict[str, list[dict]] = {}
     for c in calls:
         by_run.setdefault(c.get("meta", {}).get("run_id"), []).append(c)

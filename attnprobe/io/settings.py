@@ -1,0 +1,71 @@
+"""The settings record of an output folder: what a command's results there were made with.
+
+Every command that resumes into a folder (``capture``, ``counterfactual``, ``study interference``,
+``study attention``, ``run``, the ``ibis`` stages) calls :func:`check_settings` once, under its lock and
+before any model loads. The first run writes its options to ``OUT/.attnprobe-settings.json`` (one entry per
+command, so two commands can share a folder); a later run with another value of one of them is refused in
+one line (which option, old and new value) unless ``--force``, which redoes the work and records the new
+values. Mixing results of two settings in one folder, or a summary computed over the other one's results,
+cannot happen silently.
+
+Per-item inputs (a question's text, its gold answers) are not options: a changed item is different input,
+which the command's own ``done`` rule reruns (its results carry a stamp of their inputs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.io.atomic import atomic_write_text
+from attnprobe.io.json import load_json
+
+SETTINGS_FILE = ".attnprobe-settings.json"
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def settings_diff(old: Mapping, new: Mapping, names: Mapping[str, str] | None = None) -> list[str]:
+    """The options whose recorded value differs, as ``--option OLD -> NEW``; a key one side lacks (an
+    older attnprobe's record) is not compared."""
+    names = names or {}
+    return [f"{names.get(k, '--' + k.replace('_', '-'))} was {_short(old[k])}, now {_short(new[k])}"
+            for k in new if k in old and old[k] != new[k]]
+
+
+def check_settings(out: str | Path, command: str, wanted: Mapping, *, force: bool = False,
+                   names: Mapping[str, str] | None = None) -> None:
+    """Refuse ``command``'s rerun into ``out`` with options other than those recorded there (unless
+    ``force``); record ``wanted`` otherwise. ``wanted``: JSON values by option key; ``names``: how a key is
+    spelled on the command line (default ``--key-with-dashes``). The caller holds ``out``'s lock."""
+    out = Path(out)
+    path = out / SETTINGS_FILE
+    wanted = json.loads(json.dumps(dict(wanted), default=str))  # as read back
+    recorded: dict = {}
+    if path.is_file():
+        try:
+            recorded = load_json(path)
+        except AttnprobeError as exc:
+            if not force:
+                raise AttnprobeError(f"{path}: unreadable settings record ({exc}); use --force to redo or "
+                                     "another --out") from None
+            recorded = {}
+        if not isinstance(recorded, dict):
+            recorded = {}
+    old = recorded.get(command)
+    if isinstance(old, dict) and not force:
+        diffs = settings_diff(old, wanted, names)
+        if diffs:
+            more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+            raise AttnprobeError(f"{out}: {command} ran there with other options: {diffs[0]}{more}; use --force "
+                                 "to redo or another --out")
+        if old == wanted:
+            return
+    recorded[command] = {**(old if isinstance(old, dict) and not force else {}), **wanted}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(recorded, indent=1, ensure_ascii=False, sort_keys=True))
