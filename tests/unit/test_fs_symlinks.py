@@ -152,12 +152,15 @@ def test_study_attention_refuses_symlinked_capture_history_and_study_json(tmp_pa
     # one symlinked history file among real ones is left out of the baseline's histories (with a message)
     hist.mkdir()
     (setting_dir(out, BASE) / "results").mkdir()
-    traj = {"id": "q1/history", "messages": [{"role": "user", "content": "question q1?"}]}
+    traj = {"id": "q1/history", "messages": [{"role": "user", "content": "question q1?"}],
+            "meta": {"inputs": "stamp-q1"}}
     (hist / "q1.jsonl").write_text(json.dumps(traj) + "\n")
-    (tmp_path / "elsewhere" / "q2.jsonl").write_text(json.dumps({**traj, "id": "outside"}) + "\n")
+    (tmp_path / "elsewhere" / "q2.jsonl").write_text(json.dumps({**traj, "id": "outside",
+                                                                   "meta": {"inputs": "stamp-q2"}}) + "\n")
     (hist / "q2.jsonl").symlink_to(tmp_path / "elsewhere" / "q2.jsonl")
     for q in ("q1", "q2"):
-        (setting_dir(out, BASE) / "results" / f"{q}.json").write_text(json.dumps({"question_id": q}))
+        (setting_dir(out, BASE) / "results" / f"{q}.json").write_text(json.dumps({"question_id": q,
+                                                                                 "inputs": f"stamp-{q}"}))
     assert [t.id for t in histories(out, BASE)] == ["q1/history"]
     (out / "study.json").rename(tmp_path / "elsewhere" / "study.json")
     (out / "study.json").symlink_to(tmp_path / "elsewhere" / "study.json")
