@@ -26,7 +26,7 @@ def tiny_smol_folder(tmp_path_factory):
     """The tiny random-weight SmolLM2 (support/tiny_model.py) as a model folder, for ``--model``."""
     from support.tiny_model import write_tiny_smol
 
-    return write_tiny_smol(tmp_path_factory.mktemp("tiny-smollm2"))
+    return write_tiny_smol(tmp_path_factory.mktemp("tiny") / "tiny-smollm2")  # recorded model name: tiny-smollm2
 
 
 @pytest.fixture(scope="session")
