@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from support.paths import SAMPLE_FILES, TRAJ_DIR
-from support.time_limit import register_time_limit
+from support.time_limit import one_off, register_time_limit
 
 pytest_plugins = ("pytester",)  # tests/unit/test_suite_time_limit.py runs the time limit on generated files
 
@@ -15,14 +15,24 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def smol():
+def bundled_folder():
+    """The bundled GGUF converted to a Hugging Face folder: once per cache (about 35 s when ATTNPROBE_CACHE is
+    empty, as in a fresh CI run; a hash check after), not charged to the suite's 20 s limit."""
+    from attnprobe.model_convert import converted_folder
+
+    with one_off():
+        return converted_folder("default", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smol(bundled_folder):
     import attnprobe
 
     return attnprobe.load_model("default")
 
 
 @pytest.fixture(scope="session")
-def tiny_smol_folder(tmp_path_factory):
+def tiny_smol_folder(tmp_path_factory, bundled_folder):
     """The tiny random-weight SmolLM2 (support/tiny_model.py) as a model folder, for ``--model``."""
     from support.tiny_model import write_tiny_smol
 

@@ -50,6 +50,37 @@ def test_fast_tests_and_slow_marked_ones_pass(pytester, monkeypatch):
     assert res.ret == 0 and "took over" not in res.stdout.str()
 
 
+def test_a_one_off_cache_fill_in_a_fixture_is_not_charged(pytester, monkeypatch):
+    """The bundled GGUF's conversion (once per cache, ~35 s in a fresh CI run) runs inside ``one_off``; the
+    rest of the fixture and the test are still timed."""
+    monkeypatch.setenv("ATTNPROBE_TEST_TIME_LIMIT", "0.2")
+    pytester.makeconftest(CONFTEST + """
+import time
+import pytest
+from support.time_limit import one_off
+
+@pytest.fixture(scope="session")
+def cache():
+    with one_off():
+        time.sleep(0.4)
+
+@pytest.fixture
+def slow_fixture():
+    time.sleep(0.3)
+""")
+    pytester.makepyfile(test_gen="""
+def test_uses_cache(cache):
+    pass
+
+def test_uses_slow_fixture(cache, slow_fixture):
+    pass
+""")
+    res = pytester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2)
+    over = res.stdout.str().split("took over")[1]
+    assert res.ret == 1 and "test_uses_slow_fixture" in over and "test_uses_cache" not in over
+
+
 def test_the_limit_is_relaxed_by_the_variable_and_a_bad_value_is_one_line(pytester, monkeypatch):
     assert _run(pytester, monkeypatch, "5").ret == 0  # 0.3 s is under a 5 s limit
     assert _run(pytester, monkeypatch, "0").ret == 0  # 0 turns it off
