@@ -11,7 +11,8 @@ pytest_plugins = ("pytester",)  # tests/unit/test_suite_time_limit.py runs the t
 
 
 def pytest_configure(config):
-    register_time_limit(config)
+    # tests/vllm_backend is its own CI phase (.ci/vllm.sh, its own venv and budget; an engine starts in minutes)
+    register_time_limit(config, exempt_dirs=("vllm_backend",))
 
 
 @pytest.fixture(scope="session")

@@ -34,8 +34,11 @@ class TimeLimit:
     """Sums setup + call time of each test without the ``slow`` marker (teardown is shared fixtures'
     cleanup) and fails the session, naming the tests, when one went over the limit."""
 
-    def __init__(self, limit: float):
-        self.limit, self.durations, self.slow = limit, {}, set()
+    def __init__(self, limit: float, exempt_dirs: tuple[str, ...] = ()):
+        self.limit, self.durations, self.slow, self.exempt_dirs = limit, {}, set(), exempt_dirs
+
+    def exempt(self, nodeid: str) -> bool:
+        return any(part in self.exempt_dirs for part in nodeid.split("::")[0].split("/")[:-1])
 
     def pytest_collection_modifyitems(self, items):
         self.slow = {it.nodeid for it in items if it.get_closest_marker("slow")}
@@ -49,7 +52,7 @@ class TimeLimit:
 
     def pytest_runtest_logreport(self, report):
         if report.when in ("setup", "call") and report.nodeid not in self.slow \
-                and "slow" not in getattr(report, "keywords", {}):
+                and "slow" not in getattr(report, "keywords", {}) and not self.exempt(report.nodeid):
             excused = sum(v for k, v in report.user_properties if k == "one_off_seconds")
             self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration - excused
 
@@ -71,10 +74,11 @@ class TimeLimit:
                 terminalreporter.write_line(f"  {d:.1f}s {n}", red=True)
 
 
-def register_time_limit(config) -> None:
+def register_time_limit(config, exempt_dirs: tuple[str, ...] = ()) -> None:
+    """``exempt_dirs``: folders (by name) whose tests are not timed, e.g. a phase with its own budget."""
     raw = os.environ.get(TIME_LIMIT_ENV, "").strip()
     try:
         limit = float(raw) if raw else DEFAULT_TIME_LIMIT
     except ValueError:
         raise pytest.UsageError(f"{TIME_LIMIT_ENV}={raw!r} is not a number of seconds") from None
-    config.pluginmanager.register(TimeLimit(limit), "attnprobe-time-limit")
+    config.pluginmanager.register(TimeLimit(limit, exempt_dirs), "attnprobe-time-limit")

@@ -50,6 +50,20 @@ def test_fast_tests_and_slow_marked_ones_pass(pytester, monkeypatch):
     assert res.ret == 0 and "took over" not in res.stdout.str()
 
 
+def test_an_exempt_folder_is_not_timed(pytester, monkeypatch):
+    """tests/vllm_backend runs in its own phase with its own budget (.ci/vllm.sh): not timed."""
+    monkeypatch.setenv("ATTNPROBE_TEST_TIME_LIMIT", "0.1")
+    pytester.makeconftest(CONFTEST.replace("register_time_limit(config)",
+                                           "register_time_limit(config, exempt_dirs=('vllm_backend',))"))
+    pytester.mkpydir("vllm_backend")
+    pytester.makepyfile(**{"vllm_backend/test_engine": "import time\n\ndef test_engine():\n    time.sleep(0.3)\n",
+                           "test_other": "import time\n\ndef test_other():\n    time.sleep(0.3)\n"})
+    res = pytester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2)
+    over = res.stdout.str().split("took over")[1]
+    assert res.ret == 1 and "test_other" in over and "test_engine" not in over
+
+
 def test_a_one_off_cache_fill_in_a_fixture_is_not_charged(pytester, monkeypatch):
     """The bundled GGUF's conversion (once per cache, ~35 s in a fresh CI run) runs inside ``one_off``; the
     rest of the fixture and the test are still timed."""
