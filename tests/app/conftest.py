@@ -1,6 +1,8 @@
-"""Fixtures for the app tests: real outputs of the bundled model, built once per session.
+"""Fixtures for the app tests: real outputs, built once per session: of the tiny random-weight SmolLM2
+(support/tiny_model.py; the bundled tokenizer and layout) for the page tests, of the bundled model for the
+browser (``bundled_app_data``, slow).
 
-Set ATTNPROBE_APP_TEST_DATA=DIR to keep the built data in DIR and reuse it across runs.
+Set ATTNPROBE_APP_TEST_DATA=DIR to keep the built data in DIR/tiny and DIR/bundled and reuse it across runs.
 """
 
 from __future__ import annotations
@@ -13,13 +15,22 @@ import pytest
 from support.appdata import build
 
 
-@pytest.fixture(scope="session")
-def app_data(tmp_path_factory, request) -> Path:
+def _built(tmp_path_factory, name: str, loaded, model_args: tuple[str, ...]) -> Path:
     keep = os.environ.get("ATTNPROBE_APP_TEST_DATA")
-    base = Path(keep) if keep else tmp_path_factory.getbasetemp() / "app_data"
+    base = (Path(keep) if keep else tmp_path_factory.getbasetemp() / "app_data") / name
     if not (base / "BUILT").is_file():
         if base.exists():
             shutil.rmtree(base)
         base.mkdir(parents=True)
-        build(base, request.getfixturevalue("smol"))
+        build(base, loaded, model_args)
     return base
+
+
+@pytest.fixture(scope="session")
+def app_data(tmp_path_factory, tiny_smol, tiny_smol_folder) -> Path:
+    return _built(tmp_path_factory, "tiny", tiny_smol, ("--model", str(tiny_smol_folder)))
+
+
+@pytest.fixture(scope="session")
+def bundled_app_data(tmp_path_factory, request) -> Path:
+    return _built(tmp_path_factory, "bundled", request.getfixturevalue("smol"), ())

@@ -45,10 +45,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(app_data, tmp_path_factory):
+def server(bundled_app_data, tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("app-log") / "app.log", "w+")  # under pytest's basetemp, not /tmp
-    proc = subprocess.Popen([sys.executable, "-m", "attnprobe", "app", "--data", str(app_data), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "attnprobe", "app", "--data", str(bundled_app_data), "--port",
                              str(port)], stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -168,12 +168,12 @@ def shot(drv, folder: Path, name: str):
     assert drv.save_screenshot(str(folder / name)), name
 
 
-def test_browser_heatmap_and_token_selection(server, browser, app_data, shots):
+def test_browser_heatmap_and_token_selection(server, browser, bundled_app_data, shots):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    folder = max(capture_dirs(app_data), key=lambda f: CaptureResult.load(f).num_turns)
-    rel = folder.relative_to(app_data).as_posix()
+    folder = max(capture_dirs(bundled_app_data), key=lambda f: CaptureResult.load(f).num_turns)
+    rel = folder.relative_to(bundled_app_data).as_posix()
     res = CaptureResult.load(folder)
     browser.get(f"{server}/?page=Trajectory&run={rel}")
     hm = wait_for(browser, lambda: heatmap_plot(browser), what="turn heatmap")

@@ -38,12 +38,14 @@ def _option(parser: argparse.ArgumentParser, flag: str):
 COMMANDS = {" ".join(path): sub for path, sub in _commands(build_parser())}
 
 
-# slow: three captures of ~1.6k tokens, four resumes and a plotly report (the longest test of this file: 1070 s
-# of 1663 s for 244 tests in 20 files at load 20 on 2 cores); .ci/run runs it once, after the main suite
+# slow: three captures of ~1.6k tokens, four resumes and a plotly report; on the tiny SmolLM2 (the bundled
+# tokenizer and template; support/tiny_model.py): `capture` of the bundled model itself runs end to end in
+# tests/integration/test_baseline.py::test_captures_of_the_shipped_trajectories_are_unchanged
 @pytest.mark.slow
-def test_capture_resume_and_report(smol, tmp_path, capsys):
+def test_capture_resume_and_report(tiny_smol, tiny_smol_folder, tmp_path, capsys):
+    smol = tiny_smol
     out = tmp_path / "caps"
-    args = ["capture", REASONING, "--out", str(out), "--chunk-size", "256"]
+    args = ["capture", REASONING, "--out", str(out), "--chunk-size", "256", "--model", str(tiny_smol_folder)]
     assert main(args) == 0
     folders = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     assert folders == ["sample-reasoning-1", "sample-reasoning-2"]
@@ -52,8 +54,8 @@ def test_capture_resume_and_report(smol, tmp_path, capsys):
     np.testing.assert_allclose(res.segment_attention, direct.segment_attention, atol=1e-6)
     m = res.meta
     assert (m["model"], m["backend"], m["dtype"], m["chunk_size"], m["rendering"]) == \
-        ("SmolLM2-135M-Instruct", "transformers", "float32", 256, "text")
-    assert m["layers"] == list(range(30)) and len(m["chat_template_hash"]) == 16
+        ("tiny-smollm2", "transformers", "float32", 256, "text")
+    assert m["layers"] == list(range(4)) and len(m["chat_template_hash"]) == 16
     assert m["attnprobe_version"] == attnprobe.__version__ and m["trajectory_id"] == "sample-reasoning-1"
     mtime = (out / "sample-reasoning-1" / "meta.json").stat().st_mtime_ns
     capsys.readouterr()
@@ -77,9 +79,10 @@ def test_capture_resume_and_report(smol, tmp_path, capsys):
     assert html.count("Plotly.newPlot") >= 5  # decay + heatmap/breakdown per trajectory
 
 
-def test_partial_failure_exit_code(smol, tmp_path, capsys):
+def test_partial_failure_exit_code(tiny_smol, tiny_smol_folder, tmp_path, capsys):
+    """On the tiny SmolLM2 (the bundled tokenizer and template: the same token counts)."""
     out = tmp_path / "caps"
-    code = main(["capture", REASONING, "--out", str(out), "--max-tokens", "1618"])
+    code = main(["capture", REASONING, "--out", str(out), "--max-tokens", "1618", "--model", str(tiny_smol_folder)])
     err = capsys.readouterr().err
     # sample-reasoning-1 renders to 1616 tokens and fits; sample-reasoning-2 (1620) does not.
     assert code == 1 and "sample-reasoning-2" in err and "above the limit of 1618" in err

@@ -2,7 +2,8 @@
 trajectory's content hash and the settings; interrupted saves are recovered; corrupt metadata is
 named and recaptured; variants are never mixed; a full disk and a SIGKILL lose nothing.
 
-Hand-written 108-token trajectories, one layer, the decision query: each capture is small.
+Hand-written 108-token trajectories, one layer, the decision query: each capture is small. The resume test
+runs on the tiny random-weight SmolLM2 (support/tiny_model.py); the SIGKILL test on the bundled model.
 """
 
 from __future__ import annotations
@@ -59,15 +60,16 @@ def _stderr_lines(capsys) -> list[str]:
     return [x for x in err.splitlines() if x.strip()]
 
 
-def test_resume_key_recovery_and_variants(smol, tmp_path, capsys, monkeypatch):
+def test_resume_key_recovery_and_variants(tiny_smol, tiny_smol_folder, tmp_path, capsys, monkeypatch):
     src = tmp_path / "tiny.jsonl"
     out = tmp_path / "out"
-    args = ["capture", _write(src, [_traj(1), _traj(2), _traj(3)]), "--out", str(out), *FAST]
+    model = ["--model", str(tiny_smol_folder)]
+    args = ["capture", _write(src, [_traj(1), _traj(2), _traj(3)]), "--out", str(out), *FAST, *model]
     assert main(args) == 0
     first = _snapshot(out)
     assert sorted(first) == ["tiny-1", "tiny-2", "tiny-3"]
     meta = first["tiny-1"][1]
-    assert meta["variant"] == f"SmolLM2-135M-Instruct/float32/transformers/{meta['weights_hash']}"
+    assert meta["variant"] == f"tiny-smollm2/float32/transformers/{meta['weights_hash']}"
     assert len(meta["weights_hash"]) == 16 and len(meta["trajectory_hash"]) == 16
     capsys.readouterr()
 
@@ -125,7 +127,7 @@ def test_resume_key_recovery_and_variants(smol, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(aio.os, "fsync", full)
     one = _write(tmp_path / "one.jsonl", [_traj(1)])
-    assert main(["capture", one, "--out", str(out), "--force", *FAST]) == 2
+    assert main(["capture", one, "--out", str(out), "--force", *FAST, *model]) == 2
     err = _stderr_lines(capsys)
     where = re.escape(str(out / "tiny-1"))  # the first file fsynced: directory order
     assert re.fullmatch(rf"attnprobe: error: {where}/(meta\.json|text\.json|scores\.safetensors): "

@@ -1,4 +1,7 @@
-"""End to end on the bundled model: behaviour, capture, report, resume, compare (one item, few tokens)."""
+"""End to end: behaviour, capture, report, resume, compare (one item, few tokens), and the chat's batching and
+sharing. On the tiny random-weight SmolLM2 (support/tiny_model.py: the bundled tokenizer, template and head
+layout, 4 layers), so prompts and token counts are the bundled model's; the bundled model's own IBIS numbers
+are pinned by tests/integration/test_baseline.py::test_ibis_six_item_run_is_unchanged."""
 
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ from attnprobe.studies.ibis.items import load_items
 SHIPPED = ROOT / "trajectories" / "ibis_items.jsonl"
 
 
-def test_full_pipeline_one_item(smol, tmp_path, capsys):
+def test_full_pipeline_one_item(tiny_smol, tiny_smol_folder, tmp_path, capsys):
+    smol = tiny_smol
     folder = tmp_path / "smol"
+    model = ["--model", str(tiny_smol_folder)]
     args = ["ibis", "all", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4", "--batch-size", "3",
-            "--bootstrap", "200", "--permutations", "5", "--plotlyjs", "cdn", "--no-progress"]
+            "--bootstrap", "200", "--permutations", "5", "--plotlyjs", "cdn", "--no-progress", *model]
     assert main(args) == 0  # reuses the session's loaded model (load_model caches per process)
     for name in ("run.json", "items.jsonl", "framings.jsonl", "decisions.jsonl", "attention.safetensors",
                  "attention.json", "metrics.json", "report.md", "report.html"):
@@ -69,11 +74,11 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
     # resume: nothing is redone
     capsys.readouterr()
     assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4",
-                 "--no-progress"]) == 0
+                 "--no-progress", *model]) == 0
     assert "0 decided, 3 already done" in capsys.readouterr().err
     # a folder holds one protocol: resuming it with another is refused (exit 2, the message says which)
     assert main(["ibis", "run", "--ids", "sci-01", "--folder", str(folder), "--protocol", "matched",
-                 "--no-progress"]) == 2
+                 "--no-progress", *model]) == 2
     assert "holds a --protocol paper run; this one is --protocol matched" in capsys.readouterr().err
     # compare across model folders (the same folder twice under two names is enough for the table)
     other = tmp_path / "copy"
@@ -82,15 +87,16 @@ def test_full_pipeline_one_item(smol, tmp_path, capsys):
     (other / "metrics.json").write_text(json.dumps(m2))
     assert main(["compare", str(folder), str(other), "--out", str(tmp_path / "cmp"), "--plotlyjs", "cdn"]) == 0
     table = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "SmolLM2-135M-Instruct" in table and "copy-model" in table
+    assert "tiny-smollm2" in table and "copy-model" in table
     rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert rows[0]["attentional_gap"] == metrics["attention"]["attentional_gap"]["gap"]
     assert "plotly" in (tmp_path / "cmp" / "compare.html").read_text()
 
 
-def test_batched_generation_equals_single(smol):
+def test_batched_generation_equals_single(tiny_smol):
     """The one chat's left-padded batch equals one-by-one generation (raw text, tokens, finish), and
     IBIS's adapter keeps its finish reasons and prompt text for both."""
+    smol = tiny_smol
     it = load_items(SHIPPED)[3]
     trajs = [build_framing(it, fr) for fr in FRAMINGS]
     chat = TransformersChat(smol, stop_at_call=False)
@@ -109,8 +115,9 @@ def test_batched_generation_equals_single(smol):
     assert many[1]["finish_reason"] in ("stop", "length")
 
 
-def test_stop_at_call_is_a_prefix_of_the_full_generation(smol):
+def test_stop_at_call_is_a_prefix_of_the_full_generation(tiny_smol):
     """Greedy: stopping once a complete call of a known tool is written keeps a prefix of the full reply."""
+    smol = tiny_smol
     it = load_items(SHIPPED)[0]
     traj = build_framing(it, "agentic")
     full = TransformersChat(smol, stop_at_call=False).complete(traj.messages, traj.tools, max_tokens=40)
@@ -119,10 +126,11 @@ def test_stop_at_call_is_a_prefix_of_the_full_generation(smol):
     assert full.raw_text.startswith(early.raw_text) and early.output_tokens <= full.output_tokens
 
 
-def test_shared_prefix_captures_equal_one_at_a_time(smol, tmp_path, caplog):
+def test_shared_prefix_captures_equal_one_at_a_time(tiny_smol, tmp_path, caplog):
     """Two items x three framings in one sharing pass (system prompt and tools prefilled once) equal
     the six captures made one at a time within 1e-5 on every stored array, and the pass prefilled
     fewer tokens than its plans hold."""
+    smol = tiny_smol
     import logging
 
     import numpy as np

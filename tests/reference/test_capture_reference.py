@@ -1,4 +1,9 @@
-"""Captured attention equals transformers eager attention (float32, same weights) within 1e-5."""
+"""Captured attention equals transformers eager attention (float32, same weights) within 1e-5.
+
+The capture code does not depend on the weights, so these run on the tiny random-weight SmolLM2 (the
+bundled tokenizer, renders and head layout; 4 layers; support/tiny_model.py), and one short check runs on
+the bundled model itself (``slow``). The bundled model's own captures are pinned by
+tests/integration/test_baseline.py."""
 
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ def _check(res, rows):
 
 @pytest.mark.parametrize("tid,route", [("sample-parallel-calls", "hooked"), ("sample-reasoning-1", "output_attentions"),
                                        ("sample-reasoning-2", "output_attentions")])
-def test_matches_eager(smol, samples, tid, route):
+def test_matches_eager(tiny_smol, samples, tid, route):
+    smol = tiny_smol
     traj = samples[tid]
     base = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=512)
     reference = eager_output_attentions if route == "output_attentions" else eager_hooked_rows
@@ -37,7 +43,9 @@ def test_matches_eager(smol, samples, tid, route):
         _check(res, rows)
 
 
-def test_long_trajectory_matches_eager(smol, samples):
+@pytest.mark.slow  # the eager reference materialises [9, 6456, 6456] per layer: ~20 s even on the tiny model
+def test_long_trajectory_matches_eager(tiny_smol, samples):
+    smol = tiny_smol
     traj = samples["sample-long-research"]
     res = attnprobe.capture(smol, traj, queries="reasoning", chunk_size=1024)
     assert len(res.input_ids) > 6000 and len(res.queries) == 23
@@ -48,13 +56,14 @@ def test_long_trajectory_matches_eager(smol, samples):
     np.testing.assert_allclose(edge.layer_head_attention, res.layer_head_attention, atol=TOL, rtol=0)
 
 
-def test_layer_selection_and_positions(smol, samples):
+def test_layer_selection_and_positions(tiny_smol, samples):
+    smol = tiny_smol
     traj = samples["sample-reasoning-1"]
     full = attnprobe.capture(smol, traj, queries="reasoning")
-    sub = attnprobe.capture(smol, traj, queries="reasoning", layers=[0, 7, 29])
-    assert sub.layers == [0, 7, 29]
-    np.testing.assert_allclose(sub.layer_head_attention, full.layer_head_attention[:, [0, 7, 29]], atol=1e-6)
-    np.testing.assert_allclose(sub.segment_attention, full.layer_head_attention[:, [0, 7, 29]].mean(axis=(1, 2)),
+    sub = attnprobe.capture(smol, traj, queries="reasoning", layers=[0, 2, 3])
+    assert sub.layers == [0, 2, 3]
+    np.testing.assert_allclose(sub.layer_head_attention, full.layer_head_attention[:, [0, 2, 3]], atol=1e-6)
+    np.testing.assert_allclose(sub.segment_attention, full.layer_head_attention[:, [0, 2, 3]].mean(axis=(1, 2)),
                                atol=1e-6)
     positions = [5, int(full.query_positions[2]), len(full.input_ids) - 1]
     pos = attnprobe.capture(smol, traj, queries=positions, chunk_size=64)
@@ -62,13 +71,14 @@ def test_layer_selection_and_positions(smol, samples):
     rows = eager_output_attentions(smol.model, pos.input_ids, positions)
     _check(pos, rows)
     np.testing.assert_allclose(pos.segment_attention[1], full.segment_attention[2], atol=TOL)
-    with pytest.raises(ValueError, match="layers 30 do not exist"):
-        attnprobe.capture(smol, traj, layers=[30])
+    with pytest.raises(ValueError, match="layers 4 do not exist"):
+        attnprobe.capture(smol, traj, layers=[4])
     with pytest.raises(ValueError, match="outside the trajectory"):
         attnprobe.capture(smol, traj, queries=[10 ** 6])
 
 
-def test_saved_qk_recompute_scores(smol, samples, tmp_path):
+def test_saved_qk_recompute_scores(tiny_smol, samples, tmp_path):
+    smol = tiny_smol  # the bundled model's head layout: 9 query heads over 3 KV heads of 64 dims
     traj = samples["sample-reasoning-2"]
     res = attnprobe.capture(smol, traj, queries="decision", save_qk_layers=[3], chunk_size=300)
     res.save(tmp_path / "r")
@@ -84,17 +94,26 @@ def test_saved_qk_recompute_scores(smol, samples, tmp_path):
     np.testing.assert_allclose(seg, res.layer_head_attention[0, 3], atol=TOL)
 
 
-def test_capture_many_equals_capture(smol, samples):
+def test_capture_many_equals_capture(tiny_smol, samples):
     """The backend-neutral batch path gives the very same results as one capture per trajectory."""
+    smol = tiny_smol
     trajs = [samples["sample-reasoning-1"], samples["sample-reasoning-2"]]
-    many = attnprobe.capture_many(smol, trajs, queries="reasoning+decision", layers=[0, 29], batch_size=1)
+    many = attnprobe.capture_many(smol, trajs, queries="reasoning+decision", layers=[0, 3], batch_size=1)
     assert [r.trajectory_id for r in many] == [t.id for t in trajs]
     for traj, got in zip(trajs, many):
-        one = attnprobe.capture(smol, traj, queries="reasoning+decision", layers=[0, 29])
+        one = attnprobe.capture(smol, traj, queries="reasoning+decision", layers=[0, 3])
         for name in ("input_ids", "query_positions", "layer_head_attention", "segment_attention", "token_attention"):
             np.testing.assert_array_equal(getattr(got, name), getattr(one, name))
-        assert got.layers == one.layers == [0, 29]
+        assert got.layers == one.layers == [0, 3]
         volatile = {"capture_seconds"}
         assert {k: v for k, v in got.meta.items() if k not in volatile} == \
             {k: v for k, v in one.meta.items() if k not in volatile}
         assert got.meta["chunk_size"] == 512 and got.meta["backend"] == "transformers"
+
+
+@pytest.mark.slow  # one exactness check on the bundled model's own weights (30 layers, 1.6k tokens)
+def test_bundled_model_matches_eager(smol, samples):
+    traj = samples["sample-reasoning-1"]
+    res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=97)  # ragged chunks
+    assert smol.num_layers == 30
+    _check(res, eager_hooked_rows(smol.model, res.input_ids, res.query_positions))

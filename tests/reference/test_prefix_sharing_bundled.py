@@ -1,5 +1,7 @@
-"""Prefix sharing and generation from the captured cache on the bundled model, with the contexts a
-counterfactual run builds (successive steps' originals and a policy's contexts of the long trajectory)."""
+"""Prefix sharing and generation from the captured cache with the contexts a counterfactual run builds on the
+bundled model's tokenizer (successive steps' originals and a policy's contexts of the long trajectory). The
+model is the tiny random-weight SmolLM2 (support/tiny_model.py: same tokenizer, template and head layout,
+4 layers): sharing and cache reuse do not depend on the weights, and the renders are the bundled model's."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe_hooks.backend import get_backend
 from attnprobe_hooks.transformers.generate import GenerationRequest, capture_and_generate
 
-LAYERS = (0, 14, 29)
+LAYERS = (0, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def contexts(smol):
+def contexts(tiny_smol):
+    smol = tiny_smol
     """Originals of the first two steps with >= 5 past turns, and their ircot:o contexts."""
     traj = attnprobe.load_trajectories(TRAJ_DIR / "long_research.jsonl")[0]
     policy = parse_policy("ircot:o")
@@ -34,7 +37,8 @@ def contexts(smol):
     return traj, out
 
 
-def test_shared_capture_equals_independent_on_the_bundled_model(smol, contexts):
+def test_shared_capture_equals_independent_on_the_smollm2_contexts(tiny_smol, contexts):
+    smol = tiny_smol
     _, ctx = contexts
     # add the reasoning starts of every earlier turn: queries deep inside the shared prefix
     plans = [make_plan(c.rendered, sorted({q.position: q for q in [*c.rendered.queries_reasoning, *c.points]}.values(),
@@ -50,7 +54,8 @@ def test_shared_capture_equals_independent_on_the_bundled_model(smol, contexts):
     assert max(p.n for p in plans) < st.prefilled_tokens == st.trie_tokens < 0.6 * st.plan_tokens
 
 
-def test_generation_from_the_captured_cache_equals_greedy_generation(smol, contexts):
+def test_generation_from_the_captured_cache_equals_greedy_generation(tiny_smol, contexts):
+    smol = tiny_smol
     traj, ctx = contexts
     chosen = [ctx[0], ctx[3]]  # step 1's original, step 2's ircot:o context
     assert all(c.decision_exact for _, c in chosen)

@@ -1,5 +1,6 @@
-"""Helpers for the app tests: building the real data (captures of the shipped trajectories with the
-bundled model, an IBIS run on two items, a compare table) and reading plotly charts back."""
+"""Helpers for the app tests: building real data (captures of the shipped trajectories, an IBIS run on two
+items, a compare table; with the tiny SmolLM2 for the page tests, the bundled model for the browser) and
+reading plotly charts back."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ APP_FILE = str(ROOT / "app" / "streamlit_app.py")
 CAPTURES = {"long_research.jsonl": 2048, "parallel_calls.jsonl": None, "reasoning_content.jsonl": None}
 
 
-def build(base: Path, smol) -> None:
+def build(base: Path, smol, model_args: tuple[str, ...] = ()) -> None:
+    """``model_args``: the CLI's ``--model`` for the IBIS run (none: the bundled model)."""
     import attnprobe
     from attnprobe.cli.main import main
 
@@ -28,7 +30,7 @@ def build(base: Path, smol) -> None:
     # test_framings_page_item_and_aggregate reports missing decisions at its end.
     # the matched protocol: the Models page's attentional gap needs the query shown to the observer
     rc = main(["ibis", "all", "--limit", "2", "--protocol", "matched", "--results", str(base / "ibis"), "--bootstrap", "200",
-               "--permutations", "10", "--no-progress", "--max-new-tokens", "24"])
+               "--permutations", "10", "--no-progress", "--max-new-tokens", "24", *model_args])
     assert rc in (0, 1), f"attnprobe ibis all failed (exit {rc})"
     rc = main(["compare", str(base / "ibis"), "--out", str(base / "compare"), "--plotlyjs", "cdn"])
     assert rc == 0, f"attnprobe compare failed (exit {rc})"

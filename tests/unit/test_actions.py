@@ -1,6 +1,7 @@
 """Issue 19 item 4: the next action read against the trajectory's own tools and tags, the change rate over
 steps parseable on both sides, and the teacher-forced log-probability of the recorded step (against a
-brute-force computation on the bundled model)."""
+brute-force computation on the tiny random-weight SmolLM2: the bundled tokenizer and template, 4 layers;
+support/tiny_model.py)."""
 
 from __future__ import annotations
 
@@ -83,9 +84,10 @@ STEP = {"role": "assistant", "content": "Cleve named it; I will confirm the year
         "tool_calls": [call("c1", "web_search", query="Cleve holmium 1879")]}
 
 
-def test_recorded_logprob_matches_a_brute_force_forward_per_token(smol):
+def test_recorded_logprob_matches_a_brute_force_forward_per_token(tiny_smol):
     import torch
 
+    smol = tiny_smol
     r, start, end, exact = step_span(smol, TINY, STEP)
     assert exact
     cont = r.text[int(r.offsets[start][0]):int(r.offsets[end - 1][1])]
