@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from attnprobe.render.rendering import bracket_ends
 from attnprobe.trajectory.schema import call_arguments
 from attnprobe.trajectory.tags import closed
 
@@ -57,7 +58,7 @@ def _json_objects(text: str) -> list[tuple[int, int, object]]:
     while (m := _OPENER.search(text, i)) is not None:
         i = m.start()
         if i not in ends:
-            _bracket_ends(text, i, ends)
+            bracket_ends(text, i, ends)
         if ends[i] is None:  # unclosed: not JSON (and the decoder's error would count lines up to i)
             i += 1
             continue
@@ -81,7 +82,7 @@ def _python_literals(text: str) -> list[tuple[int, int, object]]:
     while (m := _OPENER.search(text, i)) is not None:
         i = m.start()
         if i not in ends:
-            _bracket_ends(text, i, ends)
+            bracket_ends(text, i, ends)
         end = ends[i]
         if end is not None:
             try:
@@ -101,34 +102,6 @@ def _python_literals(text: str) -> list[tuple[int, int, object]]:
     return out
 
 
-def _bracket_ends(text: str, start: int, ends: dict[int, int | None]) -> None:
-    """:func:`attnprobe.render.rendering.bracket_end` for ``text[start]`` and, from the same pass, for every
-    bracket it opens outside a string (their scans from there would read the same characters), into
-    ``ends``. Scanning once per bracket was quadratic (16 KB of ``[`` took 34 s)."""
-    pairs = {"{": "}", "[": "]", "(": ")"}
-    stack: list[tuple[str, int]] = []
-    quote, esc = None, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in pairs:
-            stack.append((pairs[ch], i))
-        elif ch in ")]}":
-            if not stack or ch != stack[-1][0]:
-                break  # a mismatch: every bracket still open fails here too
-            ends[stack.pop()[1]] = i + 1
-            if not stack:
-                return
-    for _, i in stack:
-        ends[i] = None
 
 
 def _as_call(obj, known: set[str] | None) -> ParsedCall | None:
