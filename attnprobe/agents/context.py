@@ -115,6 +115,7 @@ class ContextHistory:
     work: list[dict] = field(default_factory=list)
     refined: dict[int, str] = field(default_factory=dict)  # full-history index -> the refined text
     refiner_calls: int = 0  # rounds the refiner ran on
+    acted_calls: int = 0  # calls whose context the policy changed (masked, dropped or refined text sent)
     steps: list[dict] = field(default_factory=list)  # {step, call_id, messages} per recorded call
 
     def append(self, msg: dict) -> None:

@@ -57,7 +57,9 @@ def register(studies) -> None:
     g.add_argument("--scaffold", choices=("ircot", "seed002"), default="ircot",
                    help="ircot: seed 004's tag agent (default); seed002: seed 002's search/open/find agent")
     g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
-                   help="a setting to run (repeatable; default: none plus the scaffold's seed settings)")
+                   help="a setting to run; repeat it for more settings, side by side; compose policies within one "
+                        "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "
+                        "settings")
     g.add_argument("--baseline", default=None, help="the setting the others are compared with (default: the first)")
     g.add_argument("--max-turns", type=positive_int, default=None,
                    help="model calls per question before giving up (default: ircot 4, seed002 10)")
@@ -77,7 +79,8 @@ def register(studies) -> None:
                         "setting); explicit --max-new-tokens / --temperature win")
     add_generation_options(p, max_new_tokens=None, temperature=True,
                            max_new_tokens_help="generation limit per model call (default: seed002 8192, seed 002 "
-                                               "appendix C; ircot 128; --preset cpu 128)",
+                                               "appendix C; ircot 128, ours: seed 004 gives none; --preset cpu "
+                                               "128; 'run' uses 4096, seed 000 C.3, the runner's seed)",
                            temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
                                             "appendix C; ircot 0; --preset cpu 0)")
     add_cluster_options(p)

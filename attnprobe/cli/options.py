@@ -115,6 +115,27 @@ def parse_layers(text: str | None):
     return "full" if text == "full" else parse_int_list(text)
 
 
+class OnceAction(argparse.Action):
+    """An option that names one setting: given twice it is refused in one line (a repeated option
+    elsewhere means separate settings, never a composition; compose with ``A+B``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = getattr(namespace, self.dest, None)
+        if old is not None and old != self.default:
+            raise argparse.ArgumentError(self, f"given twice ({old}, {values}): this command runs one setting; "
+                                               f"compose policies with '+', e.g. {option_string} {old}+{values}")
+        setattr(namespace, self.dest, values)
+
+
+# Why two commands default --queries differently (each --help says it): capture measures seed 002's
+# per-step convention, the reasoning start; ``study attention`` reports the decision and the reasoning
+# start side by side, so it needs both queries.
+QUERIES_WHY = {"reasoning": "seed 002's per-step convention; 'study attention' defaults to reasoning+decision "
+                            "because its tables report both positions",
+               "reasoning+decision": "its tables report the decision and the reasoning start; 'capture' "
+                                     "defaults to reasoning, seed 002's per-step convention"}
+
+
 def _queries(text: str):
     if text.startswith("positions:"):
         return parse_int_list(text.split(":", 1)[1])
@@ -165,7 +186,8 @@ def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True
     if "queries" in wanted:
         modes = [queries] + [m for m in ("reasoning", "decision", "reasoning+decision") if m != queries]
         g.add_argument("--queries", default=queries, type=_queries,
-                       help=f"{modes[0]} (default) | {' | '.join(modes[1:])} | positions:10,20,300")
+                       help=f"{modes[0]} (default: {QUERIES_WHY[queries]}) | {' | '.join(modes[1:])} "
+                            "| positions:10,20,300")
     if "layers" in wanted:
         g.add_argument("--layers", default=None, type=parse_layers,
                        help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
 from attnprobe.cli.options import (
+    OnceAction,
     add_generation_options,
     add_hidden_alias,
     add_model_options,
@@ -25,7 +26,7 @@ Examples:
   attnprobe run trajectories/questions.jsonl --preset nis-agent --out runs/nis.jsonl --resume
   attnprobe run q.jsonl --filter in-context --validation stage1 --out runs/ablation.jsonl
   attnprobe run q.jsonl --preset baseline --context-policy mask:5 --out runs/masked.jsonl
-  attnprobe run q.jsonl --context-policy ircot:oq --context-policy refine:bm25:3 --out runs/refined.jsonl
+  attnprobe run q.jsonl --context-policy ircot:oq+refine:bm25:3 --out runs/refined.jsonl
   OPENAI_API_KEY=... attnprobe run q.jsonl --generator openai --base-url http://127.0.0.1:8000/v1 \\
       --served-model my-model --out runs/x.jsonl
   ATTNPROBE_SEARCH_KEY=... attnprobe run q.jsonl --search http --out runs/web.jsonl
@@ -33,7 +34,8 @@ Examples:
 Outputs: OUT (every model call as a trajectory; capture works on it), OUT with .results.ndjson (one
 line per finished question) and .summary.json (accuracy and average tokens per question); with a
 context policy also .history.jsonl (each search worker's full history, which its calls link to).
-Questions: JSON Lines with "id", "question" and optionally "answer" and "aliases".
+Questions: JSON Lines read as 'study interference' reads them: question/Question/query and
+golden_answers/answers/answer/Answer (+ aliases); without gold answers accuracy is null (warned).
 """
 
 
@@ -51,7 +53,8 @@ def register(sub) -> None:
                    help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
     g.add_argument("--filter", choices=FILTER_MODES, help="override the preset's filter")
     g.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
-    g.add_argument("--name", help="setting name used in run ids (default: the preset, or 'custom' with overrides)")
+    g.add_argument("--name", help="setting name used in run ids and the table (default: the preset, or 'custom' with "
+                                  "overrides, joined with the context policy: baseline_mask-1)")
     g.add_argument("--search", choices=("bm25", "http"), default="bm25",
                    help="bm25 = offline corpus (default); http = web search API (ATTNPROBE_SEARCH_* variables)")
     g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
@@ -63,15 +66,18 @@ def register(sub) -> None:
     g.add_argument("--max-validation-steps", type=positive_int, default=8,
                    help="stage-2 checks per validation; the answer step is always checked (default 8)")
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
-    g.add_argument("--context-policy", action="append", metavar="SPEC",
-                   help="a context policy applied to what the search worker sees at each step: mask:K "
+    g.add_argument("--context-policy", action=OnceAction, default=None, metavar="SETTING",
+                   help="the context policy applied to what the search worker sees at each step: mask:K "
                         "(seed 002's released rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, "
-                        "refine:bm25[:N], refine:openai:URL:MODEL; repeat it or join with + to compose "
-                        "(default none: the worker sees its whole history)")
+                        "refine:bm25[:N], refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). "
+                        "Given once: a run is one setting (default none: the worker sees its whole history)")
     g.add_argument("--final-check", action="store_true",
                    help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
     add_model_options(p)
-    add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True)
+    add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
+                           max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
+                                               "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
+                                               "'study interference' follows its scaffold's seed instead)")
     add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
@@ -80,6 +86,22 @@ def register(sub) -> None:
     g.add_argument("--resume", action="store_true", help="continue OUT: skip finished questions, replay partial runs")
     add_hidden_alias(p, "--overwrite", "force", action="store_true")
     p.set_defaults(func=cmd_run)
+
+
+def setting_name(base: str, policy: str | None) -> str:
+    """The default run name: the preset (or ``custom``) and the context policy, so the table and run ids
+    label a run by its whole setting (``baseline_mask-1``, not ``baseline`` under mask:1); safe in ids."""
+    if not policy or policy == "none":
+        return base
+    import re
+
+    from attnprobe.agents.policy_specs import canonical_setting
+
+    try:
+        spec = canonical_setting(policy)
+    except ValueError:
+        return base  # RunSettings refuses it, naming --context-policy
+    return f"{base}_" + "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p) for p in spec.split("+"))
 
 
 def make_chat(args):
@@ -102,8 +124,8 @@ def cmd_run(args) -> int:
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
         **({"final_check": True} if args.final_check else {}),
-        context_policy="+".join(args.context_policy or []) or "none",
-        name=args.name or (args.preset if not overrides else "custom"))
+        context_policy=args.context_policy or "none",
+        name=args.name or setting_name(args.preset if not overrides else "custom", args.context_policy))
     if args.questions is None:
         from attnprobe.resources import data_path
 

@@ -163,7 +163,8 @@ def test_mask_1_sends_placeholders_for_all_but_the_latest_observation(tmp_path):
         for m, i in zip(c["messages"][:-1], link["source"]):
             assert m == (ph[FULL[i]["tool_call_id"]] if str(i) in link["changes"] else FULL[i])
     assert res["results"][0]["workers"][0]["context"] == {"policy": "mask:1", "history_id": "baseline-t1/history-1",
-                                                          "refiner_calls": 0, "refined": []}
+                                                          "refiner_calls": 0, "refined": [],
+                                                          "acted_calls": 2}
     for traj in attnprobe.load_trajectories(out) + attnprobe.load_trajectories(out.with_suffix(".history.jsonl")):
         assert traj.framing == "trace"  # both files load as trajectories, unchanged
 
@@ -289,10 +290,10 @@ def test_cli_refuses_another_policy_on_resume_before_loading_a_model(tmp_path, m
     monkeypatch.setattr(cli_run, "make_chat", lambda args: pytest.fail("a model was loaded"))
     argv = ["run", str(qfile), "--preset", "baseline", "--worker-steps", "4", "--out", str(tmp_path / "r.jsonl"),
             "--no-progress"]
-    assert main(argv + ["--context-policy", "mask:2", "--context-policy", "refine:bm25:3", "--resume"]) == 2
+    assert main(argv + ["--context-policy", "mask:2+refine:bm25:3", "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"attnprobe: error: {tmp_path / 'r.results.ndjson'}, line 1: run baseline-t1 was made with "
-                   "other settings (context_policy: 'mask:1' there, 'mask:2+refine:bm25:3' now); resume with the "
+                   "other settings (name: 'baseline' there, 'baseline_mask-2_refine-bm25-3' now; context_policy: 'mask:1' there, 'mask:2+refine:bm25:3' now); resume with the "
                    "same options, use --force to redo or another --out")
     assert main(argv + ["--context-policy", "mask:x", "--force"]) == 2
     assert capsys.readouterr().err.strip() == ("attnprobe: error: --context-policy 'mask:x': K must be an integer, "

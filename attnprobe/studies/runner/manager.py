@@ -49,6 +49,7 @@ class ManagerOutcome:
     delegations: int = 0
     parse_failures: int = 0
     forced: bool = False
+    cut_off: bool = False  # the answer was read from a reply cut at the token limit (finish_reason "length")
     validation: dict = field(default_factory=dict)
     worker_reports: list[dict] = field(default_factory=list)
     histories: list = field(default_factory=list)  # the workers' ContextHistory under a context policy
@@ -156,4 +157,7 @@ class Manager:
         if not out.answer:
             lines = [ln.strip() for ln in reply.content.splitlines() if ln.strip()]
             out.answer = lines[0][:200] if lines else ""
+            # a reply cut at the token limit (e.g. the manager's JSON call cut after "```json"): its first
+            # line is recorded as the answer, and the run says so (run_one warns)
+            out.cut_off = reply.finish_reason == "length"
         return out

@@ -80,6 +80,10 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
         for k, (task, history) in enumerate(outcome.histories, 1):
             append_jsonl(hpath, history_record(history, run_id=run_id, question=question, worker=k, task=task,
                                                model=getattr(chat, "name", None)))
+    if outcome.cut_off:
+        log.warning("%s: the answer %r was read from a reply cut at the token limit (%d new tokens); "
+                    "raise --max-new-tokens", run_id, outcome.answer[:60], settings.max_tokens)
+    acted = sum((w.get("context") or {}).get("acted_calls", 0) for w in outcome.worker_reports)
     return {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
         "gold": question.get("answers") or None, "answer": outcome.answer,
@@ -88,7 +92,8 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
         "input_tokens": totals["input_tokens"], "output_tokens": totals["output_tokens"], "calls": totals["calls"],
         "per_agent": totals["per_agent"], "replayed_calls": rec.replayed, "manager_steps": outcome.steps,
         "delegations": outcome.delegations, "manager_parse_failures": outcome.parse_failures,
-        "forced_answer": outcome.forced, "validation": outcome.validation, "workers": outcome.worker_reports,
+        "forced_answer": outcome.forced, **({"answer_cut_off": True} if outcome.cut_off else {}),
+        **({"policy_acted_calls": acted} if settings.context_policy != "none" else {}), "validation": outcome.validation, "workers": outcome.worker_reports,
     }
 
 
@@ -114,6 +119,8 @@ def summarize(results: list[dict]) -> dict:
         "total_output_tokens": sum(r["output_tokens"] for r in results),
         "total_calls": sum(r["calls"] for r in results),
         "filter": filter_counts(results), "validation": validation_counts(results),
+        "answers_cut_off": sum(bool(r.get("answer_cut_off")) for r in results),
+        "policy_acted_calls": sum(r.get("policy_acted_calls", 0) for r in results),
         "per_agent_mean": {a: {k: round(v / n, 1) for k, v in d.items()} for a, d in sorted(agents.items())} if n else {},
     }
 
@@ -141,13 +148,29 @@ def validation_counts(results: list[dict]) -> dict[str, int]:
 
 def token_table(rows: dict[str, dict]) -> str:
     """The paper's Table 3 shape (average tokens per query) plus accuracy and time."""
-    head = f"{'setting':<14} {'acc':>9} {'input':>9} {'output':>8} {'total':>9} {'calls':>6} {'s/run':>7}"
+    w = max([14, *(len(n) for n in rows)])
+    head = f"{'setting':<{w}} {'acc':>9} {'input':>9} {'output':>8} {'total':>9} {'calls':>6} {'s/run':>7}"
     lines = [head, "-" * len(head)]
     for name, s in rows.items():
         acc = "n/a" if s["accuracy"] is None else f"{s['correct']}/{s['scored']}"
-        lines.append(f"{name:<14} {acc:>9} {s['mean_input_tokens']:>9.1f} {s['mean_output_tokens']:>8.1f} "
+        lines.append(f"{name:<{w}} {acc:>9} {s['mean_input_tokens']:>9.1f} {s['mean_output_tokens']:>8.1f} "
                      f"{s['mean_total_tokens']:>9.1f} {s['mean_calls']:>6.1f} {s['mean_seconds']:>7.1f}")
     return "\n".join(lines)
+
+
+def warn_summary(settings: RunSettings, summary: dict, questions: list[dict]) -> None:
+    """The warnings a run's numbers need: no gold answers (accuracy null), a policy that changed no call's
+    context (its runs equal the run without it by construction), answers read from cut-off replies."""
+    if summary["runs"] and not summary["scored"]:
+        log.warning("run %s: no question has a gold answer (fields: golden_answers, answers, answer, ...): "
+                    "accuracy is null", settings.name)
+    if summary["runs"] and settings.context_policy != "none" and not summary["policy_acted_calls"]:
+        log.warning("run %s: the context policy %s acted on no call (nothing to mask or refine): these runs "
+                    "equal runs without it", settings.name, settings.context_policy)
+    if summary["answers_cut_off"]:
+        log.warning("run %s: %d of %d answers were read from replies cut at the token limit (%d); raise "
+                    "--max-new-tokens", settings.name, summary["answers_cut_off"], summary["runs"],
+                    settings.max_tokens)
 
 
 def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
@@ -266,6 +289,7 @@ def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *
     skipped = counts["done_before"]
     results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
+    warn_summary(settings, summary, questions)
     atomic_write_text(summary_path(out), json.dumps(finite_json({"setting": settings.name,
                                                                  "settings": settings.to_dict(), **summary}), indent=2))
     return {"summary": summary, "results": results, "skipped": skipped}

@@ -110,7 +110,7 @@ class WorkerReport:
         if self.history is not None:
             h = self.history
             out["context"] = {"policy": h.setting.spec, "history_id": h.id, "refiner_calls": h.refiner_calls,
-                              "refined": sorted(h.refined)}
+                              "refined": sorted(h.refined), "acted_calls": h.acted_calls}
         return out
 
 
@@ -139,7 +139,10 @@ class SearchWorker:
         cf = self.history.view()
         if not self.history.setting.active:
             return cf.messages, meta
-        return cf.messages, {**meta, "history": self.history.link(cf)}
+        link = self.history.link(cf)
+        if link["changes"] or link["refined"]:  # the policy changed what this call is sent
+            self.history.acted_calls += 1
+        return cf.messages, {**meta, "history": link}
 
     def _ask_query(self, msgs: list[dict], reply_text: str, meta: dict) -> str | None:
         """A bare No: ask the same filter context for the rewritten query (recorded as a filter call)."""
