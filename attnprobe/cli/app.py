@@ -104,9 +104,12 @@ def run_child(cmd: list[str], env: dict, *, grace: float = 15.0) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "app", help="browse captures, decay curves, IBIS framings and model comparisons in a browser",
-        description="Start the Streamlit app on a data directory holding outputs of 'capture', 'ibis' and "
-                    "'compare' (found recursively). It reads only inside that directory and needs no model.")
+        "app", help="browse captures, decay curves, IBIS framings, model comparisons, counterfactuals and studies "
+                    "in a browser",
+        description="Start the Streamlit app on a data directory holding outputs of 'capture' (and 'demo'), "
+                    "'counterfactual', 'ibis', 'compare' and 'study interference' / 'study attention' (found "
+                    "recursively), on six pages: Trajectory, Decay, Framings, Models, Counterfactual and Study. "
+                    "It reads only inside that directory and needs no model.")
     p.add_argument("--data", required=True, type=Path, help="data directory to explore (read only inside it)")
     p.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -74,10 +75,24 @@ class Parser(argparse.ArgumentParser):
         super().error(shorten(message))
 
 
+_ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|obj):`~?([^`]+)`")
+
+
+def plain_text(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: reST roles become their name and double backticks go (module
+    docstrings serve as command descriptions; a user reads the help as plain text)."""
+    if not text:
+        return text
+    return _ROLE.sub(lambda m: m.group(1), text).replace("``", "'")
+
+
 class CommandParser(Parser):
-    """Parser of every subcommand (nested ones too): also accepts -v/-q after the command name."""
+    """Parser of every subcommand (nested ones too): also accepts -v/-q after the command name; its
+    description and epilog are shown as plain text (:func:`plain_text`)."""
 
     def __init__(self, *args, **kwargs):
+        for key in ("description", "epilog"):
+            kwargs[key] = plain_text(kwargs.get(key))
         super().__init__(*args, **kwargs)
         g = self.add_argument_group("global options (also accepted before the command)")
         # Own dests with no default, so they never overwrite -v/-q given before the command.
