@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from attnprobe.render.rendering import bracket_ends
@@ -212,15 +213,42 @@ class TagAction:
     text: str = ""
 
 
-def parse_tags(text: str) -> TagAction:
+ECHO_CONTEXT = 6  # characters beside an instruction's tag span that make its copy in a reply an echo
+
+
+def echoed_spans(text: str, instructions: Sequence[str], context: int = ECHO_CONTEXT) -> list[tuple[int, int]]:
+    """(start, end) of every tag span in ``text`` that copies one of the ``instructions``: the span
+    (``<answer> and </answer>``) occurs there literally, and the ``context`` characters before or after it in
+    the reply equal those around it in the instruction ("...inside <answer> and </answer>"). Such a span is
+    the model quoting its instructions, not a tag it wrote: the answer "and" is no answer. A span written
+    on its own (``</think> <answer> Beijing </answer>``) is not an echo, even when an example has its text."""
+    out = []
+    for instruction in instructions:
+        for m in re.finditer(r"<(think|search|answer|information)>[^<]*</\1>", instruction):
+            lit, before, after = m.group(0), instruction[:m.start()][-context:], instruction[m.end():][:context]
+            pos = 0
+            while (i := text.find(lit, pos)) >= 0:
+                j = i + len(lit)
+                if (len(before) == context and text[:i].endswith(before)) or \
+                        (len(after) == context and text[j:].startswith(after)):
+                    out.append((i, j))
+                pos = j
+    return sorted(set(out))
+
+
+def parse_tags(text: str, instructions: Sequence[str] = ()) -> TagAction:
     """Parse ``<think>``, ``<search>`` and ``<answer>`` spans out of a tag-format reply. Only closed spans
     count, as in Search-R1 (``<(search|answer)>(.*?)</\\1>``): a reply cut off inside ``<search>`` is no
     query. Only what comes before the first ``</search>`` or ``</answer>`` counts (text a model writes after
-    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored. Linear time
-    (:func:`attnprobe.trajectory.tags.closed`)."""
-    ends = [i + len(tag) for tag in ("</search>", "</answer>") if (i := text.find(tag)) >= 0]
-    cut = text[: min(ends)] if ends else text
+    it, e.g. an invented ``<information>`` block, is dropped). Empty spans are ignored. Spans that echo
+    one of the ``instructions`` the model was sent (:func:`echoed_spans`) are no tags: they neither answer
+    nor search nor cut the reply. Linear time in the reply (:func:`attnprobe.trajectory.tags.closed`)."""
+    seen = text
+    for i, j in echoed_spans(text, instructions):  # blanked for parsing; ``text`` keeps what the model wrote
+        seen = seen[:i] + " " * (j - i) + seen[j:]
+    ends = [i + len(tag) for tag in ("</search>", "</answer>") if (i := seen.find(tag)) >= 0]
+    cut, text = (seen[: min(ends)], text[: min(ends)]) if ends else (seen, text)
     spans = {name: [s.strip() for s in closed(cut, name) if s.strip()] for name in _TAGS}
     answers = spans["answer"]
     return TagAction(thoughts=spans["think"], queries=spans["search"], answer=answers[0] if answers else None,
-                     text=cut.strip())
+                     text=text.strip())

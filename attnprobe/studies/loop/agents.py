@@ -220,7 +220,7 @@ class Loop:
             cf = ep.view()
             sent, kept = as_tags(cf.messages)
             reply = self._call(sent, cf, None, kept)
-            act = parse_tags(reply.content or reply.raw_text or "")
+            act = parse_tags(reply.content or reply.raw_text or "", (IRCOT_PROMPT, IRCOT_INVALID))
             if act.answer is not None:
                 ep.append({"role": "assistant", "content": act.text})
                 ep.response, ep.answer = act.text, act.answer
@@ -252,7 +252,7 @@ class Loop:
         sent, kept = as_tags(cf.messages)
         reply = self._call(sent, cf, None, kept)
         ep.calls[-1]["meta"]["final_call"] = True
-        act = parse_tags(reply.content or reply.raw_text or "")
+        act = parse_tags(reply.content or reply.raw_text or "", (IRCOT_PROMPT, IRCOT_INVALID))
         ep.append({"role": "assistant", "content": act.text or reply.content or "(empty reply)"})
         ep.response = act.text or reply.content or ""
         ep.answer = act.answer
