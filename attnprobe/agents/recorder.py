@@ -12,6 +12,7 @@ the run continues live. Finished calls are therefore neither lost nor duplicated
 from __future__ import annotations
 
 import copy
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ def drop_records(path: Path, ids: set[str]) -> None:
         return
     keep = [r for r in read_records(path, torn_tail="skip", missing_ok=True) if r.get("id") not in ids]
     write_jsonl(path, keep)
+
+
+def call_note(label: str, output_tokens: int, seconds: float) -> str:
+    """A finished model call as the progress bar shows it: "call 3 (manager): 48 tok in 2.1 s, 22.9 tok/s"."""
+    rate = f"{output_tokens / seconds:.1f} tok/s" if seconds > 0 else "- tok/s"
+    return f"{label}: {output_tokens} tok in {seconds:.1f} s, {rate}"
 
 
 class Recorder:
@@ -65,8 +72,9 @@ class Recorder:
              extra_meta: dict | None = None) -> ChatReply:
         self.call_index += 1
         self.per_agent[agent] += 1
+        label = f"call {self.call_index} ({agent})"
         if self.note is not None:
-            self.note(f"call {self.call_index} ({agent})")
+            self.note(label)
         call_id = self.last_call_id = f"{self.run_id}/{agent}-{self.per_agent[agent]}"
         reply = None
         if self.replay:
@@ -85,8 +93,11 @@ class Recorder:
             else:
                 self._stop_replay()
         if reply is None:
+            t0 = time.perf_counter()
             reply = self.chat.complete(copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
                                        max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+            if self.note is not None:  # per call, with its speed: a long wait is visibly generating
+                self.note(call_note(label, reply.output_tokens, time.perf_counter() - t0))
             self._write(call_id, agent, messages, tools, reply, extra_meta or {})
         u = self.usage[agent]
         u["calls"] += 1

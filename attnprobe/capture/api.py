@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from attnprobe._version import __version__
 from attnprobe.capture.models import LoadedModel
 from attnprobe.errors import AttnprobeError, TooLongError
+from attnprobe.io import progress_bar
 from attnprobe.render.rendering import Rendered, render
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
@@ -279,7 +279,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     size = batch_size or max(1, len(prepared))
     weights = weights_hash(model.spec)
     results: list[CaptureResult] = []
-    with tqdm(total=len(prepared), desc="capture", unit="traj", disable=not progress or len(prepared) < 2) as bar:
+    with progress_bar(total=len(prepared), desc="capture", unit="traj", disable=not progress or len(prepared) < 2) as bar:
         for b in range(0, len(prepared), size):
             batch = prepared[b:b + size]
             plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]

@@ -205,7 +205,7 @@ class RayExecutor:
         a shard is a group of whole batches of about ``shard_tokens`` estimated tokens, handed largest
         first to whichever replica is idle. What ``job.run`` returns is handed to ``job.collect`` here,
         in the order results arrive."""
-        from tqdm.auto import tqdm
+        from attnprobe.io import progress_bar
 
         t_job = time.time()
         out = Path(job.out)
@@ -245,7 +245,7 @@ class RayExecutor:
         ray = ray_module()
         job_ref = ray.put(job)  # shipped once, not with every shard
         try:
-            with tqdm(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
+            with progress_bar(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
                 self._schedule(deque(shards), job, job_ref, job_start, counts, stats, bar, t_job)
             # every write of this job has ended: what a killed writer left half-built can go
             stats["recovered_work_folders"] = job.finish()

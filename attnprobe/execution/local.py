@@ -47,7 +47,7 @@ class LocalExecutor:
 
     def run(self, job: Job) -> dict[str, int]:
         """Run the job's unfinished items; returns ``{"done_before", "done", "failed"}``."""
-        from tqdm.auto import tqdm
+        from attnprobe.io import progress_bar
 
         items = job.items()
         todo = list(items) if job.force else [it for it in items if not job.done(it)]
@@ -59,7 +59,7 @@ class LocalExecutor:
             return counts
         state = job.prepare(self.model)
         groups = batches(todo, job.batch_size)
-        with tqdm(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
+        with progress_bar(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
             while groups:
                 batch = groups.pop(0)
                 if len(batch) > 1:

@@ -60,7 +60,7 @@ from attnprobe.io.json import (
     repair_torn_tail,
     write_jsonl,
 )
-from attnprobe.io.loop import EXPECTED_ERRORS, ItemProgress, log_error, run_resumable
+from attnprobe.io.loop import EXPECTED_ERRORS, ItemProgress, log_error, progress_bar, run_resumable
 
 __all__ = [
     "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "ItemProgress", "LOCK_NAME", "MAX_JSON_BYTES",
@@ -69,5 +69,5 @@ __all__ = [
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
     "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
-    "recover_atomic_dirs", "repair_torn_tail", "run_resumable", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
+    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "run_resumable", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

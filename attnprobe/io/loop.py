@@ -25,6 +25,16 @@ def log_error(errors_path: Path, stage: str, what: dict, exc: BaseException) -> 
     append_jsonl(errors_path, {"stage": stage, **what, "error": f"{type(exc).__name__}: {exc}", "time": time.time()})
 
 
+def progress_bar(**kw):
+    """A tqdm bar as every attnprobe loop opens it: not on a terminal, ASCII at position 0, so a log holds
+    no escape codes (:func:`attnprobe_hooks.bars.plain_bar`)."""
+    from tqdm.auto import tqdm
+
+    from attnprobe_hooks.bars import plain_bar
+
+    return tqdm(**{**plain_bar(kw.get("file")), **kw})
+
+
 class ItemProgress:
     """What ``work`` gets as its second argument when ``run_resumable(..., item_progress=True)``:
     ``advance(n)`` moves the bar as items of the batch finish (the loop adds whatever was not
@@ -60,14 +70,12 @@ def run_resumable(items: Sequence[T], work: Callable[..., None], *, done: Callab
     written. A ``work`` that can tell more takes ``item_progress=True`` and is called as
     ``work(batch, ItemProgress)``, advancing the bar per finished item and noting its current step.
     """
-    from tqdm.auto import tqdm
-
     todo = [it for it in items if not done(it)]
     counts = {"done_before": len(items) - len(todo), "done": 0, "failed": 0}
     if counts["done_before"]:
         log.info("%s: %d of %d already done, skipped", stage, counts["done_before"], len(items))
     size = max(1, batch_size)
-    with tqdm(total=len(todo), desc=desc, unit=unit, disable=not progress) as bar:
+    with progress_bar(total=len(todo), desc=desc, unit=unit, disable=not progress) as bar:
         for start in range(0, len(todo), size):
             batch = todo[start:start + size]
             tracker = ItemProgress(bar)

@@ -17,6 +17,7 @@ from typing import Any
 from attnprobe.errors import ModelNotFoundError
 from attnprobe.model_files import canonical_dtype, display_name, resolve_spec, torch_dtype
 from attnprobe_hooks.backend import BackendOutputs, CapturePlan, LoadedModel
+from attnprobe_hooks.bars import plain_bar
 from attnprobe_hooks.transformers.attention import install
 from attnprobe_hooks.transformers.generate import capture_and_generate
 from attnprobe_hooks.transformers.prefill import chunked_prefill, crop_to, run_plan, run_plans, shared_cache
@@ -40,7 +41,7 @@ def _quiet_gguf_bar() -> None:
 
     def tqdm(*args, **kwargs):
         kwargs["disable"] = kwargs.get("disable", False) or _bars_off()
-        return bar(*args, **kwargs)
+        return bar(*args, **{**plain_bar(), **kwargs})
 
     tqdm._attnprobe = True
     gguf.tqdm = tqdm

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attnprobe_hooks.backend import BackendOutput, BackendOutputs, CapturePlan, LoadedModel
+from attnprobe_hooks.bars import plain_bar
 from attnprobe_hooks.sharing import lexicographic_order, schedule, stats
 from attnprobe_hooks.transformers.attention import CaptureState, PlanTarget, active, install
 
@@ -53,7 +54,7 @@ def chunked_prefill(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size:
     n = int(input_ids.shape[0])
     device = next(model.parameters()).device
     chunks = _chunks(start, n, chunk_size)
-    bar = tqdm(chunks, desc=desc or "prefill", unit="chunk", disable=not progress, leave=False)
+    bar = tqdm(chunks, desc=desc or "prefill", unit="chunk", disable=not progress, leave=False, **plain_bar())
     cache_kw_name = cache_kw(base)
     with torch.inference_mode():
         for s, e in bar:

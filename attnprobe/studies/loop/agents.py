@@ -40,6 +40,7 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
+from attnprobe.agents.recorder import call_note
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ChatReply
@@ -138,9 +139,10 @@ class Loop:
     """Runs one question; ``run`` returns the :class:`Episode`."""
 
     def __init__(self, chat, search: SearchBackend, setting: Setting, config: LoopConfig, *, run_id: str,
-                 question: dict):
+                 question: dict, note=None):
         self.chat, self.search, self.setting, self.config = chat, search, setting, config
         self.run_id, self.question = run_id, question
+        self.note = note  # progress callback: told of each call, then of its tokens per second
         self.ep = Episode(setting, f"{run_id}/history")
 
     # ------------------------------------------------------------------ one model call
@@ -148,9 +150,14 @@ class Loop:
         """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call: the
         model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's)."""
         ep = self.ep
+        step = len(ep.calls) + 1
+        if self.note is not None:
+            self.note(f"call {step}")
+        t0 = time.perf_counter()
         reply = self.chat.complete(unlabelled(sent), copy.deepcopy(tools) if tools else None,
                                    max_tokens=self.config.max_tokens, temperature=self.config.temperature)
-        step = len(ep.calls) + 1
+        if self.note is not None:
+            self.note(call_note(f"call {step}", reply.output_tokens, time.perf_counter() - t0))
         msg: dict[str, Any] = reply.as_message()
         if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
             msg["content"] = "(empty reply)"
@@ -270,10 +277,11 @@ class Loop:
 
 
 def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConfig, question: dict, *,
-                 run_id: str, scorer) -> tuple[dict, list[dict], dict]:
-    """Run one question: returns (result record, recorded calls, full-history trajectory)."""
+                 run_id: str, scorer, note=None) -> tuple[dict, list[dict], dict]:
+    """Run one question: returns (result record, recorded calls, full-history trajectory); ``note`` is told
+    of every model call (progress)."""
     t0 = time.perf_counter()
-    loop = Loop(chat, search, setting, config, run_id=run_id, question=question)
+    loop = Loop(chat, search, setting, config, run_id=run_id, question=question, note=note)
     ep = loop.run()
     seconds = time.perf_counter() - t0
     verdict = scorer(question["question"], ep.response, ep.answer, question.get("answers") or [])

@@ -131,7 +131,8 @@ class InterferenceJob(JobBase):
             spec, q = item.data
             folder = setting_dir(self.out, spec)
             result, calls, history = run_question(chat, search, parse_setting(spec), self.config, q,
-                                                  run_id=f"{slug(spec)}/{q['id']}", scorer=scorer)
+                                                  run_id=f"{slug(spec)}/{q['id']}", scorer=scorer,
+                                                  note=lambda text, s=spec, qid=q["id"]: self.note(f"{s} {qid}: {text}"))
             stamp = inputs_stamp(q, spec, self.config, self.model)
             result["inputs"] = stamp
             for c in [*calls, history]:

@@ -1,0 +1,19 @@
+"""tqdm options for progress bars drawn where no terminal reads them (the one definition; attnprobe.io's
+bars and the backends' prefill and GGUF bars use it)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def plain_bar(stream=None) -> dict:
+    """tqdm options for a stream that is not a terminal (a log file, a pipe): ASCII blocks and every bar at
+    position 0, so no escape codes reach the log (nested bars otherwise move the cursor up with ``ESC[A``);
+    on a terminal, none (tqdm draws as usual)."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    try:
+        tty = bool(isatty()) if isatty else False
+    except (OSError, ValueError):  # a closed stream
+        tty = False
+    return {} if tty else {"ascii": True, "position": 0}
