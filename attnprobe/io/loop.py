@@ -27,10 +27,10 @@ def log_error(errors_path: Path, stage: str, what: dict, exc: BaseException) -> 
 
 def progress_bar(**kw):
     """A tqdm bar as every attnprobe loop opens it: not on a terminal, ASCII at position 0, so a log holds
-    no escape codes (:func:`attnprobe_hooks.bars.plain_bar`)."""
+    no escape codes (:func:`attnprobe.io.bars.plain_bar`)."""
     from tqdm.auto import tqdm
 
-    from attnprobe_hooks.bars import plain_bar
+    from attnprobe.io.bars import plain_bar
 
     return tqdm(**{**plain_bar(kw.get("file")), **kw})
 

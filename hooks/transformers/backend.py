@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import ModelNotFoundError
+from attnprobe.io.bars import plain_bar
 from attnprobe.model_files import canonical_dtype, display_name, resolve_spec, torch_dtype
 from attnprobe_hooks.backend import BackendOutputs, CapturePlan, LoadedModel
-from attnprobe_hooks.bars import plain_bar
 from attnprobe_hooks.transformers.attention import install
 from attnprobe_hooks.transformers.generate import capture_and_generate
 from attnprobe_hooks.transformers.prefill import chunked_prefill, crop_to, run_plan, run_plans, shared_cache

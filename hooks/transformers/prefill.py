@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from attnprobe.io.bars import plain_bar
 from attnprobe_hooks.backend import BackendOutput, BackendOutputs, CapturePlan, LoadedModel
-from attnprobe_hooks.bars import plain_bar
 from attnprobe_hooks.sharing import lexicographic_order, schedule, stats
 from attnprobe_hooks.transformers.attention import CaptureState, PlanTarget, active, install
 

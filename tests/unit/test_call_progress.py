@@ -13,13 +13,13 @@ from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.agents.recorder import call_note
 from attnprobe.io import run_resumable
+from attnprobe.io.bars import plain_bar
 from attnprobe.resources import data_path
 from attnprobe.studies.loop.agents import LoopConfig, run_question
 from attnprobe.studies.loop.context import parse_setting
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.studies.runner import RunSettings
 from attnprobe.studies.runner.run import run_one
-from attnprobe_hooks.bars import plain_bar
 
 RATE = re.compile(r"^(call \d+(?: \(\w+\))?): (\d+) tok in \d+\.\d s, (?:\d+\.\d|-) tok/s$")
 

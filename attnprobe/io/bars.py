@@ -1,5 +1,5 @@
-"""tqdm options for progress bars drawn where no terminal reads them (the one definition; attnprobe.io's
-bars and the backends' prefill and GGUF bars use it)."""
+"""tqdm options for progress bars drawn where no terminal reads them: the one definition, used by
+attnprobe.io.progress_bar (every loop's bar) and by the capture backends' prefill and GGUF bars."""
 
 from __future__ import annotations
 
