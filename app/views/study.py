@@ -50,6 +50,8 @@ def render(root, inv) -> None:
                f"{', '.join(map(str, d.get('models') or [])) or '?'} · scorer {d.get('scorer', '?')} · "
                f"{len(d.get('questions') or {})} of {d.get('questions_total', '?')} questions finished · "
                f"brackets: 95% bootstrap CI over questions ({boot.get('resamples', '?')} resamples)")
+    for caveat in SD.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
+        st.warning(f"Caveat: {caveat}")
 
     st.subheader("Settings side by side")
     st.dataframe(pd.DataFrame(SD.settings_table(study)), hide_index=True, key="study_table")

@@ -11,6 +11,7 @@ OUT/study.json (docs/loop.md).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +26,8 @@ from attnprobe.cli.options import (
     non_negative_int,
     positive_int,
 )
+
+log = logging.getLogger(__name__)
 
 EPILOG = """\
 Examples:
@@ -188,6 +191,7 @@ def _register_attention(studies) -> None:
                         "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
+    p.set_defaults(model=None, dtype=None)  # the study's own model and dtype (capture_model.py)
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
@@ -203,6 +207,7 @@ def cmd_attention(args) -> int:
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.capture_model import choose_capture_model
 
     out = Path(args.out)
     if args.policies:
@@ -211,16 +216,22 @@ def cmd_attention(args) -> int:
     opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
                       progress=not args.no_progress)
-    with hold_dir_lock(out, "study folder"), executor(args) as ex:  # not while the study itself runs
-        def counterfactual(folder, trajectories, spec, min_past):
-            return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
-                                   model=model_record(args))
+    with hold_dir_lock(out, "study folder"):  # not while the study itself runs
+        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
+        args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
+        if choice.differs:
+            log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
+                        "and every output says so", choice.label)
+        with executor(args) as ex:
+            def counterfactual(folder, trajectories, spec, min_past):
+                return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
+                                       model=model_record(args))
 
-        counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                    counterfactual=counterfactual, min_past=args.min_past,
-                                    shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
-                                    else args.shares_min_past, force=args.force,
-                                    n_boot=args.bootstrap, only=args.policies)
+            counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
+                                        counterfactual=counterfactual, min_past=args.min_past,
+                                        shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
+                                        else args.shares_min_past, force=args.force,
+                                        n_boot=args.bootstrap, only=args.policies, models=choice)
     print((out / ATTENTION_MD).read_text(encoding="utf-8"))
     cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
     print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "

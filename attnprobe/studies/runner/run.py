@@ -3,7 +3,8 @@
 Files for ``out = X.jsonl``:
 - ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
 - ``X.results.ndjson``   one line per finished run (answer, correctness, tokens per agent, seconds)
-- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run)
+- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run), and at the end
+                         its ``caveats`` (:func:`attnprobe.results.caveats.runner_caveats`)
 - ``X.history.jsonl``    only under a context policy: each search worker's full history (nothing masked or
                          refined) as one trajectory, ``<run-id>/history-<worker>``, which the worker's
                          recorded calls link to (``meta.history``)
@@ -33,6 +34,7 @@ from attnprobe.io import (
     read_records,
     run_resumable,
 )
+from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
@@ -266,6 +268,7 @@ def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *
     skipped = counts["done_before"]
     results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
+    summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
     atomic_write_text(summary_path(out), json.dumps(finite_json({"setting": settings.name,
                                                                  "settings": settings.to_dict(), **summary}), indent=2))
     return {"summary": summary, "results": results, "skipped": skipped}
