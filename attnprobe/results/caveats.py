@@ -120,7 +120,7 @@ def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]
     if searches:
         return []
     return [f"setting {context_policy} retrieved nothing: no policy acted (no search worker ran a search in "
-            f"{len(results)} runs); the policy changed nothing the agents saw"]
+            f"{len(results)} run{'' if len(results) == 1 else 's'}); the policy changed nothing the agents saw"]
 
 
 def markdown(caveats: list[str]) -> list[str]:
