@@ -157,6 +157,7 @@ Examples:
   attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --out runs/masking
   attnprobe study attention runs/masking            # captures + counterfactuals; study.md gets the section
   attnprobe study attention runs/masking --layers full --ray auto
+  attnprobe study attention runs/served --model /models/Qwen2.5-7B-Instruct   # a served study's local weights
   attnprobe report runs/masking/mask-5/capture      # or the app, on any OUT/<setting>/capture
 
 Writes OUT/<setting>/capture/ (attnprobe capture's format), OUT/<setting>/counterfactual/ (attnprobe
@@ -175,7 +176,10 @@ def _register_attention(studies) -> None:
                     "and the reasoning start (steps with >= --shares-min-past past turns, and per step), the "
                     "per-token shares relative to uniform and the paired differences with the baseline, with "
                     "bootstrap CIs over questions, to OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
-                    "skipped; --force redoes them). A folder that is not a study is exit code 2.",
+                    "skipped; --force redoes them). A folder that is not a study is exit code 2. The capture model "
+                    "is the study's own (its weights and dtype; for a served model its name when that is local "
+                    "weights, else refused: give them with --model); another --model is named with the agent's in "
+                    "every output ('capture model X, agent model Y').",
         epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
     g = p.add_argument_group("study")
@@ -192,6 +196,12 @@ def _register_attention(studies) -> None:
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
     p.set_defaults(model=None, dtype=None)  # the study's own model and dtype (capture_model.py)
+    for a in p._actions:
+        if a.dest in ("model", "dtype"):
+            a.help = {"model": "capture model (default: the study's own; required for a served model whose "
+                               "weights are not local). Another model is labelled 'capture model X, agent model "
+                               "Y' in every output. " + a.help,
+                      "dtype": "float32, bfloat16 or float16 (default: the study's; else float32)"}[a.dest]
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
