@@ -225,3 +225,28 @@ def test_another_model_is_named_with_the_agents_in_every_output(tmp_path, monkey
         # the header, both query headings, 4 table captions per query and the counterfactual heading
         assert text.count(label) >= 1 + 2 + 8 + 1, text
         assert text.count(f"({label})") == 2 + 8 + 1
+
+
+def test_injected_system_tokens_of_smollm2s_template(bundled_folder):
+    """On the bundled model's own chat template (its tokenizer only, no weights): a call sent without a system
+    message gets "<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging
+    Face<|im_end|>\\n", 21 tokens counted as system; with a system message nothing is injected."""
+    from transformers import AutoTokenizer
+
+    from attnprobe.render.rendering import render
+    from attnprobe.trajectory.schema import Trajectory
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_folder), local_files_only=True)
+
+    def k(messages):
+        r = render(Trajectory.from_dict({"id": "x", "task": "Who?", "messages": messages}), tok)
+        n = len(r.input_ids)
+        res = CaptureResult(trajectory_id="x", input_ids=np.asarray(r.input_ids), segments=r.segments, queries=[],
+                            layers=[0], segment_attention=np.zeros((0, len(r.segments))),
+                            layer_head_attention=np.zeros((0, 1, 1, len(r.segments))), token_attention=np.zeros((0, n)),
+                            meta={}, text=r.text, offsets=np.asarray(r.offsets))
+        return injected_system_tokens(res)
+
+    chat = [{"role": "user", "content": "Who won the cup?"}, {"role": "assistant", "content": "I think Brazil."}]
+    assert k(chat) == 21
+    assert k([{"role": "system", "content": "Answer briefly."}, *chat]) == 0
