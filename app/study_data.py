@@ -19,7 +19,14 @@ from attnprobe.io import safe_name
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.caveats import study_caveats as study_caveats_of
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.loop.attention_report import QUERY_LABELS, paired_rows, relative_rows, share_rows, step_rows
+from attnprobe.studies.loop.attention_report import (
+    QUERY_LABELS,
+    models_label,  # noqa: F401  (the page names another capture model with the agent's)
+    paired_rows,
+    relative_rows,
+    share_rows,
+    step_rows,
+)
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D

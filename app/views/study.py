@@ -157,7 +157,8 @@ def _attention_summary(root, study: SD.Study) -> None:
         return
     if summary is None:
         return
-    st.subheader("Attention per setting")
+    label = SD.models_label(summary) if isinstance(summary, dict) else None  # another capture model: say whose
+    st.subheader("Attention per setting" + (f" ({label})" if label else ""))
     st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls with at least "
                f"{summary.get('min_past', '?')} past turns (seed 002 E.5), per question the mean over its calls, "
                "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "

@@ -192,6 +192,9 @@ def test_study_caveats_of_the_study_and_its_attention_json(data):
         "2 of 4"]
     (data / "study" / "attention.json").write_text('{"settings": ')
     assert SD.study_caveats(data, study) == [N_CAVEAT]
+    assert SD.models_label({"capture": {"capture_model": "SmolLM2-135M-Instruct", "agent_model": "Qwen2.5-7B"}}) == \
+        "capture model SmolLM2-135M-Instruct, agent model Qwen2.5-7B"  # the page's attention heading says it
+    assert SD.models_label({"capture": {"capture_model": "m", "agent_model": "m"}}) is None
 
 
 def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(data):
