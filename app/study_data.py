@@ -342,7 +342,10 @@ def study_caveats(root: Path, study: Study) -> list[str]:
     """The caveats of the study and of its attention.json (:mod:`attnprobe.results.caveats`), computed from
     the data as study.md and attention.md print them; an unreadable attention.json adds none (the page
     reports it where it shows the tables)."""
-    out = study_caveats_of(study.data)
+    try:
+        out = study_caveats_of(study.data)
+    except (TypeError, ValueError, AttributeError):  # a study.json the page still shows, with odd values
+        out = []
     try:
         summary = attention_summary(root, study)
     except D.DataError:

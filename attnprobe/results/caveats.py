@@ -58,7 +58,9 @@ def study_caveats(study: Mapping) -> list[str]:
     settings = study.get("settings") or {}
     if not isinstance(settings, Mapping):
         return []
-    temp = (study.get("config") or {}).get("temperature")
+    settings = {s: m for s, m in settings.items() if isinstance(m, Mapping)}  # a malformed entry says nothing
+    config = study.get("config")
+    temp = config.get("temperature") if isinstance(config, Mapping) else None
     return [*retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 

@@ -250,3 +250,9 @@ def test_injected_system_tokens_of_smollm2s_template(bundled_folder):
     chat = [{"role": "user", "content": "Who won the cup?"}, {"role": "assistant", "content": "I think Brazil."}]
     assert k(chat) == 21
     assert k([{"role": "system", "content": "Answer briefly."}, *chat]) == 0
+
+
+def test_malformed_study_json_gives_no_caveat_and_no_crash():
+    assert CV.study_caveats({"settings": {"a": 3, "b": {"questions": 12, "art": 0.0}}, "config": [1],
+                             "baseline": "x"}) == ["setting b retrieved nothing: no policy acted; " + GREEDY]
+    assert CV.study_caveats({"settings": [1, 2]}) == []
