@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnprobe.io import safe_name
+from attnprobe.results.caveats import attention_caveats
+from attnprobe.results.caveats import study_caveats as study_caveats_of
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.loop.attention_report import QUERY_LABELS, paired_rows, relative_rows, share_rows, step_rows
+from attnprobe.studies.loop.attention_report import (
+    QUERY_LABELS,
+    models_label,  # noqa: F401  (the page names another capture model with the agent's)
+    paired_rows,
+    relative_rows,
+    share_rows,
+    step_rows,
+)
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
@@ -327,3 +336,23 @@ def attention_rows(summary: dict, query: str, table: str = "shares") -> list[dic
 
 def attention_query_label(query: str) -> str:
     return QUERY_LABELS.get(query, query)
+
+
+def study_caveats(root: Path, study: Study) -> list[str]:
+    """The caveats of the study and of its attention.json (:mod:`attnprobe.results.caveats`), computed from
+    the data as study.md and attention.md print them; an unreadable attention.json adds none (the page
+    reports it where it shows the tables)."""
+    try:
+        out = study_caveats_of(study.data)
+    except (TypeError, ValueError, AttributeError):  # a study.json the page still shows, with odd values
+        out = []
+    try:
+        summary = attention_summary(root, study)
+    except D.DataError:
+        summary = None
+    if isinstance(summary, dict):
+        try:
+            out += attention_caveats(summary)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            pass
+    return out

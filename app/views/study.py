@@ -50,6 +50,8 @@ def render(root, inv) -> None:
                f"{', '.join(map(str, d.get('models') or [])) or '?'} · scorer {d.get('scorer', '?')} · "
                f"{len(d.get('questions') or {})} of {d.get('questions_total', '?')} questions finished · "
                f"brackets: 95% bootstrap CI over questions ({boot.get('resamples', '?')} resamples)")
+    for caveat in SD.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
+        st.warning(f"Caveat: {caveat}")
 
     st.subheader("Settings side by side")
     st.dataframe(pd.DataFrame(SD.settings_table(study)), hide_index=True, key="study_table")
@@ -155,7 +157,8 @@ def _attention_summary(root, study: SD.Study) -> None:
         return
     if summary is None:
         return
-    st.subheader("Attention per setting")
+    label = SD.models_label(summary) if isinstance(summary, dict) else None  # another capture model: say whose
+    st.subheader("Attention per setting" + (f" ({label})" if label else ""))
     st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls with at least "
                f"{summary.get('min_past', '?')} past turns (seed 002 E.5), per question the mean over its calls, "
                "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "

@@ -11,6 +11,7 @@ OUT/study.json (docs/loop.md).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +26,8 @@ from attnprobe.cli.options import (
     non_negative_int,
     positive_int,
 )
+
+log = logging.getLogger(__name__)
 
 EPILOG = """\
 Examples:
@@ -157,6 +160,7 @@ Examples:
   attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --out runs/masking
   attnprobe study attention runs/masking            # captures + counterfactuals; study.md gets the section
   attnprobe study attention runs/masking --layers full --ray auto
+  attnprobe study attention runs/served --model /models/Qwen2.5-7B-Instruct   # a served study's local weights
   attnprobe report runs/masking/mask-5/capture      # or the app, on any OUT/<setting>/capture
 
 Writes OUT/<setting>/capture/ (attnprobe capture's format), OUT/<setting>/counterfactual/ (attnprobe
@@ -175,7 +179,10 @@ def _register_attention(studies) -> None:
                     "and the reasoning start (steps with >= --shares-min-past past turns, and per step), the "
                     "per-token shares relative to uniform and the paired differences with the baseline, with "
                     "bootstrap CIs over questions, to OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
-                    "skipped; --force redoes them). A folder that is not a study is exit code 2.",
+                    "skipped; --force redoes them). A folder that is not a study is exit code 2. The capture model "
+                    "is the study's own (its weights and dtype; for a served model its name when that is local "
+                    "weights, else refused: give them with --model); another --model is named with the agent's in "
+                    "every output ('capture model X, agent model Y').",
         epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
     g = p.add_argument_group("study")
@@ -191,6 +198,13 @@ def _register_attention(studies) -> None:
                         "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     add_model_options(p, backends=True)
+    p.set_defaults(model=None, dtype=None)  # the study's own model and dtype (capture_model.py)
+    for a in p._actions:
+        if a.dest in ("model", "dtype"):
+            a.help = {"model": "capture model (default: the study's own; required for a served model whose "
+                               "weights are not local). Another model is labelled 'capture model X, agent model "
+                               "Y' in every output. " + a.help,
+                      "dtype": "float32, bfloat16 or float16 (default: the study's; else float32)"}[a.dest]
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
@@ -206,6 +220,7 @@ def cmd_attention(args) -> int:
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.capture_model import choose_capture_model
 
     out = Path(args.out)
     if args.policies:
@@ -214,16 +229,22 @@ def cmd_attention(args) -> int:
     opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
                       chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
                       progress=not args.no_progress)
-    with hold_dir_lock(out, "study folder"), executor(args) as ex:  # not while the study itself runs
-        def counterfactual(folder, trajectories, spec, min_past):
-            return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
-                                   model=model_record(args))
+    with hold_dir_lock(out, "study folder"):  # not while the study itself runs
+        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
+        args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
+        if choice.differs:
+            log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
+                        "and every output says so", choice.label)
+        with executor(args) as ex:
+            def counterfactual(folder, trajectories, spec, min_past):
+                return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
+                                       model=model_record(args))
 
-        counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                    counterfactual=counterfactual, min_past=args.min_past,
-                                    shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
-                                    else args.shares_min_past, force=args.force,
-                                    n_boot=args.bootstrap, only=args.policies)
+            counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
+                                        counterfactual=counterfactual, min_past=args.min_past,
+                                        shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
+                                        else args.shares_min_past, force=args.force,
+                                        n_boot=args.bootstrap, only=args.policies, models=choice)
     print((out / ATTENTION_MD).read_text(encoding="utf-8"))
     cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
     print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "

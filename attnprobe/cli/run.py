@@ -146,6 +146,8 @@ def cmd_run(args) -> int:
                                overwrite=args.force, progress=not args.no_progress)
     s = result["summary"]
     print(token_table({settings.name: s}))
+    for c in s.get("caveats") or []:
+        print(f"Caveat: {c}")
     if result["skipped"]:
         print(f"({result['skipped']} finished question(s) were skipped: --resume)")
     print(json.dumps({"out": args.out, "accuracy": s["accuracy"], "runs": s["runs"]}), file=sys.stderr)

@@ -4,6 +4,7 @@ policy flags and captures, and the refusals (corrupt study.json, anything outsid
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -139,6 +140,7 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Study: policies in the loop"
+    assert [w.value for w in at.warning] == [f"Caveat: {N_CAVEAT}"]  # computed from the data (2 questions)
     frames = [d.value for d in at.dataframe]
     table = frames[0]
     assert list(table["setting"]) == ["none (baseline)", OTHER]
@@ -167,6 +169,32 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
     at.radio(key="study_attention").set_value("none").run()
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
+
+
+N_CAVEAT = "n = 2: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
+
+
+def test_study_caveats_of_the_study_and_its_attention_json(data):
+    """The page's caveats: study.json's (2 questions per setting) and, once written, attention.json's (here
+    calls with injected system text and calls left out by the past-turn filter); a bad attention.json adds
+    none (the page reports it with the tables)."""
+    study = _study(data)
+    assert SD.study_caveats(data, study) == [N_CAVEAT]
+    doc = {"min_past": 5, "settings": {"none": {"captured_calls": 4, "injected_system": {"calls": 4, "min_tokens": 21,
+                                                                                         "max_tokens": 21},
+                                                "decision": {"questions": 12, "left_out": {"first_call": 2}}}}}
+    (data / "study" / "attention.json").write_text(json.dumps(doc))
+    assert SD.study_caveats(data, study) == [
+        N_CAVEAT, "system includes the chat template's injected text (21 tokens): 4 captured calls sent no system "
+                  "message, so their system share is the template's default system text and the first token (the "
+                  "attention sink)",
+        "2 steps excluded by the past-turn filter (fewer than 5 past turns, --shares-min-past; seed 002 E.5): none "
+        "2 of 4"]
+    (data / "study" / "attention.json").write_text('{"settings": ')
+    assert SD.study_caveats(data, study) == [N_CAVEAT]
+    assert SD.models_label({"capture": {"capture_model": "SmolLM2-135M-Instruct", "agent_model": "Qwen2.5-7B"}}) == \
+        "capture model SmolLM2-135M-Instruct, agent model Qwen2.5-7B"  # the page's attention heading says it
+    assert SD.models_label({"capture": {"capture_model": "m", "agent_model": "m"}}) is None
 
 
 def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(data):

@@ -206,8 +206,11 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
 
 def test_cli(study, tmp_path, capsys):
     out, *_ = study
+    # the study's agent is a scripted chat (no weights): the capture model is asked for, and named as another
     assert main(["study", "attention", str(out), "--layers", "0-2", "--min-past", "2", "--no-progress",
-                 "--bootstrap", "50", "--shares-min-past", "3"]) == 0  # everything resumed: nothing is captured again
+                 "--bootstrap", "50", "--shares-min-past", "3",
+                 "--model", "default"]) == 0  # everything resumed: nothing is captured again
+    assert json.loads((out / "attention.json").read_text())["capture"]["agent_model"] == "scripted-chat"
     assert json.loads((out / "attention.json").read_text())["settings"]["none"]["decision"]["calls"] == 1  # q1 step 3
     assert (out / "attention.json").is_file() and (out / "attention.md").is_file()
     assert "**mask:1**: 2 steps with >= 2 past turns (0 run, 2 already done" in capsys.readouterr().out

@@ -369,3 +369,15 @@ def test_resume_reruns_a_question_whose_text_or_gold_changed(tmp_path):
                           resume=True)
     assert third["skipped"] == 0 and third["results"][0]["question"] == new_text["question"]
     assert json.loads(out.with_suffix(".summary.json").read_text())["runs"] == 1
+
+
+def test_summary_caveat_when_the_policy_saw_no_search(tmp_path):
+    """Issue 29: under a context policy, a run whose workers never searched says in its summary that the
+    policy acted on nothing; a run that searched says nothing."""
+    quiet = CannedChat(manager=MANAGER, worker=[call("final_answer", answer="holmium")], filter=[A.url])
+    run(tmp_path / "quiet", quiet, context_policy="mask:1")
+    s = json.loads((tmp_path / "quiet" / "r.summary.json").read_text())
+    assert s["caveats"] == ["setting mask:1 retrieved nothing: no policy acted (no search worker ran a search in "
+                            "1 run); the policy changed nothing the agents saw"]
+    run(tmp_path / "busy", CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url]), context_policy="mask:1")
+    assert json.loads((tmp_path / "busy" / "r.summary.json").read_text())["caveats"] == []

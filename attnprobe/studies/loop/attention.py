@@ -54,6 +54,7 @@ from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
 from attnprobe.results.analysis import R, token_owners
+from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
 from attnprobe.studies.loop.attention_report import (
@@ -229,7 +230,18 @@ def call_record(result: CaptureResult) -> dict:
         queries[name] = {"shares": shares, "tokens": tokens, "visible": int(pos + 1),
                          "relative": {c: relative_share(shares[c], tokens[c], pos + 1) for c in CATEGORIES}}
     return {"question": str(meta.get("question_id") or result.trajectory_id), "step": call_step(result),
-            "kind": kind, "queries": queries}
+            "kind": kind, "queries": queries, "injected_system": injected_system_tokens(result)}
+
+
+def injected_system_tokens(result: CaptureResult) -> int:
+    """Tokens of template text counted as system in a call sent without a system message: the default
+    system text the chat template injects (SmolLM2, Qwen) and the first token; 0 when a system message was
+    sent or the template wrote nothing but the first token (:func:`token_owners`)."""
+    if any(s.role == "system" for s in result.segments):
+        return 0
+    _, role = token_owners(result)
+    k = int((role == R["system"]).sum())
+    return k if k > 1 else 0
 
 
 def relative_share(share: float, tokens: int, visible: int) -> float:
@@ -335,6 +347,8 @@ def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_p
         for qid, v in _per_question(kept_records(records, q, min_past)[0], q, "shares").items():
             per_question.setdefault(qid, {})[q] = {c: float(v[i]) for i, c in enumerate(CATEGORIES)}
     out["per_question"] = dict(sorted(per_question.items()))
+    inj = [r.get("injected_system", 0) for r in records if r.get("injected_system", 0)]
+    out["injected_system"] = {"calls": len(inj), "min_tokens": min(inj, default=0), "max_tokens": max(inj, default=0)}
     return out
 
 
@@ -377,7 +391,7 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
 def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAULT_CAPTURE,
                   counterfactual: CounterfactualRunner | None = None, min_past: int | None = None,
                   shares_min_past: int = SHARES_MIN_PAST, force: bool = False, n_boot: int = 2000,
-                  only: list[str] | None = None) -> tuple[dict, dict]:
+                  only: list[str] | None = None, models=None) -> tuple[dict, dict]:
     """Capture every recorded call, run the counterfactuals, write attention.json / attention.md and the
     section of study.md; returns (counts summed over the capture jobs, the attention document).
     ``model``: what the executor loads (``spec``, ``backend``, ``dtype``: recorded and compared on resume);
@@ -385,7 +399,8 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
     steps' (default per policy family); ``shares_min_past``: the share tables' filter (seed 002 E.5's five
     past turns by default, :func:`call_filter`); ``only``: these settings of the study (default all; the
     counterfactuals still run on the baseline's histories, the paired table reads the baseline's
-    captures when they exist)."""
+    captures when they exist); ``models``: the :class:`~attnprobe.studies.loop.capture_model.CaptureChoice`
+    (capture and agent model names, recorded and shown in every output; None: names not known)."""
     out = Path(out)
     study = read_study(out)
     settings, baseline = study["settings"], study["baseline"]
@@ -418,7 +433,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
-                                 min_past=shares_min_past)
+                                 min_past=shares_min_past, models=models)
         current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
         doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
         atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
@@ -437,7 +452,8 @@ def _captured(job: CaptureJob) -> list[CaptureResult]:
 
 
 def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict[str, CaptureJob],
-                       cf: dict[str, dict], *, model, n_boot: int, min_past: int = SHARES_MIN_PAST) -> dict:
+                       cf: dict[str, dict], *, model, n_boot: int, min_past: int = SHARES_MIN_PAST,
+                       models=None) -> dict:
     """attention.json: per setting the capture counts, shares and per-token shares (filtered, and per
     step), the paired difference with the baseline, and the counterfactual report."""
     per: dict[str, dict] = {}
@@ -458,8 +474,12 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
         if s != baseline:
             per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,
                                                      n_boot=n_boot) for q in QUERIES}
-    return {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
-            "min_past": min_past, "step": "past turns in the agent's run (meta.step - 1)",
-            "capture": {**jobs[settings[0]].settings, "model": model.spec}, "study_models": read_study(out)["models"],
-            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
-                          "paired": "questions resampled with their (question, step) pairs"}}
+    names = {} if models is None else {"capture_model": models.capture_model, "agent_model": models.agent_model}
+    doc = {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
+           "min_past": min_past, "step": "past turns in the agent's run (meta.step - 1)",
+           "capture": {**jobs[settings[0]].settings, "model": model.spec, **names},
+           "study_models": read_study(out)["models"],
+           "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
+                         "paired": "questions resampled with their (question, step) pairs"}}
+    doc["caveats"] = attention_caveats(doc)
+    return doc

@@ -100,12 +100,30 @@ def _table(rows: list[dict]) -> list[str]:
             *("| " + " | ".join(str(v) for v in r.values()) + " |" for r in rows), ""]
 
 
+def models_label(doc: dict) -> str | None:
+    """"capture model X, agent model Y" when attention.json says the capture model is not the agent's
+    (:mod:`attnprobe.studies.loop.capture_model`), else None."""
+    cap = doc.get("capture") or {}
+    c, a = cap.get("capture_model"), cap.get("agent_model")
+    return f"capture model {c}, agent model {a}" if c and a and c != a else None
+
+
 def markdown(doc: dict) -> str:
-    """attention.md: per query the filtered shares, the per-token shares, the paired differences with the
-    baseline and the per-step table; then the counterfactuals per setting."""
+    """attention.md: the caveats, then per query the filtered shares, the per-token shares, the paired
+    differences with the baseline and the per-step table; then the counterfactuals per setting. A capture
+    model other than the agent's is named with the agent's in every heading and table caption."""
+    from attnprobe.results.caveats import markdown as caveat_lines
+
     mp = doc.get("min_past", SHARES_MIN_PAST)
-    lines = [f"{HEADING} (attnprobe study attention)", "",
-             f"Capture model {doc['capture']['model']} (the study's: {', '.join(doc['study_models']) or '?'}). "
+    label = models_label(doc)
+    tag = f" ({label})" if label else ""
+    cap = doc["capture"]
+    who = (f"**{label[0].upper()}{label[1:]}**: the attention below is the capture model's reading of the "
+           "agent's contexts, not the agent's own." if label else
+           f"Capture model {cap.get('capture_model') or cap['model']} (the agent's: "
+           f"{cap.get('agent_model') or ', '.join(doc['study_models']) or '?'}).")
+    lines = [f"{HEADING} (attnprobe study attention)", "", *caveat_lines(doc.get("caveats") or []),
+             f"{who} "
              f"Calls used: those with at least {mp} past turns (seed 002 E.5: \"using only reasoning steps with at "
              "least five past turns\"; --shares-min-past), a call's step being its number of past turns in the "
              "agent's run; first calls (0 past turns, past shares 0 by construction) and, at the reasoning start, "
@@ -116,15 +134,17 @@ def markdown(doc: dict) -> str:
              "the query sees): 1 = its length's worth) and the paired differences (same question and step as "
              f"the baseline, {doc['baseline']}; pp, paired bootstrap over questions).", ""]
     for q in QUERIES:
-        lines += [f"### {QUERY_LABELS[q].capitalize()}", "", f"Left out: {left_out_text(doc, q)}.", ""]
+        lines += [f"### {QUERY_LABELS[q].capitalize()}{tag}", "", f"Left out: {left_out_text(doc, q)}.", ""]
+        lines += [f"Attention share (%){tag}:", ""]
         lines += _table(share_rows(doc, q))
-        lines += ["Per-token share relative to uniform (1 = the category's length's worth):", ""]
+        lines += [f"Per-token share relative to uniform (1 = the category's length's worth){tag}:", ""]
         lines += _table(relative_rows(doc, q))
-        lines += [f"Paired difference with {doc['baseline']} (setting - baseline, pp, same question and step):", ""]
+        lines += [f"Paired difference with {doc['baseline']} (setting - baseline, pp, same question and step){tag}:",
+                  ""]
         lines += _table(paired_rows(doc, q))
-        lines += ["Per step (past turns; every call with this query, first calls included; mean share %):", ""]
+        lines += [f"Per step (past turns; every call with this query, first calls included; mean share %){tag}:", ""]
         lines += _table(step_rows(doc, q))
-    lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']})", "",
+    lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']}){tag}", "",
               f"Each setting's policy applied after the fact to the full histories of {doc['baseline']} "
               "(attnprobe counterfactual; decision position): where the baseline agent's attention would have "
               "gone under the policy.", ""]

@@ -17,6 +17,7 @@ from pathlib import Path
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, read_records, write_jsonl
 from attnprobe.io.settings import check_settings
+from attnprobe.results.caveats import study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamp, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results, setting_dir
@@ -44,8 +45,10 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
              "scorer": label,
              "questions_total": len(questions), **summary, "results": stamps}
+    study["caveats"] = study_caveats(study)
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
-    md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None)
+    md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
+                  caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(out / "study.md", with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
     for s in settings:

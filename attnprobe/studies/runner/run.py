@@ -3,7 +3,8 @@
 Files for ``out = X.jsonl``:
 - ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
 - ``X.results.ndjson``   one line per finished run (answer, correctness, tokens per agent, seconds)
-- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run)
+- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run), and at the end
+                         its ``caveats`` (:func:`attnprobe.results.caveats.runner_caveats`)
 - ``X.history.jsonl``    only under a context policy: each search worker's full history (nothing masked or
                          refined) as one trajectory, ``<run-id>/history-<worker>``, which the worker's
                          recorded calls link to (``meta.history``)
@@ -33,6 +34,7 @@ from attnprobe.io import (
     read_records,
     run_resumable,
 )
+from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
@@ -159,18 +161,20 @@ def token_table(rows: dict[str, dict]) -> str:
 
 
 def warn_summary(settings: RunSettings, summary: dict, questions: list[dict]) -> None:
-    """The warnings a run's numbers need: no gold answers (accuracy null), a policy that changed no call's
-    context (its runs equal the run without it by construction), answers read from cut-off replies."""
+    """The warnings a run's numbers need, logged and added to the summary's ``caveats`` (so the file says
+    them too): no gold answers (accuracy null), a policy that changed no call's context (its runs equal the
+    run without it by construction), answers read from cut-off replies."""
+    notes = summary.setdefault("caveats", [])
     if summary["runs"] and not summary["scored"]:
-        log.warning("run %s: no question has a gold answer (fields: golden_answers, answers, answer, ...): "
-                    "accuracy is null", settings.name)
+        notes.append("no question has a gold answer (fields: golden_answers, answers, answer, ...): accuracy is null")
     if summary["runs"] and settings.context_policy != "none" and not summary["policy_acted_calls"]:
-        log.warning("run %s: the context policy %s acted on no call (nothing to mask or refine): these runs "
-                    "equal runs without it", settings.name, settings.context_policy)
+        notes.append(f"the context policy {settings.context_policy} acted on no call (nothing to mask or refine): "
+                     "these runs equal runs without it")
     if summary["answers_cut_off"]:
-        log.warning("run %s: %d of %d answers were read from replies cut at the token limit (%d); raise "
-                    "--max-new-tokens", settings.name, summary["answers_cut_off"], summary["runs"],
-                    settings.max_tokens)
+        notes.append(f"{summary['answers_cut_off']} of {summary['runs']} answers were read from replies cut at the "
+                     f"token limit ({settings.max_tokens}); raise --max-new-tokens")
+    for note in notes:
+        log.warning("run %s: %s", settings.name, note)
 
 
 def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
@@ -289,6 +293,7 @@ def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *
     skipped = counts["done_before"]
     results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
     summary = summarize(results)
+    summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
     warn_summary(settings, summary, questions)
     atomic_write_text(summary_path(out), json.dumps(finite_json({"setting": settings.name,
                                                                  "settings": settings.to_dict(), **summary}), indent=2))

@@ -1,0 +1,132 @@
+"""Caveats computed from a study's own records: what its numbers cannot show, said where they are read.
+
+Pure functions over study.json (:func:`study_caveats`), attention.json (:func:`attention_caveats`) and the
+runner's results (:func:`runner_caveats`); each returns one sentence per caveat that holds (empty when none
+does). study.md, attention.md, the runner's summary and the app's Study page print them (docs/loop.md,
+"Caveats"; definitions in docs/methods.md, "Caveats"):
+
+- **retrieved nothing** (:func:`retrieved_nothing`): a setting other than the baseline whose finished
+  questions made no retrieval at all (ART 0). Its context never held a retrieved document, so no context
+  policy had anything to act on; with greedy decoding its calls are the baseline's, so its row equals the
+  baseline's by construction (with sampling, it differs only by the draw);
+- **few questions** (:func:`few_questions`): a table whose CIs are over fewer than :data:`MIN_QUESTIONS`
+  questions (a percentile bootstrap over 3 questions has at most 10 distinct means);
+- **injected system text** (:func:`injected_system`): calls sent without a system message whose chat
+  template wrote a default one (SmolLM2, Qwen): attention.md's ``system`` is that text and the first token;
+- **past-turn filter** (:func:`past_turn_filter`): captured calls left out of the share tables by
+  ``--shares-min-past`` (seed 002 E.5), first calls included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+MIN_QUESTIONS = 10  # below this, a bootstrap CI over questions is not informative (docs/methods.md)
+
+
+def _span(values: Iterable[int]) -> str:
+    v = sorted(set(values))
+    return str(v[0]) if len(v) == 1 else f"{v[0]} to {v[-1]}"
+
+
+def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, temperature: float | None = None) -> list[str]:
+    """One caveat per setting (not the baseline, not ``none``) with finished questions and ART 0 (mean
+    retrievals per question, study.json ``settings[S].art``). ``temperature``: the study's (config); with
+    sampling (> 0) the row equals the baseline's only in distribution."""
+    out = []
+    for s, m in settings.items():
+        if s == baseline or s == "none" or not m.get("questions") or m.get("art") is None or m["art"] != 0:
+            continue
+        same = ("its row equals the baseline by construction" if not temperature else
+                f"its row differs from the baseline only by sampling (temperature {temperature:g})")
+        out.append(f"setting {s} retrieved nothing: no policy acted; {same}")
+    return out
+
+
+def few_questions(ns: Iterable[int], *, threshold: int = MIN_QUESTIONS) -> list[str]:
+    """The caveat when the smallest number of questions a CI is computed over (``ns``, one per row; rows
+    with no question ignored) is below ``threshold``."""
+    small = [n for n in ns if 0 < n < threshold]
+    if not small:
+        return []
+    return [f"n = {_span(small)}: intervals are not informative (95% bootstrap CIs over fewer than {threshold} "
+            "questions)"]
+
+
+def study_caveats(study: Mapping) -> list[str]:
+    """study.json's caveats: settings that retrieved nothing, and too few questions for the CIs."""
+    settings = study.get("settings") or {}
+    if not isinstance(settings, Mapping):
+        return []
+    settings = {s: m for s, m in settings.items() if isinstance(m, Mapping)}  # a malformed entry says nothing
+    config = study.get("config")
+    temp = config.get("temperature") if isinstance(config, Mapping) else None
+    return [*retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp),
+            *few_questions(m.get("questions") or 0 for m in settings.values())]
+
+
+def injected_system(doc: Mapping) -> list[str]:
+    """The caveat when captured calls had no system message and the chat template wrote one (attention.json:
+    per setting ``injected_system``: calls, and the fewest / most tokens of template text owned by system)."""
+    calls, tokens = 0, []
+    for d in (doc.get("settings") or {}).values():
+        inj = d.get("injected_system") or {}
+        if inj.get("calls"):
+            calls += inj["calls"]
+            tokens += [inj["min_tokens"], inj["max_tokens"]]
+    if not calls:
+        return []
+    return [f"system includes the chat template's injected text ({_span(tokens)} tokens): {calls} captured calls "
+            "sent no system message, so their system share is the template's default system text and the first "
+            "token (the attention sink)"]
+
+
+def past_turn_filter(doc: Mapping) -> list[str]:
+    """The caveat when the share tables' past-turn filter (``--shares-min-past``, seed 002 E.5) left calls
+    out: p = first calls + calls with too few past turns, at the decision token (where no other filter
+    but a missing query applies), over every setting."""
+    mp = doc.get("min_past")
+    parts, p = [], 0
+    for s, d in (doc.get("settings") or {}).items():
+        lo = (d.get("decision") or {}).get("left_out") or {}
+        k = int(lo.get("first_call", 0)) + int(lo.get("too_few_past", 0))
+        if k:
+            p += k
+            parts.append(f"{s} {k} of {d.get('captured_calls', '?')}")
+    if not p:
+        return []
+    return [f"{p} steps excluded by the past-turn filter (fewer than {mp} past turns, --shares-min-past; seed 002 "
+            f"E.5): {', '.join(parts)}"]
+
+
+def attention_caveats(doc: Mapping) -> list[str]:
+    """attention.json's caveats: a capture model other than the agent's, too few questions for the CIs,
+    injected system text, calls left out by the past-turn filter."""
+    out = []
+    cap = doc.get("capture") or {}
+    if cap.get("agent_model") and cap.get("capture_model") and cap["agent_model"] != cap["capture_model"]:
+        out.append(f"capture model {cap['capture_model']}, agent model {cap['agent_model']}: the attention shown is "
+                   "another model's reading of the agent's contexts, not the agent's own")
+    ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
+          for q in ("decision", "reasoning")]
+    return [*out, *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
+
+
+def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]:
+    """The runner's (``attnprobe run``) caveat: under a context policy, no search worker ran a search (the
+    workers' ``searches``), so the policy acted on nothing."""
+    results = list(results)
+    if context_policy in ("", "none") or not results:
+        return []
+    searches = sum(int(w.get("searches") or 0) for r in results for w in r.get("workers") or [])
+    if searches:
+        return []
+    return [f"setting {context_policy} retrieved nothing: no policy acted (no search worker ran a search in "
+            f"{len(results)} run{'' if len(results) == 1 else 's'}); the policy changed nothing the agents saw"]
+
+
+def markdown(caveats: list[str]) -> list[str]:
+    """The caveats as a markdown block (no lines when there is none)."""
+    if not caveats:
+        return []
+    return ["**Caveats** (computed from the data; docs/loop.md, \"Caveats\"):", "", *(f"- {c}" for c in caveats), ""]
