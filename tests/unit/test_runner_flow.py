@@ -378,6 +378,10 @@ def test_summary_caveat_when_the_policy_saw_no_search(tmp_path):
     run(tmp_path / "quiet", quiet, context_policy="mask:1")
     s = json.loads((tmp_path / "quiet" / "r.summary.json").read_text())
     assert s["caveats"] == ["setting mask:1 retrieved nothing: no policy acted (no search worker ran a search in "
-                            "1 run); the policy changed nothing the agents saw"]
+                            "1 run); the policy changed nothing the agents saw",
+                            "the context policy mask:1 acted on no call (nothing to mask or refine): these runs "
+                            "equal runs without it"]  # the cause, then what the worker counted (policy_acted_calls)
     run(tmp_path / "busy", CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url]), context_policy="mask:1")
-    assert json.loads((tmp_path / "busy" / "r.summary.json").read_text())["caveats"] == []
+    # it searched once: not "retrieved nothing", but mask:1 keeps the latest turn, so it still acted on no call
+    assert json.loads((tmp_path / "busy" / "r.summary.json").read_text())["caveats"] == [
+        "the context policy mask:1 acted on no call (nothing to mask or refine): these runs equal runs without it"]
