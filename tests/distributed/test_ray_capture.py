@@ -46,9 +46,10 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def pool(cluster):
+def pool(cluster, tiny_smol_folder):
     # one item per shard so a kill always finds work left; no replacement for the killed replica
-    with RayExecutor("default", cluster=Cluster(replicas=2, shard_tokens=1, max_replacements=0),
+    # the tiny random-weight SmolLM2: replicas and the single process are compared bit for bit, on any weights
+    with RayExecutor(str(tiny_smol_folder), cluster=Cluster(replicas=2, shard_tokens=1, max_replacements=0),
                      progress=False) as p:
         yield p
 
@@ -72,7 +73,8 @@ def _assert_same(got: CaptureResult, want: CaptureResult) -> None:
         {k: v for k, v in want.meta.items() if k not in VOLATILE}
 
 
-def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+def test_ibis_attention_on_two_replicas_equals_single_process(pool, tiny_smol, tmp_path):
+    smol = tiny_smol
     from attnprobe.resources import data_path
     from attnprobe.studies.ibis.attention import run_attention
     from attnprobe.studies.ibis.items import load_items
@@ -97,9 +99,10 @@ def test_ibis_attention_on_two_replicas_equals_single_process(pool, smol, tmp_pa
     assert all(r["items_per_minute"] > 0 and r["tokens"] > 0 for r in run["replicas"] if r["items"])
 
 
-def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, tiny_smol, tmp_path):
     """Decisions come back to the driver, which alone appends decisions.jsonl; greedy text and the
     forced-choice log-probabilities equal the single-process run (same thread count)."""
+    smol = tiny_smol
     from attnprobe.generation.transformers_chat import TransformersChat
     from attnprobe.resources import data_path
     from attnprobe.studies.ibis.behaviour import BehaviourBackend, read_decisions
@@ -130,9 +133,10 @@ def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, smol, tmp_pa
         "done_before": 6, "done": 0, "failed": 0}
 
 
-def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_path):
+def test_counterfactual_on_two_replicas_equals_single_process(pool, tiny_smol, tmp_path):
     """Step folders written by the replicas equal the single-process run bit for bit (arrays) and in
     every recorded number; next actions included; a rerun does nothing."""
+    smol = tiny_smol
     from safetensors.numpy import load_file
 
     from attnprobe.agents.policies import parse_policy
@@ -178,7 +182,7 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, smol, tmp_pa
 
 
 def test_a_function_runs_on_a_replica_and_its_exception_comes_back_as_itself(pool):
-    assert pool.call(getattr, "name") == "SmolLM2-135M-Instruct"  # getattr(loaded_model, "name")
+    assert pool.call(getattr, "name") == "tiny-smollm2"  # getattr(loaded_model, "name")
     with pytest.raises(AttributeError, match="no_such_field"):
         pool.call(getattr, "no_such_field")
 
@@ -196,9 +200,9 @@ def test_a_job_of_no_known_study_runs_on_ray_as_it_runs_locally(pool, tmp_path):
 
     ray_job, local_job = NameJob(tmp_path / "ray", 5), NameJob(tmp_path / "local", 5)
     assert pool.run(ray_job) == {"done_before": 0, "done": 5, "failed": 1}
-    assert LocalExecutor(lambda: type("M", (), {"name": "SmolLM2-135M-Instruct"})(), progress=False).run(
+    assert LocalExecutor(lambda: type("M", (), {"name": "tiny-smollm2"})(), progress=False).run(
         local_job) == {"done_before": 0, "done": 5, "failed": 1}
-    assert sorted(ray_job.collected) == sorted(local_job.collected) == [f"{i}:SmolLM2-135M-Instruct" for i in
+    assert sorted(ray_job.collected) == sorted(local_job.collected) == [f"{i}:tiny-smollm2" for i in
                                                                         (0, 1, 2, 4, 5)]
     for d in ("ray", "local"):
         errors = [json.loads(x) for x in (tmp_path / d / "errors.jsonl").read_text().splitlines()]
@@ -206,13 +210,15 @@ def test_a_job_of_no_known_study_runs_on_ray_as_it_runs_locally(pool, tmp_path):
     assert pool.run(NameJob(tmp_path / "ray", 5))["done_before"] == 5
 
 
-def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, smol, trajectories, tmp_path):
+def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, tiny_smol, tiny_smol_folder, trajectories,
+                                                                          tmp_path):
+    smol, tiny = tiny_smol, str(tiny_smol_folder)  # the job names the replicas' model (its resume check)
     from attnprobe.capture.api import capture_many
     from attnprobe.io import safe_name
 
     out = tmp_path / "dist"
     box: dict = {}
-    job = threading.Thread(target=lambda: box.update(counts=pool.run(capture_job(trajectories, out))))
+    job = threading.Thread(target=lambda: box.update(counts=pool.run(capture_job(trajectories, out, model=tiny))))
     job.start()
     victim = pool.slots[0]
     while not any(out.glob("*/meta.json")) and job.is_alive():
@@ -237,9 +243,9 @@ def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, s
 
     # a rerun does nothing: no replica is asked, no file is touched
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*")}
-    assert pool.run(capture_job(trajectories, out)) == {"done_before": 4, "done": 0, "failed": 0}
+    assert pool.run(capture_job(trajectories, out, model=tiny)) == {"done_before": 4, "done": 0, "failed": 0}
     with RayExecutor("default", cluster=Cluster(address="127.0.0.1:9"), progress=False) as unreachable:
-        assert unreachable.run(capture_job(trajectories, out)) == {"done_before": 4, "done": 0, "failed": 0}
+        assert unreachable.run(capture_job(trajectories, out, model=tiny)) == {"done_before": 4, "done": 0, "failed": 0}
     assert {p: p.stat().st_mtime_ns for p in out.glob("*/*")} == stamps
     runs = json.loads((out / RUN_FILE).read_text())["runs"]
     assert [r["shards"] for r in runs[1:]] == [0, 0]
@@ -263,15 +269,17 @@ def test_a_model_no_replica_can_load_fails_with_its_own_error(cluster, trajector
         assert [s.status for s in p.slots] == ["failed to load"]
 
 
-def test_one_bad_item_fails_alone_in_a_shard_and_a_retry_skips_what_the_job_wrote(smol, trajectories, tmp_path):
+def test_one_bad_item_fails_alone_in_a_shard_and_a_retry_skips_what_the_job_wrote(tiny_smol, tiny_smol_folder, trajectories,
+                                                                                   tmp_path):
     """The replica's shard logic, in this process (no Ray needed for it)."""
     from attnprobe.capture.job import CaptureJob, CaptureOptions
     from attnprobe.distributed import Replica, fs_now
     from attnprobe.trajectory.schema import Trajectory
 
-    replica = Replica("default", "transformers", "float32", {}, 1)  # the cached model: no second load
+    replica = Replica(str(tiny_smol_folder), "transformers", "float32", {}, 1)  # the cached model: no second load
     tiny = Trajectory(id="tiny", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}])
-    job = CaptureJob(tmp_path, [trajectories[0], tiny], CaptureOptions(queries="decision", max_tokens=120))
+    job = CaptureJob(tmp_path, [trajectories[0], tiny], CaptureOptions(queries="decision", max_tokens=120),
+                     model=str(tiny_smol_folder))
     shard = [job.items()]  # one batch of both: it fails, then each item runs alone
     start = fs_now(tmp_path)
     first = replica.run(job, shard, start)

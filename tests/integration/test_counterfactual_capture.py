@@ -43,7 +43,8 @@ pytestmark = pytest.mark.slow  # ~1.5 min on an idle 2-core machine (model load,
 
 
 @pytest.fixture(scope="module")
-def small_run(smol, tmp_path_factory):
+def small_run(tiny_smol, tmp_path_factory):
+    smol = tiny_smol  # structure and equalities only: the tiny random-weight SmolLM2 (same tokenizer)
     from attnprobe.generation.transformers_chat import TransformersChat
 
     out = tmp_path_factory.mktemp("cf")
@@ -143,12 +144,13 @@ def test_summary_table(small_run):
     assert table.count("\n") == 2 + len(s) and "| ircot:oqp | 1 |" in table
 
 
-def test_next_actions_from_the_captured_cache_equal_full_generation(small_run, smol, tmp_path):
+def test_next_actions_from_the_captured_cache_equal_full_generation(small_run, tiny_smol, tmp_path):
     """The run above generated every next action from the capture's cache (1 token prefilled each);
     the same steps without prefix sharing generate with ``chat.complete`` (the whole prompt
     prefilled): identical text, call and decision."""
     from attnprobe.generation.transformers_chat import TransformersChat
 
+    smol = tiny_smol
     out, traj, _ = small_run
     shared = {r["policy"]: r["action"] for r in iter_records(out)}
     run_counterfactuals(smol, [traj], [ircot("oq"), mask_observations(1)], tmp_path, turns=[5],

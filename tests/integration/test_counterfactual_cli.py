@@ -10,7 +10,7 @@ from support.paths import TRAJ_DIR
 
 from attnprobe.cli import counterfactual as cli
 
-pytestmark = pytest.mark.slow  # two captures of a 1.6k-token prefix (~20 s idle)
+pytestmark = pytest.mark.slow  # captures and resumes through the CLI (the tiny random-weight SmolLM2)
 
 
 def parse(argv):
@@ -19,10 +19,10 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
-def test_cli_runs_and_resumes(smol, tmp_path, capsys):
+def test_cli_runs_and_resumes(tiny_smol_folder, tmp_path, capsys):
     out = tmp_path / "cf"
     argv = ["counterfactual", str(TRAJ_DIR / "long_research.jsonl"), "--policy", "ircot:oqp", "--policy", "mask:3",
-            "--min-past", "5", "--max-steps", "1", "--out", str(out), "--no-progress"]
+            "--min-past", "5", "--max-steps", "1", "--out", str(out), "--no-progress", "--model", str(tiny_smol_folder)]
     args = parse(argv)
     assert args.func(args) == 0
     steps = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("*/*/step_*/record.json"))
@@ -58,13 +58,13 @@ def _small(tmp_path, name="t.jsonl", **change):
     return path, src
 
 
-def test_resume_redoes_damaged_stale_and_half_built_steps(smol, tmp_path, caplog):
+def test_resume_redoes_damaged_stale_and_half_built_steps(tiny_smol_folder, tmp_path, caplog):
     """A step counts as done only when every file is there, made from the same trajectory content
     with the same settings and weights; what an interrupted writer left is cleaned up."""
     path, src = _small(tmp_path)
     out = tmp_path / "cf"
     argv = ["counterfactual", str(path), "--policy", "mask:1", "--min-past", "2", "--max-steps", "1", "--out",
-            str(out), "--no-progress"]
+            str(out), "--no-progress", "--model", str(tiny_smol_folder)]
 
     def run():
         args = parse(argv)

@@ -167,15 +167,16 @@ KILLER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_sigkill_mid_save_then_rerun_equals_a_clean_run(smol, tmp_path, capsys):
+def test_sigkill_mid_save_then_rerun_equals_a_clean_run(tiny_smol_folder, tmp_path, capsys):
+    fast = [*FAST, "--model", str(tiny_smol_folder)]  # the kill points, not the weights, are under test
     src = _write(tmp_path / "tiny.jsonl", [_traj(1), _traj(2), _traj(3)])
     clean, out = tmp_path / "clean", tmp_path / "out"
-    assert main(["-q", "capture", src, "--out", str(clean), *FAST]) == 0
+    assert main(["-q", "capture", src, "--out", str(clean), *fast]) == 0
     env = dict(os.environ, HF_HUB_OFFLINE="1")
 
     def killed_run(victim: str, point: str, *extra: str) -> None:
         proc = subprocess.run([sys.executable, "-c", KILLER, victim, point, "-q", "capture", src, "--out", str(out),
-                               *FAST, *extra], capture_output=True, text=True, env=env)
+                               *fast, *extra], capture_output=True, text=True, env=env)
         assert proc.returncode == -9, proc.stderr[-2000:]
 
     killed_run("tiny-2", "before-rename")  # first run dies saving its second trajectory
@@ -184,7 +185,7 @@ def test_sigkill_mid_save_then_rerun_equals_a_clean_run(smol, tmp_path, capsys):
     assert not (out / "tiny-1").exists()
     assert any(p.name.startswith(".tiny-1.old-") for p in out.iterdir())
     capsys.readouterr()
-    assert main(["capture", src, "--out", str(out), *FAST]) == 0
+    assert main(["capture", src, "--out", str(out), *fast]) == 0
     err = _stderr_lines(capsys)
     assert any(x.startswith(f"attnprobe: {out}: restored tiny-1 from .tiny-1.old-") for x in err)
     assert "attnprobe: resuming: 1 of 3 trajectories already captured in " + str(out) in err

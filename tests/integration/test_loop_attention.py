@@ -43,7 +43,8 @@ def script(messages, tools):
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, smol):
+def study(tmp_path_factory, tiny_smol):
+    smol = tiny_smol  # the tiny random-weight SmolLM2: same tokenizer and template; no bundled number is pinned
     """The study (scripted), then its attention side: (out, counts, doc, counts of the rerun, doc of it)."""
     out = tmp_path_factory.mktemp("attn") / "study"
     cfg = LoopConfig("seed002", max_turns=8, top_k=1)
@@ -180,7 +181,8 @@ def test_a_rerun_does_nothing(study):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("meta.json")} == stamps
 
 
-def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is_reported(study, smol):
+def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is_reported(study, tiny_smol):
+    smol = tiny_smol
     out, *_ = study
     ex = LocalExecutor(lambda: smol, progress=False)
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
@@ -204,12 +206,12 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
     assert "- **mask:1**: no eligible step" in (out / "study.md").read_text()
 
 
-def test_cli(study, tmp_path, capsys):
+def test_cli(study, tiny_smol_folder, tmp_path, capsys):
     out, *_ = study
     # the study's agent is a scripted chat (no weights): the capture model is asked for, and named as another
     assert main(["study", "attention", str(out), "--layers", "0-2", "--min-past", "2", "--no-progress",
                  "--bootstrap", "50", "--shares-min-past", "3",
-                 "--model", "default"]) == 0  # everything resumed: nothing is captured again
+                 "--model", str(tiny_smol_folder)]) == 0  # everything resumed: nothing is captured again
     assert json.loads((out / "attention.json").read_text())["capture"]["agent_model"] == "scripted-chat"
     assert json.loads((out / "attention.json").read_text())["settings"]["none"]["decision"]["calls"] == 1  # q1 step 3
     assert (out / "attention.json").is_file() and (out / "attention.md").is_file()
