@@ -34,9 +34,10 @@ def register(sub) -> None:
                                    "included) is annotated as the agent's tool call, each "
                                    "<information>...</information> block as an external observation, the rest of "
                                    "an assistant turn stays reasoning; user messages before the first assistant "
-                                   "turn (the instructions) are not read for tags. A document block that answers "
-                                   "no query or never closes is an error; a nested <search> is part of the query "
-                                   "(the first </search> closes it, as Search-R1 reads it). Counterfactual "
+                                   "turn (the instructions) are not read for tags. Refused, naming file, line and "
+                                   "character: a document block that answers no query or never closes, a nested "
+                                   "<search> (Search-R1's loop would read it as part of the query; an import asks "
+                                   "for clean logs), an empty query. Counterfactual "
                                    "policies act on the rounds this text holds (docs/counterfactual.md).")
     p.add_argument("inputs", nargs="+", help=".json or .jsonl files")
     p.add_argument("--format", required=True, choices=FORMATS, help="log format of the inputs")
