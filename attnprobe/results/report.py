@@ -151,8 +151,8 @@ def capture_group(meta: dict, folder: str | None = None) -> tuple[str, str, tupl
     if tm.get("question_id") is not None:
         parts.append(f"question {tm['question_id']}")
     if tm.get("run_id") is not None and tm.get("agent") is not None:
-        idx = tm.get("call_index")
-        return (" · ".join(parts), f"{tm['agent']} #{idx}" if idx is not None else str(tm["agent"]),
+        idx = tm.get("call_index")  # the run's call order (sorts the index); the label is the call's own id
+        return (" · ".join(parts), tid.rsplit("/", 1)[-1] or str(tm["agent"]),
                 (idx if isinstance(idx, int) else 1 << 62, tid))
     return " · ".join(parts) or "captures", tid, (tid,)
 
@@ -171,16 +171,17 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
     by_model: dict[str, list[CaptureResult]] = {}
     for r in results:
         by_model.setdefault(variant_label(r.meta), []).append(r)
-    overall = []
+    overall, eligible = [], 0
     for model, rs in by_model.items():
         h = headline(rs)
+        eligible += h["steps"]
         rows = [("trajectories", len(rs)), (f"reasoning steps with ≥{h['min_past']} past turns", h["steps"])]
         overall.append((model, rows + [(label, format_ci(h[key], signed=False)) for label, key in HEADLINE_ROWS]))
     if skipped:
         overall.append((f"Skipped: {len(skipped)} unreadable capture folder{'s' if len(skipped) > 1 else ''} "
                         "(not in any number above)", list(skipped)))
     decay = None
-    if results:
+    if eligible:  # no step with enough past turns: no curve to draw (an empty plot read as zero attention)
         decay = decay_figure({model: decay_curves(rs) for model, rs in by_model.items()},
                              ("reasoning", "tool_call", "observation"))
         decay.update_layout(title="Decay curves (20 bins, reasoning steps with ≥5 past turns)")
@@ -209,8 +210,16 @@ def build_report(results: list[CaptureResult], title: str = "attnprobe report",
     index = [{"anchor": f"g{gi}", "name": name, "sections": [s for _, s in sorted(items, key=lambda x: x[0])]}
              for gi, (name, items) in enumerate(groups.items())]
     return _template().render(title=title, version=__version__, n_results=len(results), overall=overall,
-                              decay_figure=_html(decay, plotlyjs=True) if decay is not None else "", groups=index,
+                              decay_figure=_html(decay, plotlyjs=True) if decay is not None else "",
+                              plotlyjs="" if decay is not None or not results else _plotlyjs(), groups=index,
                               grey_note=HEATMAP_GREY_NOTE, sections=list(sections))
+
+
+def _plotlyjs() -> str:
+    """plotly.js inline, for a page whose heatmaps follow no decay figure (which otherwise carries it)."""
+    from plotly.offline import get_plotlyjs
+
+    return f'<script type="text/javascript">{get_plotlyjs()}</script>'
 
 
 def _html(fig, plotlyjs: bool = False) -> str:

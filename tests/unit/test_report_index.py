@@ -74,9 +74,10 @@ def test_query_counts_text(kinds, text):
 
 
 def test_capture_group():
-    runner = {"trajectory_id": "base-q1/manager-3",
-              "trajectory_meta": {"runner": "nis-agent", "run_id": "base-q1", "agent": "manager", "call_index": 3}}
-    assert capture_group(runner, "runs") == ("runs · run base-q1", "manager #3", (3, "base-q1/manager-3"))
+    # the 5th call of the run is the worker's 2nd: labelled by its id (issue 29: "#5" matched no call id)
+    runner = {"trajectory_id": "base-q1/search_worker-2",
+              "trajectory_meta": {"runner": "nis-agent", "run_id": "base-q1", "agent": "search_worker", "call_index": 5}}
+    assert capture_group(runner, "runs") == ("runs · run base-q1", "search_worker-2", (5, "base-q1/search_worker-2"))
     ibis = {"trajectory_id": "i7/observer", "framing": "observer", "trajectory_meta": {"ibis": {"item_id": "i7",
                                                                                               "framing": "observer"}}}
     assert capture_group(ibis, ".") == ("IBIS item i7", "observer", ("observer",))
@@ -103,8 +104,9 @@ def test_report_index_groups_links_and_collapsed_sections(tmp_path):
     index = {name: (int(n), re.findall(r'<a href="#(c\d+)" title="([^"]+)">([^<]+)</a>', links))
              for _, name, n, links in rows}
     assert list(index) == ["ibis · IBIS item i7", "captures", "runs · run base-q1", "runs · run base-q2"]
-    assert [label for *_, label in index["runs · run base-q1"][1]] == ["manager #0", "search_worker #2",
-                                                                       "manager #10"]
+    # in call order, each labelled by its call id (base-q1/manager-10 is "manager-10", never a run-wide index)
+    assert [label for *_, label in index["runs · run base-q1"][1]] == ["manager-0", "search_worker-2",
+                                                                       "manager-10"]
     assert index["runs · run base-q1"][0] == 3 and index["runs · run base-q2"][0] == 1
     assert [label for *_, label in index["ibis · IBIS item i7"][1]] == ["agentic", "observer"]
     anchor, title, _ = index["ibis · IBIS item i7"][1][0]
@@ -149,3 +151,14 @@ def test_ibis_numbers_section_is_html():
     assert "<ul><li>gap: <strong>+0.1</strong> [−0.2, 0.3]</li>\n<li>second</li>\n</ul>" in numbers
     assert "<blockquote><strong>Warning:</strong> renamed.</blockquote>" in numbers
     assert numbers.count("<table>") == 2 and numbers.count("</table></div>") == 2
+
+
+def test_no_decay_plot_without_an_eligible_step_and_plotly_still_loaded(tmp_path):
+    """Issue 29: captures with fewer than 5 past turns drew an empty decay plot; now a line says why, and
+    plotly.js (which the decay figure carried) is still on the page, once, for the heatmaps."""
+    root = tmp_path / "caps"
+    capture("short").save(root / "short")
+    html = write_report(root).read_text()
+    assert "Decay curves (20 bins" not in html
+    assert "No decay curves: no reasoning step has ≥5 past turns." in html
+    assert html.count("plotly.js v") == 1  # the library's banner comment: inlined exactly once
