@@ -130,3 +130,23 @@ def show_problems(problems: list[str], label: str = "could not be read") -> None
 
 def no_data(kind: str, how: str) -> None:
     st.info(f"No {kind} found in the data directory.\n\n{how}")
+
+
+def role_bars(att_row, res) -> Any:
+    """One query's attention summed per turn and role, stacked, with the messages a context policy replaced
+    (``trajectory_meta.history``) as their own roles: placeholder and refined (never drawn as observations)."""
+    import plotly.graph_objects as go
+
+    from attnprobe.results.figures import ROLE_COLORS
+
+    roles = SD.segment_roles(res.segments, res.meta)
+    mass = SD.turn_role_mass(att_row, res.segments, roles, res.num_turns)
+    fig = go.Figure()
+    for role in [r for r in (*ROLE_COLORS, *SD.EXTRA_ROLES) if r in mass and mass[r].any()]:
+        fig.add_trace(go.Bar(x=list(range(res.num_turns)), y=mass[role], name=role,
+                             marker_color=SD.EXTRA_ROLE_COLORS.get(role) or ROLE_COLORS[role],
+                             hovertemplate="turn %{x}<br>" + role + ": %{y:.4f}<extra></extra>"))
+    fig.update_layout(barmode="stack", height=280, margin=dict(l=60, r=20, t=30, b=40),
+                      xaxis=dict(title="turn", tickmode="linear", dtick=max(1, res.num_turns // 25)),
+                      yaxis=dict(title="attention mass"), legend=dict(orientation="h", y=1.2))
+    return fig

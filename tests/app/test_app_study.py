@@ -150,8 +150,9 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     # q1, baseline + the other setting side by side: the baseline has no captures (says how to make them)
     base_steps, other_steps = frames[3], frames[4]
     assert list(base_steps["step"]) == [1, 2] and list(other_steps["step"]) == [1, 2, 3]
-    assert list(other_steps["policy (history messages)"]) == ["nothing changed", "nothing changed",
-                                                             "placeholder: 3; refined: 5"]
+    # what the policy did comes first (full-history message indices), so it is visible without scrolling
+    assert list(other_steps.columns[:4]) == ["step", "placeholder", "refined", "removed"]
+    assert list(other_steps["placeholder"]) == ["–", "–", "3"] and list(other_steps["refined"]) == ["–", "–", "5"]
     assert list(other_steps["capture"])[1:] == ["no capture", "captured"]
     infos = [i.value for i in at.info]
     assert any(f"attnprobe study attention {data}/study`" in i and f"{data}/study/none/calls.jsonl" in i
@@ -162,9 +163,18 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     hm = next(c for c in cs if is_heatmap(c))
     assert decode(hm["data"][0]["z"]).shape == (3, 3)
     seg = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar")
-    obs = next(t for t in seg["data"] if t["name"] == "observation")
-    # last query (token 11) weights token k by (k + 1) / 78: observations are tokens 6-7 (turn 0) and 10 (turn 1)
-    np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
+    by_role = {t["name"]: decode(t["y"]) for t in seg["data"]}
+    # last query (token 11) weights token k by (k + 1) / 78: turn 0's observation (tokens 6-7) was the
+    # placeholder, turn 1's (token 10) the refined text: their own roles, no observation left
+    assert "observation" not in by_role
+    np.testing.assert_allclose(by_role["placeholder"], [15 / 78, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(by_role["refined"], [0.0, 11 / 78, 0.0], atol=1e-6)
+    np.testing.assert_allclose(by_role["reasoning"], [11 / 78, 19 / 78, 12 / 78], atol=1e-6)
+    # the heatmap: sequential scales from 0 (white); ticks say which turn was replaced
+    for t in hm["data"]:
+        assert t["zmin"] == 0 and t["colorscale"][0][1] == "#ffffff"
+    assert hm["layout"]["xaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert any(c.value == SD.ROLE_LEGEND for c in at.caption)
     at.radio(key="study_attention").set_value("none").run()
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
 
