@@ -106,7 +106,8 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
     if not steps.steps:
         return
     st.dataframe(pd.DataFrame(_step_rows(steps.steps)), hide_index=True, key=f"study_steps:{setting}")
-    captured = SD.heatmap_steps(steps.steps)
+    captured = [s.step for s in steps.steps if s.capture]
+    with_heatmap = set(SD.heatmap_steps(steps.steps))
     draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
     for s in steps.steps:
         with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.capture is not None):
@@ -117,7 +118,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
             if s.reply:
                 st.text(s.reply)
             if s.step in draw:
-                _call_attention(root, s, key=f"{setting}:{s.step}")
+                _call_attention(root, s, key=f"{setting}:{s.step}", heatmap=s.step in with_heatmap)
 
 
 def _step_rows(steps: list[SD.Step]) -> list[dict]:
@@ -158,7 +159,7 @@ def heatmap_figure(hm, texts: dict, status: dict[int, str]):
     return fig
 
 
-def _call_attention(root, s: SD.Step, key: str) -> None:
+def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
     """The Trajectory page's turn heatmap and the reply's attention per turn and role, from the capture."""
     try:
         res = C.capture(root, s.capture)
@@ -167,7 +168,10 @@ def _call_attention(root, s: SD.Step, key: str) -> None:
         st.error(f"Cannot show the capture of step {s.step}: {exc}")
         return
     status = SD.turn_status(res.segments, res.meta)
-    if any(q.kind == "reasoning" for q in res.queries):
+    if not heatmap:
+        st.caption(f"No turn heatmap: {SD.past_turns(res.num_turns)} past turn(s), fewer than "
+                   f"{SD.HEATMAP_MIN_PAST}.")
+    elif any(q.kind == "reasoning" for q in res.queries):
         st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns)")
         st.plotly_chart(heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"], status),
                         key=f"study_hm:{key}", config={"displaylogo": False})
