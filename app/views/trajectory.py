@@ -91,6 +91,12 @@ def render(root, inv) -> None:
         t0 = time.perf_counter()
         hm = C.heatmap(root, rel, layer, head)
         fig = F.heatmap_figure(hm, views["turn_texts"])
+        replaced = SD.turn_status(res.segments, res.meta)
+        if replaced:  # a study call: say which turns' observations the policy replaced
+            ticks = dict(tickmode="array", tickvals=list(range(res.num_turns)),
+                         ticktext=SD.turn_ticks(res.num_turns, replaced))
+            fig.update_xaxes(**ticks)
+            fig.update_yaxes(**ticks)
         st.plotly_chart(fig, key="heatmap", config={"displaylogo": False})
         convention = "seed002" if layer is None and head is None else "separate"
         hl = headline([res], layer=layer, head=head, convention=convention)

@@ -241,3 +241,37 @@ def test_attention_rows_print_the_shares_of_attention_json():
         [("none", 5, 2)]
     with pytest.raises(D.DataError, match="unexpected layout"):
         SD.attention_rows({"settings": {"none": {"decision": {}}}}, "decision")
+
+
+def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placeholders(monkeypatch, data):
+    """A study's per-call capture: off the Trajectory picker and the Decay page by default (a checkbox brings
+    them back); opened by folder, its replaced messages are placeholder / refined, not observations."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE, charts, decode, is_heatmap
+
+    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(data))
+    at = AppTest.from_file(APP_FILE, default_timeout=60)
+    at.query_params["page"] = "Trajectory"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [s for s in at.selectbox if s.key == "traj_run"]  # nothing offered: only a study's calls exist
+    at.checkbox(key="traj_studies").check().run()
+    [picker] = [s for s in at.selectbox if s.key == "traj_run"]
+    assert len(picker.options) == 2 and all(o.startswith("study study · ") for o in picker.options)
+    rel = f"{OTHER_DIR}/capture/{safe_name(call_id(OTHER, 'q1', 3))}"
+    at.text_input(key="traj_path").set_value(rel).run()
+    assert not at.exception, [e.value for e in at.exception]
+    cs = charts(at)
+    bars = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar" and
+                "turn %{x}" in c["data"][0].get("hovertemplate", ""))
+    by_role = {t["name"]: decode(t["y"]) for t in bars["data"]}
+    assert "observation" not in by_role and set(by_role) >= {"placeholder", "refined"}
+    hm = next(c for c in cs if is_heatmap(c))
+    assert hm["layout"]["xaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert any("A context policy changed this call's history: 2 message(s) replaced, 0 removed" in c.value
+               for c in at.caption)
+    decay = AppTest.from_file(APP_FILE, default_timeout=60)
+    decay.query_params["page"] = "Decay"
+    decay.run()
+    assert not decay.exception and "include studies' per-call captures" in decay.info[0].value
