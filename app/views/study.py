@@ -110,7 +110,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
     with_heatmap = set(SD.heatmap_steps(steps.steps))
     draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
     for s in steps.steps:
-        with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.capture is not None):
+        with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.step in draw):
             st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
                        f"out {s.output_tokens} · call `{s.call_id}`")
             if s.tool_calls:
@@ -175,6 +175,9 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
         st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns)")
         st.plotly_chart(heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"], status),
                         key=f"study_hm:{key}", config={"displaylogo": False})
+        st.caption("Lower triangle (blue): step t (row) → turn j's reasoning; upper (orange): step t (column) → "
+                   "turn j's observation (row); white = 0, grey = no value (diagonal, or a turn without an "
+                   "observation). Mean of layers and heads.")
     if res.queries:  # the decision (the token before the reply) when captured, else the last query
         k = next((i for i, q in enumerate(res.queries) if q.kind == "decision"), len(res.queries) - 1)
         q = res.queries[k]
