@@ -83,8 +83,10 @@ def render(root, inv) -> None:
     others = [s for s in study.settings if s != study.baseline]
     chosen = st.multiselect("settings", study.settings, default=[study.baseline] + others[:1],
                             key=f"study_settings:{study.rel}")
-    attention = st.radio("attention of the captured calls", ATTENTION, horizontal=True, key="study_attention",
-                         help="Every heatmap of a long study costs a capture load each; 'last' draws one per setting.")
+    attention = st.radio("attention of the captured calls", ATTENTION, index=1, horizontal=True,
+                         key="study_attention",
+                         help="Each drawn step loads its capture; 'last' (the default, so the page opens fast) draws "
+                              "one per setting, 'every' all of them.")
     if not chosen:
         st.info("Choose at least one setting.")
         return
@@ -125,7 +127,7 @@ def _step_rows(steps: list[SD.Step]) -> list[dict]:
     """The steps table, what the policy did first (full-history message indices), so it shows unscrolled."""
     idx = lambda v: ", ".join(map(str, v)) or "–"  # noqa: E731
     return [{"step": s.step, "placeholder": idx(s.changes["placeholder"]), "refined": idx(s.changes["refined"]),
-             "removed": idx(s.changes["removed"] + s.changes["calls_removed"]),
+             "removed": idx(sorted(s.changes["removed"] + s.changes["calls_removed"])),
              "sent / history": f"{s.sent} / {s.history_messages if s.history_messages is not None else '?'}",
              "reply": (" ".join(s.tool_calls) or s.reply)[:120], "tokens in / out": f"{s.input_tokens} / "
              f"{s.output_tokens}", "capture": s.capture_note} for s in steps]
@@ -140,22 +142,22 @@ def heatmap_figure(hm, texts: dict, status: dict[int, str]):
     T = hm.reasoning.shape[0]
     obs = SD.observation_cells(hm.observation, [bool((t or "").strip()) for t in texts["observation"]])
     ticks = SD.turn_ticks(T, status)
-    axis = dict(tickmode="array", tickvals=list(range(T)), ticktext=ticks, range=[-0.5, T - 0.5], showgrid=False,
-                zeroline=False, fixedrange=True)
+    axis = dict(tickmode="array", tickvals=list(range(T)), ticktext=[str(t) for t in range(T)],
+                range=[-0.5, T - 0.5], showgrid=False, zeroline=False, fixedrange=True)
     fig = go.Figure()
     for name, z, colour, x in (("reasoning", hm.reasoning, "#08519c", 0.22), ("observation", obs, "#a63603", 0.78)):
         lo, hi = SD.sequential_range(z)
         fig.add_trace(go.Heatmap(
             z=np.asarray(z, dtype=np.float32), x=list(range(T)), y=list(range(T)), name=name, zmin=lo, zmax=hi,
             colorscale=[[0, "#ffffff"], [1, colour]], hoverongaps=False,
-            colorbar=dict(title=dict(text=f"past {name}", side="top"), orientation="h", x=x, y=-0.18, len=0.42,
+            colorbar=dict(title=dict(text=f"past {name}", side="top"), orientation="h", x=x, y=-0.3, len=0.42,
                           thickness=10, xanchor="center", yanchor="top"),
             hovertemplate=("step %{y} → turn %{x}" if name == "reasoning" else "step %{x} → turn %{y}") +
             f"<br>{name}: " + "%{z:.4f}<extra></extra>"))
-    fig.update_layout(height=300 + 18 * min(T, 20), margin=dict(l=90, r=20, t=10, b=110), plot_bgcolor="#eeeeee",
+    fig.update_layout(height=330 + 18 * min(T, 20), margin=dict(l=110, r=20, t=10, b=130), plot_bgcolor="#eeeeee",
                       xaxis=dict(title="past turn (lower) · step (upper)", constrain="domain", **axis),
                       yaxis=dict(title="step (lower) · past turn (upper)", scaleanchor="x", autorange=False,
-                                 **{**axis, "range": [T - 0.5, -0.5]}))
+                                 **{**axis, "range": [T - 0.5, -0.5], "ticktext": ticks}))  # rows name replaced turns
     return fig
 
 
@@ -204,16 +206,15 @@ def _attention_summary(root, study: SD.Study) -> None:
                "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "
                "different lengths: compare them by the per-token shares (1 = a category's length's worth) and the "
                "paired differences with the baseline (same question and step).")
+    table = st.radio("table", list(SD.ATTENTION_TABLES), horizontal=True, key="study_attention_table",
+                     help="one table at a time keeps the page quick to draw")
     for query in ("decision", "reasoning"):
         st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
         try:
-            for table in SD.ATTENTION_TABLES:
-                rows = SD.key_columns_first(SD.attention_rows(summary, query, table))
-                if table != "shares":
-                    st.caption(table)
-                st.dataframe(pd.DataFrame(rows), hide_index=True)
+            rows = SD.key_columns_first(SD.attention_rows(summary, query, table))
+            st.dataframe(pd.DataFrame(rows), hide_index=True)
         except D.DataError as exc:
             st.error(f"Cannot show the attention summary: {exc}")
             break
-    with st.expander(f"{SD.ATTENTION_FILE} as written"):
+    if st.toggle(f"{SD.ATTENTION_FILE} as written", value=False, key="study_attention_raw"):
         st.json(summary, expanded=2)

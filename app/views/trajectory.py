@@ -95,8 +95,7 @@ def render(root, inv) -> None:
         if replaced:  # a study call: say which turns' observations the policy replaced
             ticks = dict(tickmode="array", tickvals=list(range(res.num_turns)),
                          ticktext=SD.turn_ticks(res.num_turns, replaced))
-            fig.update_xaxes(**ticks)
-            fig.update_yaxes(**ticks)
+            fig.update_yaxes(**ticks)  # the rows of the observation triangle are the attended turns
         st.plotly_chart(fig, key="heatmap", config={"displaylogo": False})
         convention = "seed002" if layer is None and head is None else "separate"
         hl = headline([res], layer=layer, head=head, convention=convention)

@@ -173,7 +173,7 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     # the heatmap: sequential scales from 0 (white); ticks say which turn was replaced
     for t in hm["data"]:
         assert t["zmin"] == 0 and t["colorscale"][0][1] == "#ffffff"
-    assert hm["layout"]["xaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
     assert any(c.value == SD.ROLE_LEGEND for c in at.caption)
     at.radio(key="study_attention").set_value("none").run()
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
@@ -268,7 +268,7 @@ def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placehold
     by_role = {t["name"]: decode(t["y"]) for t in bars["data"]}
     assert "observation" not in by_role and set(by_role) >= {"placeholder", "refined"}
     hm = next(c for c in cs if is_heatmap(c))
-    assert hm["layout"]["xaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
     assert any("A context policy changed this call's history: 2 message(s) replaced, 0 removed" in c.value
                for c in at.caption)
     decay = AppTest.from_file(APP_FILE, default_timeout=60)
