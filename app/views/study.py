@@ -151,7 +151,7 @@ def heatmap_figure(hm, texts: dict, status: dict[int, str]):
             z=np.asarray(z, dtype=np.float32), x=list(range(T)), y=list(range(T)), name=name, zmin=lo, zmax=hi,
             colorscale=[[0, "#ffffff"], [1, colour]], hoverongaps=False,
             colorbar=dict(title=dict(text=f"past {name}", side="top"), orientation="h", x=x, y=-0.3, len=0.42,
-                          thickness=10, xanchor="center", yanchor="top"),
+                          thickness=10, xanchor="center", yanchor="top", nticks=4),
             hovertemplate=("step %{y} → turn %{x}" if name == "reasoning" else "step %{x} → turn %{y}") +
             f"<br>{name}: " + "%{z:.4f}<extra></extra>"))
     fig.update_layout(height=330 + 18 * min(T, 20), margin=dict(l=110, r=20, t=10, b=130), plot_bgcolor="#eeeeee",
