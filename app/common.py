@@ -82,7 +82,7 @@ def ibis(root: Path, rel: str) -> D.IbisFolder:
     return _ibis(str(root), rel, mt)
 
 
-@st.cache_resource(ttl=20, show_spinner="Loading studies…")
+@st.cache_resource(max_entries=32, show_spinner="Loading studies…")  # keyed by study.json times: no ttl needed
 def _studies(root: str, rels: tuple, mtimes: tuple) -> tuple[list[SD.Study], list[str]]:
     return SD.load_studies(Path(root), list(rels))
 
@@ -93,7 +93,7 @@ def studies(root: Path, inv: D.Inventory) -> tuple[list[SD.Study], list[str]]:
     return _studies(str(root), rels, tuple(_mtime(Path(root) / r / SD.STUDY_FILE) for r in rels))
 
 
-@st.cache_resource(ttl=20, max_entries=64, show_spinner=False)
+@st.cache_resource(max_entries=64, show_spinner=False)  # keyed by the files' times: no ttl needed
 def _steps(root: str, _study: SD.Study, rel: str, setting: str, qid: str, mtimes: tuple) -> SD.Steps:
     return SD.question_steps(Path(root), _study, setting, qid)
 
@@ -130,3 +130,24 @@ def show_problems(problems: list[str], label: str = "could not be read") -> None
 
 def no_data(kind: str, how: str) -> None:
     st.info(f"No {kind} found in the data directory.\n\n{how}")
+
+
+def role_bars(att_row, res) -> Any:
+    """One query's attention summed per turn and role, stacked, with the messages a context policy replaced
+    (``trajectory_meta.history``) as their own roles: placeholder and refined (never drawn as observations)."""
+    import plotly.graph_objects as go
+
+    from attnprobe.results.figures import ROLE_COLORS
+
+    roles = SD.segment_roles(res.segments, res.meta)
+    mass = SD.turn_role_mass(att_row, res.segments, roles, res.num_turns)
+    fig = go.Figure()
+    for role in [r for r in (*ROLE_COLORS, *SD.EXTRA_ROLES) if r in mass and mass[r].any()]:
+        fig.add_trace(go.Bar(x=list(range(res.num_turns)), y=mass[role], name=role,
+                             marker_color=SD.EXTRA_ROLE_COLORS.get(role) or ROLE_COLORS[role],
+                             hovertemplate="turn %{x}<br>" + role + ": %{y:.4f}<extra></extra>"))
+    fig.update_layout(barmode="stack", height=330, margin=dict(l=60, r=20, t=10, b=110),
+                      xaxis=dict(title="turn", tickmode="linear", dtick=max(1, res.num_turns // 25)),
+                      yaxis=dict(title="attention mass"),
+                      legend=dict(orientation="h", y=-0.3, yanchor="top", x=0, xanchor="left"))
+    return fig

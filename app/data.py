@@ -130,10 +130,12 @@ class CaptureEntry:
     layers: int
     ibis: bool  # a decision capture inside an IBIS model folder
     mtime: float
+    study: str = ""  # the study folder (with study.json) this per-call capture belongs to, else ""
 
     @property
     def label(self) -> str:
-        return f"{self.trajectory_id} · {self.model} · {self.num_turns} turns ({self.rel})"
+        where = f"study {self.study} · " if self.study else ""
+        return f"{where}{self.trajectory_id} · {self.model} · {self.num_turns} turns ({self.rel})"
 
 
 @dataclass
@@ -144,6 +146,11 @@ class Inventory:
     compares: list[str] = field(default_factory=list)  # folders with compare.json
     studies: list[str] = field(default_factory=list)   # folders with study.json (attnprobe study interference)
     problems: list[str] = field(default_factory=list)  # unreadable things, shown to the user
+
+    def trajectory_captures(self, *, ibis: bool = False, studies: bool = False) -> list[CaptureEntry]:
+        """The captures a picker offers: a study's per-call captures (dozens per study; the Study page
+        shows them by step) and IBIS decision captures only when asked for."""
+        return [e for e in self.captures if (ibis or not e.ibis) and (studies or not e.study)]
 
     @property
     def empty(self) -> bool:
@@ -160,6 +167,7 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
     root = Path(root).resolve()
     inv = Inventory(root)
     ibis_dirs: list[Path] = []
+    study_dirs: list[Path] = []
     seen = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         seen += 1
@@ -180,6 +188,7 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
             inv.compares.append(rel)
         if "study.json" in names:
             inv.studies.append(rel)  # read (and refused if bad) by the Study page
+            study_dirs.append(d)
         if META_FILE in names:
             try:
                 meta = read_json(root, Path(rel) / META_FILE)
@@ -195,7 +204,8 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
                     num_turns=int(meta.get("num_turns", 0)), num_tokens=int(meta.get("num_tokens", 0)),
                     num_queries=len(meta.get("queries", [])), layers=len(meta.get("layers", [])),
                     ibis=any(p == d or p in d.parents for p in ibis_dirs),
-                    mtime=(d / META_FILE).stat().st_mtime))
+                    mtime=(d / META_FILE).stat().st_mtime,
+                    study=next((rel_to(root, p) for p in reversed(study_dirs) if p in d.parents), "")))
             except (TypeError, ValueError, OSError) as exc:
                 inv.problems.append(f"unreadable: {rel}/{META_FILE}: malformed capture metadata ({exc})")
     return inv

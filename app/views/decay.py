@@ -18,8 +18,16 @@ PRESELECT = 12  # runs chosen when the page opens (each is loaded and binned)
 def render(root, inv) -> None:
     st.title("Decay")
     C.show_problems(inv.problems)
-    entries = [e for e in inv.captures if not e.ibis]
+    with st.sidebar:
+        with_studies = st.checkbox("include studies' per-call captures", value=False, key="decay_studies",
+                                   help="attnprobe study attention captures every recorded call (most have 1-3 "
+                                        "turns); the Study page shows them step by step")
+    entries = inv.trajectory_captures(studies=with_studies)
     if not entries:
+        if inv.trajectory_captures(studies=True):
+            C.no_data("trajectory captures outside studies", "Only studies' per-call captures are present: tick "
+                                                             "*include studies' per-call captures* in the sidebar.")
+            return
         C.no_data("trajectory captures", "Decay curves need captures with reasoning-start queries: "
                                          "`attnprobe capture TRAJECTORIES.jsonl --out DIR/captures`.")
         return

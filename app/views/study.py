@@ -10,7 +10,6 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from attnprobe.results import figures as F
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
@@ -86,8 +85,10 @@ def render(root, inv) -> None:
     others = [s for s in study.settings if s != study.baseline]
     chosen = st.multiselect("settings", study.settings, default=[study.baseline] + others[:1],
                             key=f"study_settings:{study.rel}")
-    attention = st.radio("attention of the captured calls", ATTENTION, horizontal=True, key="study_attention",
-                         help="Every heatmap of a long study costs a capture load each; 'last' draws one per setting.")
+    attention = st.radio("attention of the captured calls", ATTENTION, index=1, horizontal=True,
+                         key="study_attention",
+                         help="Each drawn step loads its capture; 'last' (the default, so the page opens fast) draws "
+                              "one per setting, 'every' all of them.")
     if not chosen:
         st.info("Choose at least one setting.")
         return
@@ -108,15 +109,12 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
         st.caption("Counterfactuals of this setting's steps: the **Counterfactual** page.")
     if not steps.steps:
         return
-    st.dataframe(pd.DataFrame([{"step": s.step, "sent": s.sent, "history": s.history_messages,
-                                "policy (history messages)": s.policy,
-                                "reply": (" ".join(s.tool_calls) or s.reply)[:120], "in": s.input_tokens,
-                                "out": s.output_tokens, "capture": s.capture_note} for s in steps.steps]),
-                 hide_index=True, key=f"study_steps:{setting}")
+    st.dataframe(pd.DataFrame(_step_rows(steps.steps)), hide_index=True, key=f"study_steps:{setting}")
     captured = [s.step for s in steps.steps if s.capture]
+    with_heatmap = set(SD.heatmap_steps(steps.steps))
     draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
     for s in steps.steps:
-        with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.capture is not None):
+        with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.step in draw):
             st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
                        f"out {s.output_tokens} · call `{s.call_id}`")
             if s.tool_calls:
@@ -124,10 +122,48 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
             if s.reply:
                 st.text(s.reply)
             if s.step in draw:
-                _call_attention(root, s, key=f"{setting}:{s.step}")
+                _call_attention(root, s, key=f"{setting}:{s.step}", heatmap=s.step in with_heatmap)
 
 
-def _call_attention(root, s: SD.Step, key: str) -> None:
+def _step_rows(steps: list[SD.Step]) -> list[dict]:
+    """The steps table, what the policy did first (full-history message indices), so it shows unscrolled."""
+    idx = lambda v: ", ".join(map(str, v)) or "–"  # noqa: E731
+    return [{"step": s.step, "placeholder": idx(s.changes["placeholder"]), "refined": idx(s.changes["refined"]),
+             "removed": idx(sorted(s.changes["removed"] + s.changes["calls_removed"])),
+             "sent / history": f"{s.sent} / {s.history_messages if s.history_messages is not None else '?'}",
+             "reply": (" ".join(s.tool_calls) or s.reply)[:120], "tokens in / out": f"{s.input_tokens} / "
+             f"{s.output_tokens}", "capture": s.capture_note} for s in steps]
+
+
+def heatmap_figure(hm, texts: dict, status: dict[int, str]):
+    """One call's turn heatmap for reading: fixed integer axes, sequential scales where zero is white,
+    observation rows of turns without an observation left blank, colour bars below the plot."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    T = hm.reasoning.shape[0]
+    obs = SD.observation_cells(hm.observation, [bool((t or "").strip()) for t in texts["observation"]])
+    ticks = SD.turn_ticks(T, status)
+    axis = dict(tickmode="array", tickvals=list(range(T)), ticktext=[str(t) for t in range(T)],
+                range=[-0.5, T - 0.5], showgrid=False, zeroline=False, fixedrange=True)
+    fig = go.Figure()
+    for name, z, colour, x in (("reasoning", hm.reasoning, "#08519c", 0.22), ("observation", obs, "#a63603", 0.78)):
+        lo, hi = SD.sequential_range(z)
+        fig.add_trace(go.Heatmap(
+            z=np.asarray(z, dtype=np.float32), x=list(range(T)), y=list(range(T)), name=name, zmin=lo, zmax=hi,
+            colorscale=[[0, "#ffffff"], [1, colour]], hoverongaps=False,
+            colorbar=dict(title=dict(text=f"past {name}", side="top"), orientation="h", x=x, y=-0.3, len=0.42,
+                          thickness=10, xanchor="center", yanchor="top", nticks=4),
+            hovertemplate=("step %{y} → turn %{x}" if name == "reasoning" else "step %{x} → turn %{y}") +
+            f"<br>{name}: " + "%{z:.4f}<extra></extra>"))
+    fig.update_layout(height=330 + 18 * min(T, 20), margin=dict(l=110, r=20, t=10, b=130), plot_bgcolor="#eeeeee",
+                      xaxis=dict(title="past turn (lower) · step (upper)", constrain="domain", **axis),
+                      yaxis=dict(title="step (lower) · past turn (upper)", scaleanchor="x", autorange=False,
+                                 **{**axis, "range": [T - 0.5, -0.5], "ticktext": ticks}))  # rows name replaced turns
+    return fig
+
+
+def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
     """The Trajectory page's turn heatmap and the reply's attention per turn and role, from the capture."""
     try:
         res = C.capture(root, s.capture)
@@ -135,17 +171,26 @@ def _call_attention(root, s: SD.Step, key: str) -> None:
     except D.DataError as exc:
         st.error(f"Cannot show the capture of step {s.step}: {exc}")
         return
-    if any(q.kind == "reasoning" for q in res.queries):
-        st.plotly_chart(F.heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"]), key=f"study_hm:{key}",
-                        config={"displaylogo": False})
+    status = SD.turn_status(res.segments, res.meta)
+    if not heatmap:
+        st.caption(f"No turn heatmap: {SD.past_turns(res.num_turns)} past turn(s), fewer than "
+                   f"{SD.HEATMAP_MIN_PAST}.")
+    elif any(q.kind == "reasoning" for q in res.queries):
+        st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns)")
+        st.plotly_chart(heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"], status),
+                        key=f"study_hm:{key}", config={"displaylogo": False})
+        st.caption("Lower triangle (blue): step t (row) → turn j's reasoning; upper (orange): step t (column) → "
+                   "turn j's observation (row); white = 0, grey = no value (diagonal, or a turn without an "
+                   "observation). Mean of layers and heads.")
     if res.queries:  # the decision (the token before the reply) when captured, else the last query
         k = next((i for i, q in enumerate(res.queries) if q.kind == "decision"), len(res.queries) - 1)
         q = res.queries[k]
-        st.plotly_chart(F.segment_figure(res.attention()[k], res.segments, res.num_turns),
-                        key=f"study_seg:{key}", config={"displaylogo": False})
+        st.plotly_chart(C.role_bars(res.attention()[k], res), key=f"study_seg:{key}", config={"displaylogo": False})
         st.caption(f"Attention of the call's {q.kind} query (token {q.position}, turn {q.turn}) per turn and role, "
                    f"mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
                    f"&q={k})")
+        if status or SD.removed_count(res.meta):
+            st.caption(SD.ROLE_LEGEND)
 
 
 def _attention_summary(root, study: SD.Study) -> None:
@@ -164,16 +209,15 @@ def _attention_summary(root, study: SD.Study) -> None:
                "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "
                "different lengths: compare them by the per-token shares (1 = a category's length's worth) and the "
                "paired differences with the baseline (same question and step).")
+    table = st.radio("table", list(SD.ATTENTION_TABLES), horizontal=True, key="study_attention_table",
+                     help="one table at a time keeps the page quick to draw")
     for query in ("decision", "reasoning"):
         st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
         try:
-            for table in SD.ATTENTION_TABLES:
-                rows = SD.attention_rows(summary, query, table)
-                if table != "shares":
-                    st.caption(table)
-                st.dataframe(pd.DataFrame(rows), hide_index=True)
+            rows = SD.key_columns_first(SD.attention_rows(summary, query, table))
+            st.dataframe(pd.DataFrame(rows), hide_index=True)
         except D.DataError as exc:
             st.error(f"Cannot show the attention summary: {exc}")
             break
-    with st.expander(f"{SD.ATTENTION_FILE} as written"):
+    if st.toggle(f"{SD.ATTENTION_FILE} as written", value=False, key="study_attention_raw"):
         st.json(summary, expanded=2)

@@ -13,6 +13,7 @@ from attnprobe.results import figures as F
 from attnprobe.results.analysis import headline, step_breakdown
 from attnprobe_app import common as C
 from attnprobe_app import data as D
+from attnprobe_app import study_data as SD
 
 MEAN = "mean of all"
 
@@ -22,6 +23,8 @@ def _pick_capture(root, inv) -> str | None:
     with st.sidebar:
         st.markdown("### Trajectory")
         show_ibis = st.checkbox("include IBIS decision captures", value=False, key="traj_ibis")
+        show_studies = st.checkbox("include studies' per-call captures", value=False, key="traj_studies",
+                                   help="the Study page shows them step by step, with links here")
         flt = st.text_input("filter (id, model, folder)", key="traj_filter").strip().lower()
         typed = st.text_input("…or open a capture folder (path inside the data directory)", key="traj_path",
                               value=qp.get("run", "")).strip()
@@ -32,11 +35,15 @@ def _pick_capture(root, inv) -> str | None:
             st.error(str(exc))
             return None
         return D.rel_to(root, folder)
-    entries = [e for e in inv.captures if show_ibis or not e.ibis]
+    entries = inv.trajectory_captures(ibis=show_ibis, studies=show_studies)
     if flt:
         entries = [e for e in entries if flt in e.label.lower()]
     if not entries:
-        if inv.captures and not show_ibis:
+        if inv.trajectory_captures(ibis=True, studies=True) and not (show_ibis and show_studies) and not flt:
+            C.no_data("trajectory captures", "Only IBIS decision captures or studies' per-call captures are "
+                                             "present: tick *include IBIS decision captures* or *include studies' "
+                                             "per-call captures* in the sidebar.")
+        elif inv.captures and not show_ibis:
             C.no_data("trajectory captures", "Only IBIS decision captures are present: tick *include IBIS decision "
                                              "captures* in the sidebar, or capture a trajectory with "
                                              "`attnprobe capture TRAJECTORIES.jsonl --out DIR/captures`.")
@@ -84,6 +91,11 @@ def render(root, inv) -> None:
         t0 = time.perf_counter()
         hm = C.heatmap(root, rel, layer, head)
         fig = F.heatmap_figure(hm, views["turn_texts"])
+        replaced = SD.turn_status(res.segments, res.meta)
+        if replaced:  # a study call: say which turns' observations the policy replaced
+            ticks = dict(tickmode="array", tickvals=list(range(res.num_turns)),
+                         ticktext=SD.turn_ticks(res.num_turns, replaced))
+            fig.update_yaxes(**ticks)  # the rows of the observation triangle are the attended turns
         st.plotly_chart(fig, key="heatmap", config={"displaylogo": False})
         convention = "seed002" if layer is None and head is None else "separate"
         hl = headline([res], layer=layer, head=head, convention=convention)
@@ -129,8 +141,11 @@ def render(root, inv) -> None:
     st.caption(f"Attention of token {q.position} (turn {q.turn}) over every earlier token, mean of all scored layers "
                "and heads, coloured by role. The per-turn bars below follow the layer/head selectors.")
     row = res.attention(layer, head)[qi]
-    st.plotly_chart(F.segment_figure(row, res.segments, res.num_turns), key="segment_bars",
-                    config={"displaylogo": False})
+    st.plotly_chart(C.role_bars(row, res), key="segment_bars", config={"displaylogo": False})
+    status, removed = SD.message_status(res.meta), SD.removed_count(res.meta)
+    if status or removed:
+        st.caption(f"A context policy changed this call's history: {len(status)} message(s) replaced, {removed} "
+                   f"removed. {SD.ROLE_LEGEND}")
     vals = np.asarray(res.token_attention[qi][: q.position + 1], dtype=np.float64)
     top = np.argsort(-vals)[:200]
     seg_of = np.zeros(len(res.input_ids), dtype=np.int64)

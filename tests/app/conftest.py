@@ -15,14 +15,14 @@ import pytest
 from support.appdata import build
 
 
-def _built(tmp_path_factory, name: str, loaded, model_args: tuple[str, ...]) -> Path:
+def _built(tmp_path_factory, name: str, loaded, model_args: tuple[str, ...], studies: bool = False) -> Path:
     keep = os.environ.get("ATTNPROBE_APP_TEST_DATA")
     base = (Path(keep) if keep else tmp_path_factory.getbasetemp() / "app_data") / name
     if not (base / "BUILT").is_file():
         if base.exists():
             shutil.rmtree(base)
         base.mkdir(parents=True)
-        build(base, loaded, model_args)
+        build(base, loaded, model_args, studies)
     return base
 
 
@@ -33,4 +33,4 @@ def app_data(tmp_path_factory, tiny_smol, tiny_smol_folder) -> Path:
 
 @pytest.fixture(scope="session")
 def bundled_app_data(tmp_path_factory, request) -> Path:
-    return _built(tmp_path_factory, "bundled", request.getfixturevalue("smol"), ())
+    return _built(tmp_path_factory, "bundled", request.getfixturevalue("smol"), (), studies=True)

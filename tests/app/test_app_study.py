@@ -152,8 +152,9 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     # q1, baseline + the other setting side by side: the baseline has no captures (says how to make them)
     base_steps, other_steps = frames[3], frames[4]
     assert list(base_steps["step"]) == [1, 2] and list(other_steps["step"]) == [1, 2, 3]
-    assert list(other_steps["policy (history messages)"]) == ["nothing changed", "nothing changed",
-                                                             "placeholder: 3; refined: 5"]
+    # what the policy did comes first (full-history message indices), so it is visible without scrolling
+    assert list(other_steps.columns[:4]) == ["step", "placeholder", "refined", "removed"]
+    assert list(other_steps["placeholder"]) == ["–", "–", "3"] and list(other_steps["refined"]) == ["–", "–", "5"]
     assert list(other_steps["capture"])[1:] == ["no capture", "captured"]
     infos = [i.value for i in at.info]
     assert any(f"attnprobe study attention {data}/study`" in i and f"{data}/study/none/calls.jsonl" in i
@@ -164,9 +165,18 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     hm = next(c for c in cs if is_heatmap(c))
     assert decode(hm["data"][0]["z"]).shape == (3, 3)
     seg = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar")
-    obs = next(t for t in seg["data"] if t["name"] == "observation")
-    # last query (token 11) weights token k by (k + 1) / 78: observations are tokens 6-7 (turn 0) and 10 (turn 1)
-    np.testing.assert_allclose(decode(obs["y"]), [15 / 78, 11 / 78, 0.0], atol=1e-6)
+    by_role = {t["name"]: decode(t["y"]) for t in seg["data"]}
+    # last query (token 11) weights token k by (k + 1) / 78: turn 0's observation (tokens 6-7) was the
+    # placeholder, turn 1's (token 10) the refined text: their own roles, no observation left
+    assert "observation" not in by_role
+    np.testing.assert_allclose(by_role["placeholder"], [15 / 78, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(by_role["refined"], [0.0, 11 / 78, 0.0], atol=1e-6)
+    np.testing.assert_allclose(by_role["reasoning"], [11 / 78, 19 / 78, 12 / 78], atol=1e-6)
+    # the heatmap: sequential scales from 0 (white); ticks say which turn was replaced
+    for t in hm["data"]:
+        assert t["zmin"] == 0 and t["colorscale"][0][1] == "#ffffff"
+    assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert any(c.value == SD.ROLE_LEGEND for c in at.caption)
     at.radio(key="study_attention").set_value("none").run()
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
 
@@ -259,3 +269,37 @@ def test_attention_rows_print_the_shares_of_attention_json():
         [("none", 5, 2)]
     with pytest.raises(D.DataError, match="unexpected layout"):
         SD.attention_rows({"settings": {"none": {"decision": {}}}}, "decision")
+
+
+def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placeholders(monkeypatch, data):
+    """A study's per-call capture: off the Trajectory picker and the Decay page by default (a checkbox brings
+    them back); opened by folder, its replaced messages are placeholder / refined, not observations."""
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE, charts, decode, is_heatmap
+
+    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(data))
+    at = AppTest.from_file(APP_FILE, default_timeout=60)
+    at.query_params["page"] = "Trajectory"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [s for s in at.selectbox if s.key == "traj_run"]  # nothing offered: only a study's calls exist
+    at.checkbox(key="traj_studies").check().run()
+    [picker] = [s for s in at.selectbox if s.key == "traj_run"]
+    assert len(picker.options) == 2 and all(o.startswith("study study · ") for o in picker.options)
+    rel = f"{OTHER_DIR}/capture/{safe_name(call_id(OTHER, 'q1', 3))}"
+    at.text_input(key="traj_path").set_value(rel).run()
+    assert not at.exception, [e.value for e in at.exception]
+    cs = charts(at)
+    bars = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar" and
+                "turn %{x}" in c["data"][0].get("hovertemplate", ""))
+    by_role = {t["name"]: decode(t["y"]) for t in bars["data"]}
+    assert "observation" not in by_role and set(by_role) >= {"placeholder", "refined"}
+    hm = next(c for c in cs if is_heatmap(c))
+    assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
+    assert any("A context policy changed this call's history: 2 message(s) replaced, 0 removed" in c.value
+               for c in at.caption)
+    decay = AppTest.from_file(APP_FILE, default_timeout=60)
+    decay.query_params["page"] = "Decay"
+    decay.run()
+    assert not decay.exception and "include studies' per-call captures" in decay.info[0].value

@@ -17,8 +17,9 @@ APP_FILE = str(ROOT / "app" / "streamlit_app.py")
 CAPTURES = {"long_research.jsonl": 2048, "parallel_calls.jsonl": None, "reasoning_content.jsonl": None}
 
 
-def build(base: Path, smol, model_args: tuple[str, ...] = ()) -> None:
-    """``model_args``: the CLI's ``--model`` for the IBIS run (none: the bundled model)."""
+def build(base: Path, smol, model_args: tuple[str, ...] = (), studies: bool = False) -> None:
+    """``model_args``: the CLI's ``--model`` for the IBIS run (none: the bundled model); ``studies``: also two
+    scripted-agent studies with their per-call captures (:func:`build_studies`)."""
     import attnprobe
     from attnprobe.cli.main import main
 
@@ -34,11 +35,59 @@ def build(base: Path, smol, model_args: tuple[str, ...] = ()) -> None:
     assert rc in (0, 1), f"attnprobe ibis all failed (exit {rc})"
     rc = main(["compare", str(base / "ibis"), "--out", str(base / "compare"), "--plotlyjs", "cdn"])
     assert rc == 0, f"attnprobe compare failed (exit {rc})"
+    if studies:
+        build_studies(base / "studies", smol)
     (base / "BUILT").write_text("ok")
 
 
+STUDY_QUESTIONS = [{"id": "q1", "question": "Who discovered holmium?", "answers": ["Per Teodor Cleve"], "type": None},
+                   {"id": "q2", "question": "What is two plus two?", "answers": ["4"], "type": None}]
+SEARCHES = ["holmium", "holmium discovery Cleve", "Uppsala chemist"]
+
+
+def _seed002_script(messages, tools):
+    from support.scripted_chat import tool_call
+
+    turns = sum(m["role"] == "assistant" for m in messages)
+    if "two plus two" in messages[1]["content"] or turns >= len(SEARCHES):
+        return "Explanation: known.\nExact Answer: Per Teodor Cleve\nConfidence: 90%"
+    return f"Step {turns}: search again.", [tool_call(f"c{turns}", "search", query=SEARCHES[turns])]
+
+
+def _ircot_script(messages, tools):
+    turns = sum(m["role"] == "assistant" for m in messages)
+    if any("two plus two" in str(m.get("content")) for m in messages[:2]) or turns >= len(SEARCHES):
+        return "<think>The documents name him.</think><answer>Per Teodor Cleve</answer>"
+    return f"<think>Step {turns}: look it up.</think><search>{SEARCHES[turns]}</search>"
+
+
+def build_studies(base: Path, smol) -> dict[str, Path]:
+    """Two scripted-agent studies over the shipped BM25 corpus, every recorded call captured with ``smol``:
+    ``loop-seed002`` (none, mask:1: placeholders) and ``loop-ircot`` (none, ircot:oq: removed turns)."""
+    from attnprobe.capture.job import CaptureOptions
+    from attnprobe.execution.local import LocalExecutor
+    from attnprobe.studies.loop.agents import LoopConfig
+    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.study import run_study
+    from support.scripted_chat import ScriptedChat
+
+    out = {}
+    for name, cfg, settings, script in (
+            ("loop-seed002", LoopConfig("seed002", max_turns=8, top_k=1), ["none", "mask:1"], _seed002_script),
+            ("loop-ircot", LoopConfig("ircot", max_turns=4, top_k=1), ["none", "ircot:oq"], _ircot_script)):
+        folder = base / name
+        counts, _ = run_study(LocalExecutor(lambda s=script: ScriptedChat(s), progress=False), folder, STUDY_QUESTIONS,
+                              settings, cfg, n_boot=100)
+        assert counts["failed"] == 0, counts
+        cap = CaptureOptions(queries="reasoning+decision", chunk_size=512)
+        run_attention(LocalExecutor(lambda: smol, progress=False), folder, model=smol, capture=cap,
+                      shares_min_past=2, n_boot=100)
+        out[name] = folder
+    return out
+
+
 def capture_dirs(base: Path) -> list[Path]:
-    return sorted(p.parent for p in (base / "captures").glob("*/meta.json"))
+    return sorted(p.parent for p in (base / "captures").glob("*/meta.json"))  # not the studies' per-call ones
 
 
 def ibis_folder(base: Path) -> Path:

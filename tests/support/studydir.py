@@ -8,7 +8,8 @@ format while every number is known:
 - ``mask:1+refine:bm25``: q1 and q2 right (tool calls 1 and 1) -> fixes q2, breaks nothing;
 - q1 under ``mask:1+refine:bm25``: three recorded calls (written out of order in the file); step 3
   masks history message 3 (placeholder) and shows message 5 refined; step 3 has a capture, step 1 a
-  capture folder of another trajectory, step 2 none.
+  capture folder of another trajectory, step 2 none. In step 3's capture message 3 (turn 0's observation)
+  is the placeholder and message 5 (turn 1's observation) the refined text.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ def _call(setting: str, qid: str, step: int, n_hist: int, source: list[int], cha
                      "usage": {"input_tokens": 40 * step, "output_tokens": 5}}}
 
 
-def toy_capture(trajectory_id: str) -> CaptureResult:
-    """3 turns over 12 tokens; query t attends with weight k+1 to token k <= its position (normalised)."""
+def toy_capture(trajectory_id: str, history: dict | None = None) -> CaptureResult:
+    """3 turns over 12 tokens; query t attends with weight k+1 to token k <= its position (normalised).
+    ``history``: the call's ``meta.history`` (kept in ``trajectory_meta`` as a capture of a call keeps it)."""
     text = "".join(f"t{i:02d} " for i in range(N))
     seg = [("system", "external", 0, 0, 0, 2), ("task", "external", 0, 1, 2, 4), ("reasoning", "self", 0, 2, 4, 6),
            ("observation", "external", 0, 3, 6, 8), ("reasoning", "self", 1, 4, 8, 10),
@@ -70,7 +72,9 @@ def toy_capture(trajectory_id: str) -> CaptureResult:
     lh = np.broadcast_to(seg_att[:, None, None, :], (3, 2, 2, len(segments))).copy()
     return CaptureResult(trajectory_id=trajectory_id, input_ids=np.arange(100, 100 + N), segments=segments,
                          queries=queries, layers=[0, 1], segment_attention=seg_att, layer_head_attention=lh,
-                         token_attention=tok, meta={"model": "toy-model", "dtype": "float32"}, text=text,
+                         token_attention=tok, meta={"model": "toy-model", "dtype": "float32",
+                                                       **({"trajectory_meta": {"history": history}} if history else {})},
+                         text=text,
                          offsets=np.array([[4 * i, 4 * i + 4] for i in range(N)]))
 
 
@@ -96,6 +100,6 @@ def make_study(out: Path) -> Path:
         (folder / "calls").mkdir(parents=True)
         (folder / "calls" / "q1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     cap = setting_dir(out, OTHER) / "capture"
-    toy_capture(call_id(OTHER, "q1", 3)).save(cap / safe_name(call_id(OTHER, "q1", 3)))
+    toy_capture(call_id(OTHER, "q1", 3), calls[2]["meta"]["history"]).save(cap / safe_name(call_id(OTHER, "q1", 3)))
     toy_capture("someone-else").save(cap / safe_name(call_id(OTHER, "q1", 1)))
     return out
