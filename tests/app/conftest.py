@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.appdata import build
+from support.time_limit import one_off
 
 
 def _built(tmp_path_factory, name: str, loaded, model_args: tuple[str, ...], studies: bool = False) -> Path:
@@ -22,7 +23,8 @@ def _built(tmp_path_factory, name: str, loaded, model_args: tuple[str, ...], stu
         if base.exists():
             shutil.rmtree(base)
         base.mkdir(parents=True)
-        build(base, loaded, model_args, studies)
+        with one_off():  # built once per session for every page test: not charged to the first one (20 s rule)
+            build(base, loaded, model_args, studies)
     return base
 
 
