@@ -433,6 +433,20 @@ def segment_roles(segments, meta: dict) -> list[str]:
     return [status.get(getattr(s, "message_index", -1), s.role) for s in segments]
 
 
+def token_roles_with_policy(token_roles, segments, meta: dict, names=None) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Per-token role indices into ``names`` (the capture's roles, then :data:`EXTRA_ROLES`), the tokens of a
+    message the policy replaced (:func:`segment_roles`) under placeholder / refined: the token strip draws
+    them in their own colours, never as observations."""
+    from attnprobe.render.segments import ROLES
+
+    names = tuple(names or (*ROLES, *EXTRA_ROLES))
+    out = np.array(token_roles, dtype=np.int64, copy=True)
+    for seg, role in zip(segments, segment_roles(segments, meta)):
+        if role in EXTRA_ROLES:
+            out[seg.start:seg.end] = names.index(role)
+    return out, names
+
+
 def turn_role_mass(att_row, segments, roles: list[str], num_turns: int) -> dict[str, np.ndarray]:
     """Attention of one query summed per (role, turn), roles as :func:`segment_roles` gives them; only
     roles that occur."""

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from attnprobe.render.segments import ROLES
 from attnprobe.results import figures as F
 from attnprobe.results.analysis import headline, step_breakdown
 from attnprobe_app import common as C
@@ -135,8 +134,9 @@ def render(root, inv) -> None:
                       index=order.index(default) if default in order else 0, key=f"query:{rel}")
     log = c2.toggle("log scale", value=True, key="token_log")
     q = res.queries[qi]
-    roles = views["token_roles"]
-    fig = F.token_strip_figure(res.token_attention[qi], roles, toks, q.position, log=log)
+    roles, names = SD.token_roles_with_policy(views["token_roles"], res.segments, res.meta)  # placeholders apart
+    fig = F.token_strip_figure(res.token_attention[qi], roles, toks, q.position, log=log, names=names,
+                               colors=SD.EXTRA_ROLE_COLORS)
     st.plotly_chart(fig, key="token_strip", config={"displaylogo": False})
     st.caption(f"Attention of token {q.position} (turn {q.turn}) over every earlier token, mean of all scored layers "
                "and heads, coloured by role. The per-turn bars below follow the layer/head selectors.")
@@ -152,7 +152,7 @@ def render(root, inv) -> None:
     for si, s in enumerate(res.segments):
         seg_of[s.start:s.end] = si
     df = pd.DataFrame({
-        "token": top, "text": [toks[i] for i in top], "role": [ROLES[roles[i]] for i in top],
+        "token": top, "text": [toks[i] for i in top], "role": [names[roles[i]] for i in top],
         "turn": [res.segments[seg_of[i]].turn for i in top], "attention": vals[top]})
     with st.expander("Most-attended tokens (top 200)"):
         C.paginate(df, key=f"toppage:{rel}", page_size=25)

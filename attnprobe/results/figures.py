@@ -92,12 +92,15 @@ def heatmap_figure(hm, texts: dict[str, list[str]] | None = None, title: str = "
 
 
 def token_strip_figure(values: np.ndarray, roles: np.ndarray, tok_text: Sequence[str] | None, query_pos: int,
-                       title: str = "", log: bool = False) -> go.Figure:
-    """Attention of one query over every token up to it, one bar colour per role."""
+                       title: str = "", log: bool = False, names: Sequence[str] = ROLES,
+                       colors: dict[str, str] | None = None) -> go.Figure:
+    """Attention of one query over every token up to it, one bar colour per role. ``roles`` index ``names``
+    (default the capture roles); ``colors`` adds colours for other names (e.g. a policy's placeholders)."""
     n = int(query_pos) + 1
     vals = np.asarray(values, dtype=np.float64)[:n]
+    colors = {**ROLE_COLORS, **(colors or {})}
     fig = go.Figure()
-    for ri, role in enumerate(ROLES):
+    for ri, role in enumerate(names):
         idx = np.flatnonzero(roles[:n] == ri)
         if idx.size == 0:
             continue
@@ -105,7 +108,7 @@ def token_strip_figure(values: np.ndarray, roles: np.ndarray, tok_text: Sequence
         if tok_text is not None and n <= 50_000:
             kw["text"] = [tok_text[i].replace("<", "&lt;").replace("\n", "⏎") for i in idx]
             kw["textposition"] = "none"
-        fig.add_trace(go.Bar(x=idx, y=vals[idx], name=role, marker_color=ROLE_COLORS[role], marker_line_width=0,
+        fig.add_trace(go.Bar(x=idx, y=vals[idx], name=role, marker_color=colors[role], marker_line_width=0,
                              hovertemplate="token %{x} (" + role + ")<br>%{text}<br>attention: %{y:.5f}<extra></extra>"
                              if kw else "token %{x} (" + role + ")<br>attention: %{y:.5f}<extra></extra>", **kw))
     fig.update_layout(title=title or None, barmode="overlay", bargap=0, height=300,

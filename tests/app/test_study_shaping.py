@@ -49,6 +49,15 @@ def test_a_replaced_message_has_its_own_role():
     np.testing.assert_allclose(mass["placeholder"], [0.3, 0, 0])
     np.testing.assert_allclose(mass["reasoning"], [0.2, 0, 0.25])
     assert SD.turn_ticks(3, SD.turn_status(segs, meta)) == ["0 (placeholder)", "1 (refined)", "2"]
+    # the token strip: the placeholder's tokens (4, 5) and the refined ones (6, 7) leave the observation role
+    from attnprobe.render.segments import ROLES
+
+    obs = ROLES.index("observation")
+    tok = np.array([ROLES.index("system")] * 2 + [ROLES.index("reasoning")] * 2 + [obs] * 4 + [ROLES.index("reasoning")])
+    got, names = SD.token_roles_with_policy(tok, segs, meta)
+    assert [names[i] for i in got] == ["system", "system", "reasoning", "reasoning", "placeholder", "placeholder",
+                                       "refined", "refined", "reasoning"]
+    assert tok[4] == obs  # the capture's own array is left as it is
 
 
 def test_key_columns_come_first():
