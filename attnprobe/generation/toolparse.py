@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from attnprobe.render.rendering import bracket_ends
+from attnprobe.render.brackets import bracket_ends
 from attnprobe.trajectory.schema import call_arguments
 from attnprobe.trajectory.tags import closed
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import RenderError, TooLongError
+from attnprobe.render.brackets import bracket_end
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.trajectory.schema import Trajectory, call_arguments, message_text
 
@@ -216,45 +217,6 @@ def _find_literal(text: str, literal: str, cursor: int) -> tuple[int, int, int] 
         if pos >= 0:
             return pos, pos + len(stripped), len(literal) - len(literal.lstrip())
     return None
-
-
-def bracket_end(text: str, start: int) -> int | None:
-    """Index just past the bracketed JSON or Python literal opening at ``text[start]`` (string-aware
-    for ' and "; brackets must nest); None if it does not close. Finds a template-serialized tool
-    call here and a call in generated text (``generation.toolparse``)."""
-    ends: dict[int, int | None] = {}
-    bracket_ends(text, start, ends)
-    return ends.get(start)
-
-
-def bracket_ends(text: str, start: int, ends: dict[int, int | None]) -> None:
-    """:func:`bracket_end` for ``text[start]`` and, from the same pass, for every bracket it opens outside a
-    string (their scans from there would read the same characters), into ``ends``: a parser that asks for
-    every bracket of a text stays linear (once per bracket was quadratic: 16 KB of ``[`` took 34 s)."""
-    pairs = {"{": "}", "[": "]", "(": ")"}
-    stack: list[tuple[str, int]] = []
-    quote, esc = None, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in pairs:
-            stack.append((pairs[ch], i))
-        elif ch in ")]}":
-            if not stack or ch != stack[-1][0]:
-                break  # a mismatch: every bracket still open fails here too
-            ends[stack.pop()[1]] = i + 1
-            if not stack:
-                return
-    for _, i in stack:
-        ends[i] = None
 
 
 def _find_native_call(text: str, call: dict, cursor: int) -> tuple[int, int] | None:
