@@ -128,17 +128,25 @@ def _study_of(root: Path) -> SD.Study:
     return SD.load_study(root, "study")
 
 
-# ------------------------------------------------------------------ the page
-def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, data):
-    pytest.importorskip("streamlit")
+def _page(monkeypatch, data: Path, page: str):
+    """The app on ``data`` at ``page``, drawn once, with no exception (Streamlit's AppTest)."""
     from streamlit.testing.v1 import AppTest
-    from support.appdata import APP_FILE, charts, decode, is_heatmap
+    from support.appdata import APP_FILE
 
     monkeypatch.setenv("ATTNPROBE_APP_DATA", str(data))
     at = AppTest.from_file(APP_FILE, default_timeout=60)
-    at.query_params["page"] = "Study"
+    at.query_params["page"] = page
     at.run()
     assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+# ------------------------------------------------------------------ the page
+def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, data):
+    pytest.importorskip("streamlit")
+    from support.appdata import charts, decode, is_heatmap
+
+    at = _page(monkeypatch, data, "Study")
     assert at.title[0].value == "Study: policies in the loop"
     assert [w.value for w in at.warning] == [f"Caveat: {N_CAVEAT}"]  # computed from the data (2 questions)
     frames = [d.value for d in at.dataframe]
@@ -221,16 +229,9 @@ def test_attention_summary_is_optional_and_a_bad_one_is_an_error_not_a_crash(dat
 
 def test_study_page_lists_a_corrupt_study_json_and_says_how_to_make_one(monkeypatch, tmp_path):
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest
-    from support.appdata import APP_FILE
-
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "study.json").write_text('{"settings": ')
-    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(tmp_path))
-    at = AppTest.from_file(APP_FILE, default_timeout=60)
-    at.query_params["page"] = "Study"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = _page(monkeypatch, tmp_path, "Study")
     assert [e.label for e in at.expander] == ["1 file(s) skipped"]
     assert [t.value for t in at.text] == ["skipped: broken/study.json, line 1: invalid JSON (Expecting value at "
                                           "column 14)"]
@@ -275,14 +276,9 @@ def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placehold
     """A study's per-call capture: off the Trajectory picker and the Decay page by default (a checkbox brings
     them back); opened by folder, its replaced messages are placeholder / refined, not observations."""
     pytest.importorskip("streamlit")
-    from streamlit.testing.v1 import AppTest
-    from support.appdata import APP_FILE, charts, decode, is_heatmap
+    from support.appdata import charts, decode, is_heatmap
 
-    monkeypatch.setenv("ATTNPROBE_APP_DATA", str(data))
-    at = AppTest.from_file(APP_FILE, default_timeout=60)
-    at.query_params["page"] = "Trajectory"
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    at = _page(monkeypatch, data, "Trajectory")
     assert not [s for s in at.selectbox if s.key == "traj_run"]  # nothing offered: only a study's calls exist
     at.checkbox(key="traj_studies").check().run()
     [picker] = [s for s in at.selectbox if s.key == "traj_run"]
@@ -299,7 +295,5 @@ def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placehold
     assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
     assert any("A context policy changed this call's history: 2 message(s) replaced, 0 removed" in c.value
                for c in at.caption)
-    decay = AppTest.from_file(APP_FILE, default_timeout=60)
-    decay.query_params["page"] = "Decay"
-    decay.run()
-    assert not decay.exception and "include studies' per-call captures" in decay.info[0].value
+    decay = _page(monkeypatch, data, "Decay")
+    assert "include studies' per-call captures" in decay.info[0].value
