@@ -1,13 +1,23 @@
-"""The one reply type and the protocol every generation backend follows.
+"""The one reply type, the one request type and the protocol every generation backend follows.
 
 Backends (see :mod:`attnprobe.generation.factory`): in-process transformers
 (:mod:`attnprobe.generation.transformers_chat`) and any OpenAI-compatible endpoint
 (:mod:`attnprobe.generation.openai_chat`). Both return a :class:`ChatReply` with parsed tool calls
 and token counts, so every call can be recorded as a trajectory exactly as sent and received.
+
+Batches: a closed-loop study steps all of its active episodes together and sends one
+:class:`ChatRequest` per episode to :meth:`ChatBackend.complete_batch`. A backend answers them in the
+same order, however it schedules them (one padded batch, an engine's batch, N requests in flight);
+:class:`OneByOne` is the plain fallback, one :meth:`complete` after another. ``episode`` names the
+episode a request belongs to: an in-process backend may keep that episode's KV cache between turns
+and prefill only what is new (:meth:`ChatBackend.end_episode` frees it). ``actions`` asks for a reply
+that follows the scaffold's action grammar (``--structured-actions``; None: free decoding, as the
+seeds decode).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,12 +52,60 @@ class ChatReply:
         return msg
 
 
+@dataclass(frozen=True)
+class ActionFormat:
+    """The action grammar a structured reply must follow (:mod:`attnprobe.generation.structured` turns it
+    into a grammar for each backend). ``scaffold``: "ircot" (``<think>`` then ``<search>`` or ``<answer>``),
+    "seed002" (tool calls of ``tools`` or a final response with an ``Exact Answer:`` line), or the
+    NIS-Agent runner's formats; ``tools``: the offered tool schemas as one JSON text (hashable, so a
+    backend can cache the compiled grammar); ``final``: only an answer is allowed (IRCoT's final call)."""
+
+    scaffold: str
+    tools: str = ""
+    final: bool = False
+
+
+@dataclass
+class ChatRequest:
+    """One model call of a batch (see the module docstring)."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    episode: str | None = None
+    actions: ActionFormat | None = None
+
+
 class ChatBackend(Protocol):
     kind: str  # the factory's registry key: "transformers" | "openai"
     name: str  # the model name recorded with every call
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
                  temperature: float = 0.0) -> ChatReply: ...
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        """One reply per request, in order."""
+
+    def end_episode(self, episode: str) -> None:
+        """The episode is finished: free whatever was kept for it."""
+
+
+class OneByOne:
+    """``complete_batch`` as one ``complete`` after another, and nothing kept per episode: the default of
+    a backend that cannot batch (a test's scripted chat). Structured actions need a backend that
+    implements them, so a request with ``actions`` is refused here."""
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        out = []
+        for r in requests:
+            if r.actions is not None:
+                raise ValueError(f"{type(self).__name__} cannot constrain replies to an action grammar")
+            out.append(self.complete(r.messages, r.tools, max_tokens=r.max_tokens, temperature=r.temperature))
+        return out
+
+    def end_episode(self, episode: str) -> None:
+        return None
 
 
 def tool_names(tools: list[dict] | None) -> list[str] | None:

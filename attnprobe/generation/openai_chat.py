@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.generation.chat import ChatReply, tool_names
+from attnprobe.generation.chat import ChatReply, OneByOne, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 NO_KEY = "EMPTY"  # sent when the key variable is unset: the client needs one, local servers ignore it
@@ -33,7 +33,7 @@ def _one_line(text: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class OpenAIChat:
+class OpenAIChat(OneByOne):
     """Chat completions from an OpenAI-compatible endpoint (see the module docstring).
 
     ``timeout`` is per request in seconds (waiting for the reply, and reading it in all);

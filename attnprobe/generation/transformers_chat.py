@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.generation.chat import ChatReply, Prompt, tool_names
+from attnprobe.generation.chat import ChatReply, OneByOne, Prompt, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
@@ -45,7 +45,7 @@ def opens_call(text: str, names: Sequence[str] = ()) -> bool:
     return any(m in text for m in CALL_OPENINGS) or any(f"{n}(" in text for n in names)
 
 
-class TransformersChat:
+class TransformersChat(OneByOne):
     """Chat completions from a loaded model (``attnprobe.load_model``); see the module docstring.
 
     ``stop_at_call``: None = stop at a complete call when tools are offered (the runner's default),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 
-from attnprobe.generation.chat import ChatReply
+from attnprobe.generation.chat import ChatReply, OneByOne
 
 
 def words(messages: list[dict]) -> int:
@@ -28,7 +28,7 @@ def tool_call(cid: str, name: str, **args) -> dict:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
-class ScriptedChat:
+class ScriptedChat(OneByOne):
     kind = "scripted"
     name = "scripted-chat"
 
