@@ -76,6 +76,13 @@ def register(studies) -> None:
     g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
     g.add_argument("--limit", type=positive_int, help="only the first N questions")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
+    g.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                   help="episodes (setting x question) in flight, stepped together: one batched model call per "
+                        "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
+    g.add_argument("--structured-actions", action="store_true",
+                   help="constrain every reply to the scaffold's action grammar (ircot: <think> then <search> or "
+                        "<answer>; seed002: tool calls or an 'Exact Answer:' reply). Off by default: the seeds "
+                        "decode freely, so results with it are another experiment (recorded in study.json)")
     add_model_options(p)
     g.add_argument("--preset", choices=("cpu",), default=None,
                    help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a seed's "
@@ -122,6 +129,16 @@ def model_label(args) -> str:
     return f"{args.backend}:{args.model}:{getattr(args, 'dtype', None)}"
 
 
+def batch_size(args) -> int:
+    """Episodes in flight: --batch-size, else --concurrency N with --generator openai (N requests in flight
+    need N episodes), else 1 (one episode after another)."""
+    if args.batch_size is not None:
+        return args.batch_size
+    if args.backend == "openai":
+        return max(1, int(getattr(args, "concurrency", None) or 1))
+    return 1
+
+
 def cmd_interference(args) -> int:
     from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
     from attnprobe.agents.questions import read_questions
@@ -144,11 +161,13 @@ def cmd_interference(args) -> int:
     questions = read_questions(args.questions)[: args.limit]
     config = LoopConfig(scaffold=args.scaffold, max_turns=args.max_turns, top_k=args.top_k,
                         open_lines=args.open_lines, max_tokens=args.max_new_tokens, temperature=args.temperature,
-                        judge=args.judge, search=args.search, corpus=args.corpus, preset=args.preset)
+                        judge=args.judge, search=args.search, corpus=args.corpus, preset=args.preset,
+                        structured_actions=args.structured_actions)
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
-                                  force=args.force, n_boot=args.bootstrap, model=model_label(args))
+                                  force=args.force, n_boot=args.bootstrap, model=model_label(args),
+                                  batch_size=batch_size(args))
     print((Path(args.out) / "study.md").read_text(encoding="utf-8"))
     print(f"study interference: {counts['done']} run, {counts['done_before']} already done, {counts['failed']} "
           f"failed -> {Path(args.out) / 'study.md'}", file=sys.stderr)

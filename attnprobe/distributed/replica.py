@@ -61,7 +61,12 @@ class Replica:
             raise self.load_error
         key = job.prepare_key
         if self._prepared[0] != key or self._prepared[1] is None:
-            self._prepared = (key, job.prepare(self.model))
+            model = self.model
+            if getattr(job, "needs", None) == "chat":  # the job chats with the model: wrap it as it says
+                from attnprobe.generation.transformers_chat import TransformersChat
+
+                model = TransformersChat(model, **getattr(job, "chat_options", {}))
+            self._prepared = (key, job.prepare(model))
         state = self._prepared[1]
         records: dict[str, dict] = {}
         groups: list[list[WorkItem]] = []
@@ -75,6 +80,9 @@ class Replica:
             groups.extend(batches(todo, len(todo)) if todo else [])
         while groups:
             group = groups.pop(0)
+            if len(group) == 1 and group[0].key not in records and job.done(group[0], since=job_start):
+                records[group[0].key] = {"key": group[0].key, "status": "skipped"}  # written before its batch failed
+                continue
             t0 = time.perf_counter()
             try:
                 results = job.run(state, group)

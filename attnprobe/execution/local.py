@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ from attnprobe.execution.job import Job, WorkItem, batches
 from attnprobe.io import log_error
 
 log = logging.getLogger(__name__)
+_CLOCK_SLACK = 0.05  # file times come from the kernel's coarse clock, a few ms behind time.time()
 
 
 class LocalExecutor:
@@ -59,13 +61,20 @@ class LocalExecutor:
             return counts
         state = job.prepare(self.model)
         groups = batches(todo, job.batch_size)
+        redo: dict[str, float | None] = {}  # item of a failed batch -> when that batch started (for job.done)
         with progress_bar(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
             while groups:
                 batch = groups.pop(0)
+                if batch[0].key in redo:
+                    if job.done(batch[0], since=redo.pop(batch[0].key)):  # written before its batch failed
+                        counts["done"] += 1
+                        bar.update(1)
+                        continue
                 if len(batch) > 1:
                     bar.set_postfix_str(f"running a batch of {len(batch)}", refresh=True)
                 if hasattr(job, "_note"):
                     job._note = lambda text: bar.set_postfix_str(text, refresh=True)
+                started = time.time() - _CLOCK_SLACK
                 try:
                     results = job.run(state, batch)
                 except job.catch as exc:
@@ -73,6 +82,9 @@ class LocalExecutor:
                         log.warning("%s: a batch of %d failed (%s: %s); redoing it item by item", job.stage,
                                     len(batch), type(exc).__name__, exc)
                         groups[:0] = [[it] for it in batch]
+                        # an item the batch wrote before it failed is not run again: without --force any
+                        # result now there is new; with it, only one written since the batch started
+                        redo.update({it.key: started if job.force else None for it in batch})
                         continue
                     self._failed(job, batch[0], exc)
                     counts["failed"] += 1

@@ -4,15 +4,18 @@
 what the model is sent, so a resumed run gets the same replies as an uninterrupted one. Every request is
 kept in ``sent`` (deep copies) for the tests to compare with what the loop should have sent. Token counts
 are whitespace words (input: over every message's content and call arguments; output: over the reply), so
-context lengths have known values.
+context lengths have known values. ``requests``, ``batches`` and ``ended`` record what the batch driver
+asked for (requests with their episode keys, batch sizes, finished episodes).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+from collections.abc import Sequence
 
-from attnprobe.generation.chat import ChatReply, OneByOne
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne
 
 
 def words(messages: list[dict]) -> int:
@@ -32,11 +35,25 @@ class ScriptedChat(OneByOne):
     kind = "scripted"
     name = "scripted-chat"
 
-    def __init__(self, script, *, fail_on_call: int | None = None):
+    def __init__(self, script, *, fail_on_call: int | None = None, actions: bool = False):
         self.script = script
         self.sent: list[list[dict]] = []
         self.tools: list[list[dict] | None] = []
         self.fail_on_call = fail_on_call  # raise RuntimeError on this (1-based) call: an interrupted run
+        self.requests: list[ChatRequest] = []  # every request of every batch, as received
+        self.batches: list[int] = []  # the size of each complete_batch call
+        self.ended: list[str] = []  # end_episode's arguments, in order
+        self.actions = actions  # accept requests with an action grammar (and ignore it: the script decides)
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        self.requests.extend(copy.deepcopy(list(requests)))
+        self.batches.append(len(requests))
+        if self.actions:
+            requests = [dataclasses.replace(r, actions=None) for r in requests]
+        return super().complete_batch(requests)
+
+    def end_episode(self, episode: str) -> None:
+        self.ended.append(episode)
 
     def complete(self, messages, tools=None, *, max_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
         if self.fail_on_call is not None and len(self.sent) + 1 == self.fail_on_call:

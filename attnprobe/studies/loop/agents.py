@@ -34,16 +34,14 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.recorder import call_note
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
-from attnprobe.generation.chat import ChatReply
+from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
@@ -88,6 +86,9 @@ class LoopConfig:
     search: str = "bm25"
     corpus: str | None = None
     preset: str | None = None
+    # --structured-actions: replies constrained to the scaffold's action grammar (the seeds decode freely,
+    # so it is another experiment); in the stamp only when on, so free-decoding stamps stay as they were
+    structured_actions: bool = False
 
     def __post_init__(self):
         if self.scaffold not in SCAFFOLDS:
@@ -110,6 +111,8 @@ class LoopConfig:
         d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
             d.pop("final_call")
+        if not self.structured_actions:
+            d.pop("structured_actions")
         return d
 
 
@@ -136,28 +139,36 @@ def _chars(messages: list[dict]) -> int:
 
 
 class Loop:
-    """Runs one question; ``run`` returns the :class:`Episode`."""
+    """Runs one question as a generator of model calls: :meth:`steps` yields a :class:`ChatRequest` for
+    every call and is sent the :class:`ChatReply` back (:func:`attnprobe.studies.loop.rollout.rollout`
+    steps many loops together, or one); ``run`` runs it alone and returns the :class:`Episode`."""
 
     def __init__(self, chat, search: SearchBackend, setting: Setting, config: LoopConfig, *, run_id: str,
                  question: dict, note=None):
         self.chat, self.search, self.setting, self.config = chat, search, setting, config
         self.run_id, self.question = run_id, question
-        self.note = note  # progress callback: told of each call, then of its tokens per second
+        self.note = note  # progress callback (the driver tells it of each call and its tokens per second)
         self.ep = Episode(setting, f"{run_id}/history")
 
     # ------------------------------------------------------------------ one model call
-    def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None) -> ChatReply:
-        """Send ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call: the
-        model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's)."""
+    def _actions(self, final: bool) -> ActionFormat | None:
+        if not self.config.structured_actions:
+            return None
+        if self.config.scaffold == "ircot":
+            return ActionFormat("ircot", final=final)
+        return ActionFormat("seed002", tools=json.dumps(TOOLS))
+
+    def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None, *,
+              final: bool = False):
+        """Ask for ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call:
+        the model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's).
+        A generator: yields the request, is sent the reply, returns it (``reply = yield from self._call(...)``)."""
         ep = self.ep
         step = len(ep.calls) + 1
-        if self.note is not None:
-            self.note(f"call {step}")
-        t0 = time.perf_counter()
-        reply = self.chat.complete(unlabelled(sent), copy.deepcopy(tools) if tools else None,
-                                   max_tokens=self.config.max_tokens, temperature=self.config.temperature)
-        if self.note is not None:
-            self.note(call_note(f"call {step}", reply.output_tokens, time.perf_counter() - t0))
+        request = ChatRequest(unlabelled(sent), copy.deepcopy(tools) if tools else None,
+                              max_tokens=self.config.max_tokens, temperature=self.config.temperature,
+                              episode=self.run_id, actions=self._actions(final))
+        reply: ChatReply = yield request
         msg: dict[str, Any] = reply.as_message()
         if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
             msg["content"] = "(empty reply)"
@@ -173,6 +184,8 @@ class Loop:
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
                       "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
                       "raw_text": reply.raw_text}}
+        if self.config.structured_actions:
+            record["meta"]["structured_actions"] = True
         if tools:
             record["tools"] = tools
         ep.calls.append(record)
@@ -193,7 +206,7 @@ class Loop:
         ep.append({"role": "user", "content": SEED002_TASK.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
             cf = ep.view()
-            reply = self._call(cf.messages, cf, TOOLS)
+            reply = yield from self._call(cf.messages, cf, TOOLS)
             if not reply.tool_calls:
                 ep.append({"role": "assistant", "content": reply.content or "(empty reply)"})
                 ep.response = reply.content or ""
@@ -226,7 +239,7 @@ class Loop:
         for _ in range(self.config.max_turns):
             cf = ep.view()
             sent, kept = as_tags(cf.messages)
-            reply = self._call(sent, cf, None, kept)
+            reply = yield from self._call(sent, cf, None, kept)
             act = parse_tags(reply.content or reply.raw_text or "", (IRCOT_PROMPT, IRCOT_INVALID))
             if act.answer is not None:
                 ep.append({"role": "assistant", "content": act.text})
@@ -247,7 +260,7 @@ class Loop:
                        "content": ircot_passages(self._passages(query)).rstrip("\n")})
             self._refine()
         if self.config.final_call:
-            self._ircot_final()
+            yield from self._ircot_final()
 
     def _ircot_final(self) -> None:
         """Search-R1's final rollout (``search_r1/llm_agent/generation.py``: after ``max_turns`` steps, one more
@@ -257,7 +270,7 @@ class Loop:
         ep = self.ep
         cf = ep.view()
         sent, kept = as_tags(cf.messages)
-        reply = self._call(sent, cf, None, kept)
+        reply = yield from self._call(sent, cf, None, kept, final=True)
         ep.calls[-1]["meta"]["final_call"] = True
         act = parse_tags(reply.content or reply.raw_text or "", (IRCOT_PROMPT, IRCOT_INVALID))
         ep.append({"role": "assistant", "content": act.text or reply.content or "(empty reply)"})
@@ -265,8 +278,16 @@ class Loop:
         ep.answer = act.answer
         ep.final_searches += int(bool(act.queries))
 
+    def steps(self):
+        """The episode as a generator: yields each :class:`ChatRequest`, is sent its reply, returns the
+        :class:`Episode`."""
+        yield from (self._ircot if self.config.scaffold == "ircot" else self._seed002)()
+        return self.ep
+
     def run(self) -> Episode:
-        (self._ircot if self.config.scaffold == "ircot" else self._seed002)()
+        from attnprobe.studies.loop.rollout import rollout
+
+        rollout(self.chat, [self], note=self.note)
         return self.ep
 
     @property
@@ -279,11 +300,19 @@ class Loop:
 def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConfig, question: dict, *,
                  run_id: str, scorer, note=None) -> tuple[dict, list[dict], dict]:
     """Run one question: returns (result record, recorded calls, full-history trajectory); ``note`` is told
-    of every model call (progress)."""
-    t0 = time.perf_counter()
-    loop = Loop(chat, search, setting, config, run_id=run_id, question=question, note=note)
-    ep = loop.run()
-    seconds = time.perf_counter() - t0
+    of every model call (progress). The same driver as a batch, with one episode."""
+    from attnprobe.studies.loop.rollout import rollout
+
+    loop = Loop(chat, search, setting, config, run_id=run_id, question=question)
+    done: list[tuple] = []
+    rollout(chat, [loop], on_done=lambda lp, seconds: done.append(question_records(lp, scorer, seconds)), note=note)
+    return done[0]
+
+
+def question_records(loop: Loop, scorer, seconds: float) -> tuple[dict, list[dict], dict]:
+    """A finished loop's (result record, recorded calls, full-history trajectory); ``seconds``: its wall time."""
+    chat, setting, config, question, run_id = loop.chat, loop.setting, loop.config, loop.question, loop.run_id
+    ep = loop.ep
     verdict = scorer(question["question"], ep.response, ep.answer, question.get("answers") or [])
     n = len(ep.calls)
     history = {"id": f"{run_id}/history", "task": question["question"], "model": getattr(chat, "name", None),
@@ -292,7 +321,8 @@ def run_question(chat, search: SearchBackend, setting: Setting, config: LoopConf
                "meta": {"runner": f"loop-{config.scaffold}", "kind": "full-history", "run_id": run_id,
                         "setting": setting.spec, "question_id": question["id"], "steps": ep.steps,
                         "refined": {str(i): t for i, t in sorted(ep.refined.items())},
-                        **({"page_pool": loop.pool} if loop.pool is not None else {})}}
+                        **({"page_pool": loop.pool} if loop.pool is not None else {}),
+                        **({"structured_actions": True} if config.structured_actions else {})}}
     if config.scaffold == "seed002":
         history["tools"] = TOOLS
     result = {

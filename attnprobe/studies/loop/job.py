@@ -31,7 +31,7 @@ from attnprobe.agents.policies import setting_rules
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
 from attnprobe.io import atomic_write_text, inside, load_json, write_jsonl
-from attnprobe.studies.loop.agents import LoopConfig, run_question
+from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.context import parse_setting, slug
 
 _SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas build their own)
@@ -88,8 +88,10 @@ class InterferenceJob(JobBase):
     config: LoopConfig
     force: bool = False
     model: str | None = None  # what generates (a label: path or served model name), part of every stamp
+    batch_size: int = 1  # episodes in flight (--batch-size); no part of any stamp: records do not depend on it
     stage: str = "interference"
     unit: str = "run"
+    needs = "chat"  # run() is handed a chat backend (a Ray replica wraps its loaded model: chat_options)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -114,34 +116,44 @@ class InterferenceJob(JobBase):
     def prepare_key(self) -> Any:
         return ("interference", self.config.scaffold)
 
-    def prepare(self, model) -> Any:
-        if hasattr(model, "complete"):
-            return model
-        from attnprobe.generation.transformers_chat import TransformersChat  # a Ray replica's loaded model
-
-        return TransformersChat(model, stop_at_call=False if self.config.scaffold == "seed002" else None)
+    @property
+    def chat_options(self) -> dict:
+        """How a replica wraps its loaded model in a chat backend (``needs = "chat"``): seed 002's replies may
+        hold several calls, so generation does not stop at the first."""
+        return {"stop_at_call": False if self.config.scaffold == "seed002" else None}
 
     def run(self, chat, batch: Sequence[WorkItem]) -> list[dict]:
+        """Run the batch's episodes together (:func:`attnprobe.studies.loop.rollout.rollout`: one batched model
+        call per turn) and write each item's records as soon as its episode finishes."""
+        from attnprobe.studies.loop.agents import Loop, question_records
+        from attnprobe.studies.loop.rollout import rollout
         from attnprobe.studies.loop.scoring import Scorer
 
         search = search_backend(self.config.search, self.config.corpus)
         scorer = Scorer(self.config.judge)
-        out = []
+        loops, specs = [], {}
         for item in batch:
             spec, q = item.data
-            folder = setting_dir(self.out, spec)
-            result, calls, history = run_question(chat, search, parse_setting(spec), self.config, q,
-                                                  run_id=f"{slug(spec)}/{q['id']}", scorer=scorer,
-                                                  note=lambda text, s=spec, qid=q["id"]: self.note(f"{s} {qid}: {text}"))
+            run_id = f"{slug(spec)}/{q['id']}"
+            specs[run_id] = spec
+            loops.append(Loop(chat, search, parse_setting(spec), self.config, run_id=run_id, question=q))
+        results: dict[str, dict] = {}
+
+        def write(loop, seconds: float) -> None:
+            spec, q = specs[loop.run_id], loop.question
+            result, calls, history = question_records(loop, scorer, seconds)
             stamp = inputs_stamp(q, spec, self.config, self.model)
             result["inputs"] = stamp
             for c in [*calls, history]:
                 c.setdefault("meta", {})["inputs"] = stamp
+            folder = setting_dir(self.out, spec)
             write_jsonl(folder / "calls" / f"{q['id']}.jsonl", calls)
             write_jsonl(folder / "history" / f"{q['id']}.jsonl", [history])
             atomic_write_text(result_path(self.out, spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
-            out.append(result)
-        return out
+            results[loop.run_id] = result
+
+        rollout(chat, loops, on_done=write, note=self.note)
+        return [results[lp.run_id] for lp in loops]
 
 
 def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | None = None) -> str:

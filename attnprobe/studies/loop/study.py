@@ -26,7 +26,8 @@ from attnprobe.studies.loop.scoring import scorer_label
 
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
 OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
-                "final_call": "the final answer call", "model": "--model/--served-model"}
+                "final_call": "the final answer call", "model": "--model/--served-model",
+                "structured_actions": "--structured-actions"}
 
 
 def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
@@ -63,11 +64,13 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
 
 def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
               baseline: str | None = None, force: bool = False, n_boot: int = 2000,
-              model: str | None = None) -> tuple[dict, dict]:
+              model: str | None = None, batch_size: int = 1) -> tuple[dict, dict]:
     """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
     A folder whose results were made with another loop config or ``model`` is refused before anything
-    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely."""
+    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely.
+    ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
     check_settings(out, "study interference", {**config.to_dict(), "model": model}, force=force, names=OPTION_NAMES)
-    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model)
+    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
+                          batch_size=batch_size)
     counts = executor.run(job)
     return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)

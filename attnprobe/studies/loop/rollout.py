@@ -1,0 +1,94 @@
+"""The driver that steps a study's episodes together (Search-R1's generation manager does the same).
+
+Every :class:`~attnprobe.studies.loop.agents.Loop` is a generator of model calls. Each turn the driver
+gathers the one pending :class:`~attnprobe.generation.chat.ChatRequest` of every active episode, sends
+them to the backend in one :meth:`~attnprobe.generation.chat.ChatBackend.complete_batch` call, and
+hands each episode its reply; the episode then runs its tools, refiner and bookkeeping up to its next
+call, or finishes. A finished episode drops out at once: the backend frees what it kept for it
+(``end_episode``) and ``on_done`` gets it (the job writes its records there, so a killed batch keeps
+the episodes that finished). One episode at a time is the same driver with a batch of one.
+
+Episodes never see one another: an episode's replies depend only on what it sends, so a batched study
+writes the records a sequential one does (timings aside) whenever the backend answers a request the
+same way in any batch (a scripted or served model; in-process batching pads, see docs/loop.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnprobe.agents.recorder import call_note
+from attnprobe.generation.chat import ChatReply, ChatRequest
+
+
+@dataclass
+class _Active:
+    loop: Any  # a Loop
+    steps: Any  # its generator
+    request: ChatRequest
+    t0: float
+    calls: int = 0
+
+
+def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None] | None = None,
+            note: Callable[[str], None] | None = None) -> None:
+    """Run ``loops`` to the end together, one batched model call per turn.
+
+    ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: from its start to its end,
+    which in a batch includes the other episodes' share of each turn); ``note`` is told of every turn
+    ("turn 3: 5 episodes", then its output tokens per second), or, with one episode, of its calls as
+    "<setting> <question>: call N" as a sequential run always did."""
+    active: list[_Active] = []
+    for loop in loops:
+        t0 = time.perf_counter()
+        gen = loop.steps()
+        try:
+            active.append(_Active(loop, gen, next(gen), t0))
+        except StopIteration:  # an episode that needs no model call (none today)
+            _finish(chat, loop, t0, on_done)
+    turn = 0
+    while active:
+        turn += 1
+        label = (f"{_name(active[0].loop)}call {active[0].calls + 1}" if len(active) == 1
+                 else f"turn {turn}: {len(active)} episodes")
+        if note is not None:
+            note(label)
+        t0 = time.perf_counter()
+        replies = chat.complete_batch([a.request for a in active])
+        if len(replies) != len(active):
+            raise RuntimeError(f"{type(chat).__name__}.complete_batch answered {len(replies)} of {len(active)} "
+                               "requests")
+        if note is not None:
+            note(call_note(label, sum(r.output_tokens for r in replies), time.perf_counter() - t0))
+        still = []
+        for a, reply in zip(active, replies):
+            a.calls += 1
+            if _step(a, reply):
+                still.append(a)
+            else:
+                _finish(chat, a.loop, a.t0, on_done)
+        active = still
+
+
+def _step(a: _Active, reply: ChatReply) -> bool:
+    """Send the episode its reply; False when it has finished."""
+    try:
+        a.request = a.steps.send(reply)
+    except StopIteration:
+        return False
+    return True
+
+
+def _finish(chat, loop, t0: float, on_done) -> None:
+    seconds = time.perf_counter() - t0
+    chat.end_episode(loop.run_id)
+    if on_done is not None:
+        on_done(loop, seconds)
+
+
+def _name(loop) -> str:
+    """How a lone episode is named in progress notes: "<setting> <question id>: "."""
+    return f"{loop.setting.spec} {loop.question['id']}: "
