@@ -262,6 +262,14 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     calls = [json.loads(x) for x in (tmp_path / "off" / "none" / "calls.jsonl").read_text().splitlines()]
     assert not any("structured_actions" in c["meta"] for c in calls)
     assert "structured_actions" not in json.loads((tmp_path / "off" / "study.json").read_text())["config"]
+    # switching it in a folder is another experiment: refused in one line, naming the option
+    from attnprobe.errors import AttnprobeError
+
+    with pytest.raises(AttnprobeError, match="--structured-actions was False, now True; use --force"):
+        _study(tmp_path / "off", ScriptedChat(ircot_script, actions=True), "ircot", 2, settings=["none"],
+               structured_actions=True)
+    with pytest.raises(AttnprobeError, match="--structured-actions was True, now False"):
+        _study(tmp_path / "ircot", ScriptedChat(ircot_script), "ircot", 2, settings=["none"])
 
 
 def test_stamps_without_structured_actions_are_unchanged():

@@ -69,7 +69,10 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
     A folder whose results were made with another loop config or ``model`` is refused before anything
     runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely.
     ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
-    check_settings(out, "study interference", {**config.to_dict(), "model": model}, force=force, names=OPTION_NAMES)
+    # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
+    # rerun of every item; the stamps carry it only when on
+    check_settings(out, "study interference", {**config.to_dict(), "structured_actions": config.structured_actions,
+                                               "model": model}, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
                           batch_size=batch_size)
     counts = executor.run(job)
