@@ -352,3 +352,83 @@ def test_replica_redo_skips_items_the_failed_batch_wrote(tmp_path):
     recs = _replica("LOADED").run(job, [job.items()], 0.0)
     assert job.runs == ["a", "b", "c"]
     assert [r["status"] for r in recs] == ["skipped", "written", "written"]
+
+
+# ------------------------------------------------------------------ through the CLI, against an OpenAI endpoint
+@pytest.fixture
+def scripted_endpoint():
+    """A loopback OpenAI-compatible endpoint whose replies come from this file's scripts (by whether tools
+    are offered), so the real client, the CLI and the executor run as for a served model."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from support.scripted_chat import words
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            msgs, tools = req["messages"], req.get("tools")
+            out = (seed002_script if tools else ircot_script)(msgs, tools)
+            text, calls = (out, []) if isinstance(out, str) else out
+            message = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": req["model"],
+                               "choices": [{"index": 0, "message": message,
+                                            "finish_reason": "tool_calls" if calls else "stop"}],
+                               "usage": {"prompt_tokens": words(msgs), "completion_tokens": len(text.split()),
+                                         "total_tokens": 0}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("scaffold", ["ircot", "seed002"])
+def test_cli_batched_study_against_an_endpoint_writes_the_sequential_records(tmp_path, scripted_endpoint, scaffold):
+    from attnprobe.cli.main import main
+
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps({"id": x["id"], "question": x["question"], "golden_answers": x["answers"]}) + "\n"
+                         for x in QUESTIONS[:3]), encoding="utf-8")
+    settings = [a for s in SETTINGS[scaffold][:2] for a in ("--policy", s)]
+    for name, size in (("seq", "1"), ("bat", "4")):
+        assert main(["study", "interference", str(q), "--scaffold", scaffold, *settings, "--max-turns", "3",
+                     "--top-k", "2", "--max-new-tokens", "32", "--temperature", "0", "--bootstrap", "20",
+                     "--generator", "openai", "--base-url", scripted_endpoint, "--served-model", "m",
+                     "--batch-size", size, "--no-progress", "--out", str(tmp_path / name)]) == 0
+    a, b = _files(tmp_path / "seq"), _files(tmp_path / "bat")
+    assert len(a) == 3 * 2 * 3 + 2 + 1 and a == b
+    assert json.loads(a["none/results/" + QUESTIONS[0]["id"] + ".json"])["model"] == "m"
+
+
+def test_progress_notes_name_the_turn_and_its_episodes():
+    from support.fixed_search import FixedSearch
+
+    from attnprobe.studies.loop.agents import Loop
+    from attnprobe.studies.loop.context import parse_setting
+    from attnprobe.studies.loop.rollout import rollout
+
+    def script(messages, tools):  # question 'a' answers at once, 'b' after one search
+        return "<answer>x</answer>" if "Which alpha" in messages[0]["content"] or \
+            messages[-1]["content"].startswith("<information>") else "<search>q1 x</search>"
+
+    def loops(*qids):
+        return [Loop(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot"), run_id=f"none/{q}",
+                     question={"id": q, "question": f"Which {q}?"}) for q in qids]
+
+    chat, notes, done = ScriptedChat(script), [], []
+    rollout(chat, loops("alpha", "beta"), note=notes.append, on_done=lambda lp, s: done.append(lp.run_id))
+    # output tokens per turn: 1 ("<answer>x</answer>") + 2 ("<search>q1 x</search>"), then 1
+    assert [n.split(" tok in")[0] for n in notes] == ["turn 1: 2 episodes", "turn 1: 2 episodes: 3",
+                                                      "none beta: call 2", "none beta: call 2: 1"]
+    assert notes[1].endswith("tok/s") and done == chat.ended == ["none/alpha", "none/beta"]
+    assert chat.batches == [2, 1]
