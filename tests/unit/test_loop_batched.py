@@ -186,13 +186,35 @@ def test_killed_batched_study_resumes_to_the_same_records(tmp_path, scaffold):
     assert _files(tmp_path / "whole") == _files(tmp_path / "resumed")
 
 
+class FailingChat(ScriptedChat):
+    """The k-th batch fails (an endpoint error): what had ended and been asked before it is kept."""
+
+    def __init__(self, script, fail_at: int):
+        super().__init__(script)
+        self.fail_at, self.at_failure = fail_at, None
+
+    def complete_batch(self, requests):
+        if len(self.batches) + 1 == self.fail_at and self.at_failure is None:
+            self.at_failure = (list(self.ended), len(self.requests), [r.episode for r in requests])
+            self.batches.append(0)
+            raise RuntimeError("endpoint error")
+        return super().complete_batch(requests)
+
+
 def test_a_failed_batch_is_redone_without_the_episodes_it_wrote(tmp_path):
-    """A batch whose model call fails mid-way is redone item by item; an episode that had finished (and was
-    written) before the failure is not run again."""
-    chat = ScriptedChat(ircot_script, fail_on_call=9)
+    """A batch whose model call fails mid-way is redone item by item: an episode that had finished (and was
+    written) before the failure is not run again, the unfinished ones are ended (the backend frees them)
+    and rerun; the records are those of an uninterrupted run."""
+    chat = FailingChat(ircot_script, fail_at=3)
     counts, _ = _study(tmp_path / "failed", chat, "ircot", 4, settings=["none", "ircot:o"])
     assert counts == {"done_before": 0, "done": 10, "failed": 0}
-    assert sorted(set(chat.ended)) == sorted(chat.ended)  # no episode ran to its end twice
+    ended, asked, in_flight = chat.at_failure
+    finished_first = set(ended)
+    assert finished_first and in_flight  # the failure came after some episodes of the batch had finished
+    assert not finished_first & {r.episode for r in chat.requests[asked:]}  # those are not rerun
+    assert set(in_flight) <= {r.episode for r in chat.requests[asked:]}  # the others are
+    after = chat.ended[len(ended):]
+    assert sorted(after[:len(in_flight)]) == sorted(in_flight)  # ended when the batch failed, then rerun
     _study(tmp_path / "whole", ScriptedChat(ircot_script), "ircot", 1, settings=["none", "ircot:o"])
     assert _files(tmp_path / "failed") == _files(tmp_path / "whole")
 

@@ -31,6 +31,7 @@ class _Active:
     request: ChatRequest
     t0: float
     calls: int = 0
+    finished: bool = False
 
 
 def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None] | None = None,
@@ -40,15 +41,26 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
     ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: from its start to its end,
     which in a batch includes the other episodes' share of each turn); ``note`` is told of every turn
     ("turn 3: 5 episodes", then its output tokens per second), or, with one episode, of its calls as
-    "<setting> <question>: call N" as a sequential run always did."""
+    "<setting> <question>: call N" as a sequential run always did. When a call or an episode fails, the
+    exception goes up (the executor redoes the batch item by item) and the backend is told that every
+    unfinished episode has ended."""
     active: list[_Active] = []
-    for loop in loops:
-        t0 = time.perf_counter()
-        gen = loop.steps()
-        try:
-            active.append(_Active(loop, gen, next(gen), t0))
-        except StopIteration:  # an episode that needs no model call (none today)
-            _finish(chat, loop, t0, on_done)
+    try:
+        for loop in loops:
+            t0 = time.perf_counter()
+            gen = loop.steps()
+            try:
+                active.append(_Active(loop, gen, next(gen), t0))
+            except StopIteration:  # an episode that needs no model call (none today)
+                _finish(chat, loop, t0, on_done)
+        _turns(chat, active, on_done, note)
+    finally:  # a failed batch (its episodes are redone): free what the backend kept for the unfinished ones
+        for a in active:
+            if not a.finished:
+                chat.end_episode(a.loop.run_id)
+
+
+def _turns(chat, active: list[_Active], on_done, note) -> None:
     turn = 0
     while active:
         turn += 1
@@ -63,14 +75,12 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
                                "requests")
         if note is not None:
             note(call_note(label, sum(r.output_tokens for r in replies), time.perf_counter() - t0))
-        still = []
         for a, reply in zip(active, replies):
             a.calls += 1
-            if _step(a, reply):
-                still.append(a)
-            else:
+            if not _step(a, reply):
+                a.finished = True
                 _finish(chat, a.loop, a.t0, on_done)
-        active = still
+        active[:] = [a for a in active if not a.finished]
 
 
 def _step(a: _Active, reply: ChatReply) -> bool:
