@@ -1,5 +1,9 @@
 """The interference study as a job: one work item per (setting, question), on any executor.
 
+A batch of items (``batch_size``, ``--batch-size``) runs as episodes stepped together
+(:mod:`attnprobe.studies.loop.rollout`); each item is written as soon as its episode finishes, and what is
+written does not depend on the batch (timings aside).
+
 Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``), written by whoever runs the item, each atomically,
 the result last (its presence means the item is finished):
 
