@@ -451,6 +451,6 @@ def test_progress_notes_name_the_turn_and_its_episodes():
     rollout(chat, loops("alpha", "beta"), note=notes.append, on_done=lambda lp, s: done.append(lp.run_id))
     # output tokens per turn: 1 ("<answer>x</answer>") + 2 ("<search>q1 x</search>"), then 1
     assert [n.split(" tok in")[0] for n in notes] == ["turn 1: 2 episodes", "turn 1: 2 episodes: 3",
-                                                      "none beta: call 2", "none beta: call 2: 1"]
+                                                      "turn 2: 1 episode", "turn 2: 1 episode: 1"]
     assert notes[1].endswith("tok/s") and done == chat.ended == ["none/alpha", "none/beta"]
     assert chat.batches == [2, 1]

@@ -156,7 +156,10 @@ class InterferenceJob(JobBase):
             atomic_write_text(result_path(self.out, spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
             results[loop.run_id] = result
 
-        rollout(chat, loops, on_done=write, note=self.note)
+        def named(text: str) -> None:  # one episode: its calls, named as a sequential run always named them
+            self.note(f"{specs[loops[0].run_id]} {loops[0].question['id']}: {text}")
+
+        rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note)
         return [results[lp.run_id] for lp in loops]
 
 

@@ -40,8 +40,8 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
 
     ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: from its start to its end,
     which in a batch includes the other episodes' share of each turn); ``note`` is told of every turn
-    ("turn 3: 5 episodes", then its output tokens per second), or, with one episode, of its calls as
-    "<setting> <question>: call N" as a sequential run always did. When a call or an episode fails, the
+    ("turn 3: 5 episodes", then its output tokens per second), or, when run alone, of its calls ("call N",
+    as a sequential run always was). When a call or an episode fails, the
     exception goes up (the executor redoes the batch item by item) and the backend is told that every
     unfinished episode has ended."""
     active: list[_Active] = []
@@ -53,19 +53,19 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
                 active.append(_Active(loop, gen, next(gen), t0))
             except StopIteration:  # an episode that needs no model call (none today)
                 _finish(chat, loop, t0, on_done)
-        _turns(chat, active, on_done, note)
+        _turns(chat, active, on_done, note, alone=len(loops) == 1)
     finally:  # a failed batch (its episodes are redone): free what the backend kept for the unfinished ones
         for a in active:
             if not a.finished:
                 chat.end_episode(a.loop.run_id)
 
 
-def _turns(chat, active: list[_Active], on_done, note) -> None:
+def _turns(chat, active: list[_Active], on_done, note, *, alone: bool) -> None:
     turn = 0
     while active:
         turn += 1
-        label = (f"{_name(active[0].loop)}call {active[0].calls + 1}" if len(active) == 1
-                 else f"turn {turn}: {len(active)} episodes")
+        label = (f"call {active[0].calls + 1}" if alone
+                 else f"turn {turn}: {len(active)} episode{'s' if len(active) > 1 else ''}")
         if note is not None:
             note(label)
         t0 = time.perf_counter()
@@ -99,6 +99,3 @@ def _finish(chat, loop, t0: float, on_done) -> None:
         on_done(loop, seconds)
 
 
-def _name(loop) -> str:
-    """How a lone episode is named in progress notes: "<setting> <question id>: "."""
-    return f"{loop.setting.spec} {loop.question['id']}: "
