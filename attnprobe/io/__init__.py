@@ -63,6 +63,7 @@ from attnprobe.io.json import (
     read_jsonl,
     read_records,
     repair_torn_tail,
+    rewrite_jsonl,
     write_jsonl,
 )
 
@@ -73,5 +74,5 @@ __all__ = [
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
     "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
-    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
+    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "rewrite_jsonl", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

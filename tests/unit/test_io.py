@@ -102,3 +102,28 @@ def test_the_executor_skips_done_logs_failures_and_batches(tmp_path):
     assert [(r["stage"], r["item"], r["error"]) for r in logged] == [("test", 5, "ValueError: boom")]
     with pytest.raises(KeyError):  # not in the job's catch: the run stops
         LocalExecutor(lambda: None, progress=False).run(ListJob(tmp_path, [1], work=lambda j, b: {}["x"]))
+
+
+def test_an_append_waiting_while_the_file_is_rewritten_lands_in_the_new_file(tmp_path):
+    """Ray replicas append calls to one OUT while another drops a question's stale calls (an atomic rewrite):
+    an appender that waited for the lock must append to the new file, not the replaced one (lost before)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    path = tmp_path / "calls.jsonl"
+    aio.write_jsonl(path, [{"id": "a"}, {"id": "stale"}])
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a rewriter holds the lock
+    appender = threading.Thread(target=aio.append_jsonl, args=(path, {"id": "b"}))
+    appender.start()
+    time.sleep(0.2)  # the appender opened the old file and waits for its lock
+    aio.write_jsonl(path, [{"id": "a"}])  # the rewrite replaces the file
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    appender.join(5)
+    assert [r["id"] for r in aio.read_records(path)] == ["a", "b"]
+    assert aio.rewrite_jsonl(path, lambda r: r["id"] != "a") == 1
+    assert [r["id"] for r in aio.read_records(path)] == ["b"]
+    assert aio.rewrite_jsonl(tmp_path / "missing.jsonl", lambda r: False) == 0
