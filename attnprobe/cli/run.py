@@ -134,12 +134,13 @@ def _executor(args):
     """Where the questions run: Ray replicas of the model with --ray (each wraps its loaded model in the
     in-process chat), else this process, opening the generator on first need (a run with nothing left
     loads nothing). An endpoint (--generator openai) serves many requests itself: --ray is refused."""
-    from attnprobe.cli.options import cluster_free, executor
+    from attnprobe.cli.options import cluster_free, cluster_options, executor
     from attnprobe.execution.local import LocalExecutor
 
+    if cluster_options(args) is None:  # no model options needed here (they import the capture backend)
+        return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
     if args.backend == "openai":
         cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
-        return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
     return executor(args, load=lambda: make_chat(args))
 
 
