@@ -18,17 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.generation.chat import ChatReply
-from attnprobe.io import append_jsonl, read_records, write_jsonl
+from attnprobe.io import append_jsonl, rewrite_jsonl
 
 # Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096" (per model call).
 DEFAULT_MAX_TOKENS = 4096
 
 
 def drop_records(path: Path, ids: set[str]) -> None:
-    if not ids:
-        return
-    keep = [r for r in read_records(path, torn_tail="skip", missing_ok=True) if r.get("id") not in ids]
-    write_jsonl(path, keep)
+    """Drop the records with these ids; safe while Ray replicas append to the same file (:func:`rewrite_jsonl`)."""
+    if ids:
+        rewrite_jsonl(path, lambda r: not (isinstance(r, dict) and r.get("id") in ids))
 
 
 def call_note(label: str, output_tokens: int, seconds: float) -> str:

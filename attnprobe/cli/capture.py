@@ -66,7 +66,9 @@ def _capture_locked(args, trajs, out: Path) -> int:
         log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
     log.info("captured %d trajectories into %s%s", counts["done"], out,
              f"; {counts['failed']} failed (see {out / 'errors.jsonl'})" if counts["failed"] else "")
-    return 1 if counts["failed"] else 0
+    from attnprobe.execution.counts import RunCounts
+
+    return RunCounts.of(counts).exit_code
 
 
 def cmd_capture(args) -> int:

@@ -109,7 +109,9 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
              counts["done"], counts["done_before"], counts["failed"], out / "summary.md")
     if not getattr(args, "quiet", False):
         print(report["markdown"]["decision"])
-    return (1 if counts["failed"] else 0), summary
+    from attnprobe.execution.counts import RunCounts
+
+    return RunCounts.of(counts).exit_code, summary
 
 
 def cmd_counterfactual(args) -> int:

@@ -255,9 +255,11 @@ def _stage_run(args, target: Target, items, ex) -> int:
                                             "no_call_tokens": job.no_call_tokens,
                                             "decoding": "greedy", "batch_size": args.batch_size,
                                             "framings": args.framings, "invariants": inv, **counts})
-    print(f"ibis run: {counts['decided']} decided, {counts['done_before']} already done, {counts['failed']} failed "
-          f"-> {target.folder / 'decisions.jsonl'}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    from attnprobe.execution.counts import RunCounts
+
+    done = RunCounts(counts["done_before"], counts["decided"], counts["failed"])
+    print(done.line("ibis run", done="decided", to=target.folder / "decisions.jsonl"), file=sys.stderr)
+    return done.exit_code
 
 
 def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = True) -> int:
@@ -283,9 +285,11 @@ def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = Tru
     update_run(target.folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size,
                                             "invariants": inv, **counts,
                                             "aggregated_items": len(index["items"]) if index else None})
-    print(f"ibis capture: {counts['captured']} captured, {counts['done_before']} already done, {counts['failed']} "
-          f"failed -> {target.folder / 'attention.safetensors'}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    from attnprobe.execution.counts import RunCounts
+
+    done = RunCounts(counts["done_before"], counts["captured"], counts["failed"])
+    print(done.line("ibis capture", done="captured", to=target.folder / "attention.safetensors"), file=sys.stderr)
+    return done.exit_code
 
 
 # ------------------------------------------------------------------ commands

@@ -169,9 +169,11 @@ def cmd_interference(args) -> int:
                                   force=args.force, n_boot=args.bootstrap, model=model_label(args),
                                   batch_size=batch_size(args))
     print((Path(args.out) / "study.md").read_text(encoding="utf-8"))
-    print(f"study interference: {counts['done']} run, {counts['done_before']} already done, {counts['failed']} "
-          f"failed -> {Path(args.out) / 'study.md'}", file=sys.stderr)
-    return 1 if counts["failed"] else 0
+    from attnprobe.execution.counts import RunCounts
+
+    counts = RunCounts.of(counts)
+    print(counts.line("study interference", to=Path(args.out) / "study.md"), file=sys.stderr)
+    return counts.exit_code
 
 
 ATTENTION_EPILOG = """\

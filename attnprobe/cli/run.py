@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
 from attnprobe.cli.options import (
     OnceAction,
+    add_cluster_options,
     add_generation_options,
     add_hidden_alias,
     add_model_options,
@@ -18,12 +20,16 @@ from attnprobe.cli.options import (
     non_negative_int,
     positive_int,
 )
+from attnprobe.errors import AttnprobeError
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
+
+log = logging.getLogger(__name__)
 
 EPILOG = """\
 Examples:
   attnprobe run trajectories/questions.jsonl --preset baseline --out runs/baseline.jsonl
-  attnprobe run trajectories/questions.jsonl --preset nis-agent --out runs/nis.jsonl --resume
+  attnprobe run trajectories/questions.jsonl --preset nis-agent --out runs/nis.jsonl   # rerun: continues it
+  attnprobe run q.jsonl --preset baseline --out runs/baseline.jsonl --ray --batch-size 4   # Ray replicas
   attnprobe run q.jsonl --filter in-context --validation stage1 --out runs/ablation.jsonl
   attnprobe run q.jsonl --preset baseline --context-policy mask:5 --out runs/masked.jsonl
   attnprobe run q.jsonl --context-policy ircot:oq+refine:bm25:3 --out runs/refined.jsonl
@@ -34,6 +40,8 @@ Examples:
 Outputs: OUT (every model call as a trajectory; capture works on it), OUT with .results.ndjson (one
 line per finished question) and .summary.json (accuracy and average tokens per question); with a
 context policy also .history.jsonl (each search worker's full history, which its calls link to).
+Resume: a run continues what OUT holds (finished questions skipped, a half-run question replays its
+recorded calls); other settings are refused; --force starts again. Exit code 1 if a question failed.
 Questions: JSON Lines read as 'study interference' reads them: question/Question/query and
 golden_answers/answers/answer/Answer (+ aliases); without gold answers accuracy is null (warned).
 """
@@ -44,7 +52,7 @@ def register(sub) -> None:
                        description=textwrap.fill(
                            "Run the NIS-Agent runner (manager + search worker, context-isolated filter, "
                            "isolation-based stepwise validation) over a JSONL of questions. Every model call is "
-                           "appended atomically as a trajectory; --resume continues after a crash.", 100),
+                           "appended atomically as a trajectory; rerunning continues after a crash.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("questions", nargs="?", default=None,
                    help="JSONL of questions ({id, question, answer, aliases}); default: the 12 shipped questions")
@@ -73,6 +81,13 @@ def register(sub) -> None:
                         "Given once: a run is one setting (default none: the worker sees its whole history)")
     g.add_argument("--final-check", action="store_true",
                    help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
+    g.add_argument("--structured-actions", action="store_true",
+                   help="constrain decoding to the runner's call format (issue 30; default off: the seed decodes "
+                        "freely). Changes the agent's behaviour; recorded in every call's settings and the summary")
+    g.add_argument("--batch-size", type=positive_int, default=1,
+                   help="questions per executor batch (default 1); each batch's questions still generate one "
+                        "call at a time, the manager/worker nesting does not step questions together "
+                        "(docs/runner.md)")
     add_model_options(p)
     add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
                            max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
@@ -81,9 +96,12 @@ def register(sub) -> None:
     add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
+    add_cluster_options(p)
     g = add_output_options(p, out_required=True, out_help="output JSONL of recorded calls (trajectories)",
                            force_help="start over: delete OUT and its results first (old name: --overwrite)")
-    g.add_argument("--resume", action="store_true", help="continue OUT: skip finished questions, replay partial runs")
+    g.add_argument("--resume", action="store_true",
+                   help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
+                        "replayed)")
     add_hidden_alias(p, "--overwrite", "force", action="store_true")
     p.set_defaults(func=cmd_run)
 
@@ -112,19 +130,38 @@ def make_chat(args):
     return make_generator(args)
 
 
+def _executor(args):
+    """Where the questions run: Ray replicas of the model with --ray (each wraps its loaded model in the
+    in-process chat), else this process, opening the generator on first need (a run with nothing left
+    loads nothing). An endpoint (--generator openai) serves many requests itself: --ray is refused."""
+    from attnprobe.cli.options import cluster_free, cluster_options, executor
+    from attnprobe.execution.local import LocalExecutor
+
+    if cluster_options(args) is None:  # no model options needed here (they import the capture backend)
+        return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
+    if args.backend == "openai":
+        cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
+    return executor(args, load=lambda: make_chat(args))
+
+
 def cmd_run(args) -> int:
     from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import make_search
-    from attnprobe.io import hold_file_lock
-    from attnprobe.studies.runner.run import check_output, check_resume, run_questions, token_table
+    from attnprobe.cli.options import cluster_options
+    from attnprobe.studies.runner.job import run_questions
+    from attnprobe.studies.runner.run import token_table
 
+    if args.resume and args.force:
+        raise AttnprobeError("--resume and --force exclude each other")
+    if args.resume:
+        log.warning("--resume is deprecated: a run continues OUT by default (--force starts again)")
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
     settings = RunSettings.preset(
         args.preset, **overrides, manager_steps=args.manager_steps, worker_steps=args.worker_steps,
         max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
         validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
         **({"final_check": True} if args.final_check else {}),
-        context_policy=args.context_policy or "none",
+        context_policy=args.context_policy or "none", structured_actions=args.structured_actions,
         name=args.name or setting_name(args.preset if not overrides else "custom", args.context_policy))
     if args.questions is None:
         from attnprobe.resources import data_path
@@ -134,21 +171,19 @@ def cmd_run(args) -> int:
     if args.limit:
         questions = questions[: args.limit]
     out = Path(args.out)
-    # everything a run can be refused for is checked before the model loads: the output (writable, not
-    # in use by another run, records there only with --resume/--force), the questions, the search backend
-    with hold_file_lock(out, "output of attnprobe run"):
-        check_output(out, resume=args.resume, overwrite=args.force)
-        if args.resume:
-            check_resume(out, settings)  # other settings (a context policy too) are refused here
-        search = make_search(args.search, args.corpus)  # fails early on missing keys / corpus
-        chat = make_chat(args)
-        result = run_questions(chat, questions, settings, out, search=search, resume=args.resume,
-                               overwrite=args.force, progress=not args.no_progress)
+    search = make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
+    # run_questions checks the output (writable, not in use, records made with these settings) under its lock
+    # before the executor loads a model
+    with _executor(args) as ex:
+        ray = cluster_options(args) is not None
+        result = run_questions(None, questions, settings, out, executor=ex, loaded_model=ray, overwrite=args.force,
+                               batch_size=args.batch_size, search_kind=args.search, corpus=args.corpus,
+                               search=None if ray else search)  # replicas build their own
     s = result["summary"]
     print(token_table({settings.name: s}))
     for c in s.get("caveats") or []:
         print(f"Caveat: {c}")
-    if result["skipped"]:
-        print(f"({result['skipped']} finished question(s) were skipped: --resume)")
+    counts = result["counts"]
+    print(counts.line("run", to=out), file=sys.stderr)
     print(json.dumps({"out": args.out, "accuracy": s["accuracy"], "runs": s["runs"]}), file=sys.stderr)
-    return 0
+    return counts.exit_code

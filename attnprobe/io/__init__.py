@@ -3,7 +3,10 @@
 - :mod:`attnprobe.io.atomic`: atomic file and folder writes, recovery after a killed writer;
 - :mod:`attnprobe.io.json`: the one strict JSON / JSON Lines reader, the one appender, the line format;
 - :mod:`attnprobe.io.fs`: writable outputs, regular-file inputs, injective names, fingerprints, output locks;
-- :mod:`attnprobe.io.loop`: the resumable work loop (control flow; to be replaced by an executor).
+- :mod:`attnprobe.io.errlog`: ``errors.jsonl`` lines and the failures a run records and moves past;
+- :mod:`attnprobe.io.bars`: the progress bar every executor opens.
+
+(The work loop itself is an executor: :mod:`attnprobe.execution`.)
 
 Every name is re-exported here: ``from attnprobe.io import X`` is the way to use them.
 """
@@ -22,6 +25,8 @@ from attnprobe.io.atomic import (
     naming,
     recover_atomic_dirs,
 )
+from attnprobe.io.bars import progress_bar
+from attnprobe.io.errlog import EXPECTED_ERRORS, log_error
 from attnprobe.io.fs import (
     FINGERPRINT_SAMPLE,
     LOCK_NAME,
@@ -58,16 +63,16 @@ from attnprobe.io.json import (
     read_jsonl,
     read_records,
     repair_torn_tail,
+    rewrite_jsonl,
     write_jsonl,
 )
-from attnprobe.io.loop import EXPECTED_ERRORS, ItemProgress, log_error, progress_bar, run_resumable
 
 __all__ = [
-    "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "ItemProgress", "LOCK_NAME", "MAX_JSON_BYTES",
+    "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "LOCK_NAME", "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
     "atomic_write_bytes", "atomic_write_text", "check_regular_file", "dumps_line", "ensure_writable_dir",
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
     "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
-    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "run_resumable", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
+    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "rewrite_jsonl", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

@@ -1,5 +1,5 @@
-"""tqdm options for progress bars drawn where no terminal reads them: the one definition, used by
-attnprobe.io.progress_bar (every loop's bar) and by the capture backends' prefill and GGUF bars."""
+"""Progress bars: :func:`progress_bar`, the bar every executor and loop opens, and :func:`plain_bar`, the tqdm
+options for a bar drawn where no terminal reads it (also used by the capture backends' prefill and GGUF bars)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,11 @@ def plain_bar(stream=None) -> dict:
     except (OSError, ValueError):  # a closed stream
         tty = False
     return {} if tty else {"ascii": True, "position": 0}
+
+
+def progress_bar(**kw):
+    """A tqdm bar as every attnprobe loop opens it: not on a terminal, ASCII at position 0, so a log holds
+    no escape codes (:func:`plain_bar`)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(**{**plain_bar(kw.get("file")), **kw})

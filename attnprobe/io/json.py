@@ -291,10 +291,17 @@ def repair_torn_tail(path: Path) -> int:
 
 def append_jsonl(path: Path, record: Any) -> None:
     """Append one record durably, holding an ``flock`` on the file: torn tail repaired first, every byte
-    written, fsync. Concurrent appenders (two runs, Ray replicas) are serialised, never interleaved."""
+    written, fsync. Concurrent appenders (two runs, Ray replicas) are serialised, never interleaved; an
+    appender that waited while :func:`rewrite_jsonl` replaced the file appends to the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = dumps_line(record).encode("utf-8")
+    while not _append_once(path, data):
+        pass
+
+
+def _append_once(path: Path, data: bytes) -> bool:
+    """One try of :func:`append_jsonl`; False when the file was replaced while we waited for its lock."""
     # non-blocking open + fstat: a FIFO in place of the file would block the open (or the writes) forever
     # O_NOFOLLOW: a symlink in place of the file (a received output folder) would append elsewhere
     try:
@@ -309,11 +316,48 @@ def append_jsonl(path: Path, record: Any) -> None:
             raise NotRegularFile(errno.EINVAL, f"is {file_kind(mode)}, not a regular file", str(path))
         os.set_blocking(fd, True)
         with flocked(fd), naming(path):
+            if not _still_at(fd, path):
+                return False
             repair_torn_tail(path)
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
             os.fsync(fd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the one at ``path`` (not replaced by an atomic rewrite)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def rewrite_jsonl(path: Path, keep: Callable[[Any], bool]) -> int:
+    """Keep only the records of ``path`` for which ``keep`` is true (atomic replace), holding the file's
+    ``flock`` from the read to the replace, so no concurrent :func:`append_jsonl` is lost (it waits, then
+    appends to the new file). A torn tail is skipped. Returns the number of records dropped."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AttnprobeError(f"{path}: is a symlink; not followed (replace it with the real file)") from None
+        raise
+    try:
+        with flocked(fd):
+            records = read_records(path, torn_tail="skip")
+            kept = [r for r in records if keep(r)]
+            if len(kept) != len(records):
+                write_jsonl(path, kept)
+            return len(records) - len(kept)
     finally:
         os.close(fd)

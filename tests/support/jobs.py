@@ -33,3 +33,29 @@ class NameJob(JobBase):
 
     def collect(self, item: WorkItem, result: str) -> None:
         self.collected.append(result)
+
+
+@dataclass
+class ListJob(JobBase):
+    """A job over plain values for the executor tests: ``done(value)`` says which are finished, ``work(job,
+    batch)`` runs a batch of values (and may call ``job.note``); the batches it was handed are kept."""
+
+    out: Path
+    values: list
+    work: object = None
+    finished: object = None
+    batch_size: int = 1
+    stage: str = "demo"
+    seen: list = field(default_factory=list)
+
+    def items(self) -> list[WorkItem]:
+        return [WorkItem(key=str(v), describe={"item": v}, data=v) for v in self.values]
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        return bool(self.finished and self.finished(item.data))
+
+    def run(self, model, batch) -> list:
+        self.seen.append([it.data for it in batch])
+        if self.work is not None:
+            self.work(self, [it.data for it in batch])
+        return [None] * len(batch)

@@ -9,10 +9,11 @@ import sys
 
 from support.fixed_search import FixedSearch
 from support.ircot import R3, Q
+from support.jobs import ListJob
 from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.agents.recorder import call_note
-from attnprobe.io import run_resumable
+from attnprobe.execution import LocalExecutor
 from attnprobe.io.bars import plain_bar
 from attnprobe.resources import data_path
 from attnprobe.studies.loop.agents import LoopConfig, run_question
@@ -50,13 +51,12 @@ def test_study_loop_notes_every_call_then_its_speed():
 def test_nested_bars_to_a_file_hold_no_escape_codes(tmp_path, monkeypatch):
     log = (tmp_path / "stderr.log").open("w")
     monkeypatch.setattr(sys, "stderr", log)
-    common = dict(describe=lambda it: {"i": it}, errors_path=tmp_path / "e.jsonl", stage="s", progress=True)
 
-    def outer(batch, progress):
-        progress.note("call 1 (manager): 4 tok in 1.0 s, 4.0 tok/s")
-        run_resumable(list("xy"), lambda b: None, done=lambda it: False, desc="inner", **common)
+    def outer(job, batch):
+        job.note("call 1 (manager): 4 tok in 1.0 s, 4.0 tok/s")
+        LocalExecutor(lambda: None).run(ListJob(tmp_path / "inner", list("xy"), stage="inner"))
 
-    run_resumable(list("ab"), outer, done=lambda it: False, desc="outer", item_progress=True, **common)
+    LocalExecutor(lambda: None).run(ListJob(tmp_path / "outer", list("ab"), work=outer, stage="outer"))
     log.close()
     text = (tmp_path / "stderr.log").read_text()
     assert "inner: 100%" in text and "outer: 100%" in text and "4.0 tok/s" in text

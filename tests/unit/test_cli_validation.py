@@ -90,8 +90,8 @@ def test_a_huge_bad_value_gives_a_short_line(tmp_path, capsys):
 
 
 def test_run_suggests_force_not_the_old_option(tmp_path, capsys):
-    out = tmp_path / "o.jsonl"
-    out.write_text('{"x": 1}\n')
+    out = tmp_path / "o.jsonl"  # a run resumes by default (issue 28): records of other settings are refused
+    out.with_suffix(".results.ndjson").write_text('{"run_id": "x", "settings": {"filter": "none"}}\n')
     assert main(["run", str(data_path("questions.jsonl")), "--model", NO_MODEL, "--out", str(out)]) == 2
     line = _one_short_line(_err(capsys))
     assert "--force" in line and "--overwrite" not in line

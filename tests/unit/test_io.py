@@ -82,23 +82,48 @@ def test_missing_directory_and_non_utf8_inputs(tmp_path):
         aio.read_records(bad)
 
 
-def test_run_resumable_skips_done_logs_failures_and_batches(tmp_path):
-    seen: list[list[int]] = []
+def test_the_executor_skips_done_logs_failures_and_batches(tmp_path):
+    """What ``run_resumable`` pinned, on the executor that replaced it: finished items skipped, batches of
+    ``batch_size``, a failure logged to errors.jsonl (a failed batch redone item by item, so only the bad
+    item fails), an error outside ``catch`` stops the run."""
+    from support.jobs import ListJob
 
-    def work(batch):
-        seen.append(list(batch))
+    from attnprobe.execution import LocalExecutor
+
+    def work(job, batch):
         if 5 in batch:
             raise ValueError("boom")
 
-    errors = tmp_path / "errors.jsonl"
-    counts = aio.run_resumable(list(range(8)), work, done=lambda x: x < 2, describe=lambda x: {"item": x},
-                               errors_path=errors, stage="test", desc="t", batch_size=3, progress=False)
-    assert seen == [[2, 3, 4], [5, 6, 7]]
-    assert counts == {"done_before": 2, "done": 3, "failed": 3}
-    logged = aio.read_records(errors)
-    assert [r["item"] for r in logged] == [5, 6, 7]
-    assert all(r["stage"] == "test" and r["error"] == "ValueError: boom" for r in logged)
-    # errors outside `catch` stop the loop
-    with pytest.raises(KeyError):
-        aio.run_resumable([1], lambda b: {}["x"], done=lambda x: False, describe=dict, errors_path=errors,
-                          stage="t", desc="t", progress=False)
+    job = ListJob(tmp_path, list(range(8)), work=work, finished=lambda x: x < 2, batch_size=3, stage="test")
+    counts = LocalExecutor(lambda: None, progress=False).run(job)
+    assert job.seen == [[2, 3, 4], [5, 6, 7], [5], [6], [7]]
+    assert counts == {"done_before": 2, "done": 5, "failed": 1}
+    logged = aio.read_records(tmp_path / "errors.jsonl")
+    assert [(r["stage"], r["item"], r["error"]) for r in logged] == [("test", 5, "ValueError: boom")]
+    with pytest.raises(KeyError):  # not in the job's catch: the run stops
+        LocalExecutor(lambda: None, progress=False).run(ListJob(tmp_path, [1], work=lambda j, b: {}["x"]))
+
+
+def test_an_append_waiting_while_the_file_is_rewritten_lands_in_the_new_file(tmp_path):
+    """Ray replicas append calls to one OUT while another drops a question's stale calls (an atomic rewrite):
+    an appender that waited for the lock must append to the new file, not the replaced one (lost before)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    path = tmp_path / "calls.jsonl"
+    aio.write_jsonl(path, [{"id": "a"}, {"id": "stale"}])
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a rewriter holds the lock
+    appender = threading.Thread(target=aio.append_jsonl, args=(path, {"id": "b"}))
+    appender.start()
+    time.sleep(0.2)  # the appender opened the old file and waits for its lock
+    aio.write_jsonl(path, [{"id": "a"}])  # the rewrite replaces the file
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    appender.join(5)
+    assert [r["id"] for r in aio.read_records(path)] == ["a", "b"]
+    assert aio.rewrite_jsonl(path, lambda r: r["id"] != "a") == 1
+    assert [r["id"] for r in aio.read_records(path)] == ["b"]
+    assert aio.rewrite_jsonl(tmp_path / "missing.jsonl", lambda r: False) == 0

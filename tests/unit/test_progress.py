@@ -1,5 +1,5 @@
 """Progress (issue 13, item 13): the "loading model" line, the Python API's ``progress=`` switch and
-progress inside batches of ``run_resumable``. Fake workloads and a fake backend, no model."""
+progress inside batches of the local executor. Fake workloads and a fake backend, no model."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from support.jobs import ListJob
 
-from attnprobe.io import run_resumable
+from attnprobe.execution import LocalExecutor
 
 # attnprobe.capture is also the function attnprobe.capture(), so import the modules by name
 api = importlib.import_module("attnprobe.capture.api")
@@ -32,15 +33,17 @@ def records():
     lg.setLevel(old)
 
 
-def test_run_resumable_progress_switch(tmp_path, capsys):
+def run_job(tmp_path, values, *, progress, **kw) -> dict:
+    return LocalExecutor(lambda: None, progress=progress).run(ListJob(tmp_path, values, **kw))
+
+
+def test_executor_progress_switch(tmp_path, capsys):
     items = ["a", "b", "c"]
-    common = dict(done=lambda it: it == "a", describe=lambda it: {"item": it}, errors_path=tmp_path / "e.jsonl",
-                  stage="demo", desc="demo work", unit="item")
-    counts = run_resumable(items, lambda batch: None, progress=False, **common)
+    counts = run_job(tmp_path, items, finished=lambda it: it == "a", stage="demo work", progress=False)
     assert counts == {"done_before": 1, "done": 2, "failed": 0}
     # no bar (log lines may reach stderr through handlers earlier tests left on the logger: not a bar)
     assert "demo work" not in capsys.readouterr().err
-    run_resumable(items, lambda batch: None, progress=True, **common)
+    run_job(tmp_path, items, finished=lambda it: it == "a", stage="demo work", progress=True)
     err = capsys.readouterr().err
     assert re.search(r"demo work: 100%\|[^|]*\| 2/2 ", err), err
 
@@ -49,32 +52,29 @@ def test_batch_says_what_it_runs_before_it_ends(tmp_path, capsys):
     """A batch generated in one call shows "running a batch of N" before it finishes (not a silent 0/N)."""
     seen = []
 
-    def work(batch):
+    def work(job, batch):
         seen.append(capsys.readouterr().err)  # what the user sees while the batch runs
 
-    counts = run_resumable(list(range(5)), work, done=lambda it: False, describe=lambda it: {"i": it},
-                           errors_path=tmp_path / "e.jsonl", stage="s", desc="gen", batch_size=3, progress=True)
+    counts = run_job(tmp_path, list(range(5)), work=work, stage="gen", batch_size=3, progress=True)
     assert counts["done"] == 5
     assert "0/5 [" in seen[0] and "running a batch of 3" in seen[0]
     assert "3/5 [" in seen[1] and "running a batch of 2" in seen[1]
     assert re.search(r"5/5 \[[^\]]*item/s\] *\n?$", capsys.readouterr().err)  # postfix cleared at the end
 
 
-def test_item_progress_advances_inside_a_batch(tmp_path, capsys):
+def test_a_job_notes_what_its_batch_is_doing(tmp_path, capsys):
+    """``job.note`` shows the step in flight beside the bar (the runner: "q03: call 7 (worker)"); the count
+    moves when the batch is written, never past the total."""
     seen = []
 
-    def work(batch, progress):
-        for i, it in enumerate(batch):
-            progress.note(f"item {it}")
+    def work(job, batch):
+        for it in batch:
+            job.note(f"item {it}")
             seen.append(capsys.readouterr().err)
-            if i < 2:  # the last item is left for the loop to count: nothing counted twice
-                progress.advance()
 
-    counts = run_resumable(list("abcd"), work, done=lambda it: False, describe=lambda it: {"i": it},
-                           errors_path=tmp_path / "e.jsonl", stage="s", desc="calls", batch_size=4, progress=True,
-                           item_progress=True)
+    counts = run_job(tmp_path, list("abcd"), work=work, stage="calls", batch_size=2, progress=True)
     assert counts["done"] == 4
-    assert ["0/4" in seen[0], "1/4" in seen[1], "2/4" in seen[2], "2/4" in seen[3]] == [True] * 4
+    assert ["0/4" in seen[0], "0/4" in seen[1], "2/4" in seen[2], "2/4" in seen[3]] == [True] * 4
     assert "item b" in seen[1] and "item d" in seen[3]
     err = capsys.readouterr().err
     assert "4/4" in err and "5/4" not in err and "6/4" not in err

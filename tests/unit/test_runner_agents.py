@@ -274,10 +274,10 @@ def test_resume_after_interrupt_has_no_duplicates(tmp_path, bm25):
     with pytest.raises(KeyboardInterrupt):
         run_questions(ScriptedChat(good_policy, fail_after=crash_at), qs, settings, out, search=bm25)
     assert len(attnprobe.load_trajectories(out)) == crash_at  # nothing finished was lost
-    with pytest.raises(attnprobe.AttnprobeError, match="--resume"):
-        run_questions(ScriptedChat(good_policy), qs, settings, out, search=bm25)
+    with pytest.raises(attnprobe.AttnprobeError, match="already has records: resume it"):
+        run_questions(ScriptedChat(good_policy), qs, settings, out, search=bm25, resume=False)  # the opt-out
     chat = ScriptedChat(good_policy)
-    res = run_questions(chat, qs, settings, out, search=bm25, resume=True)
+    res = run_questions(chat, qs, settings, out, search=bm25)  # a rerun resumes by default (issue 28)
     assert res["skipped"] == 1
     assert len(chat.sent) == per_run - 3  # only the calls that had not been made
     ids = [t.id for t in attnprobe.load_trajectories(out)]  # raises on duplicate ids

@@ -290,11 +290,15 @@ def test_cli_refuses_another_policy_on_resume_before_loading_a_model(tmp_path, m
     monkeypatch.setattr(cli_run, "make_chat", lambda args: pytest.fail("a model was loaded"))
     argv = ["run", str(qfile), "--preset", "baseline", "--worker-steps", "4", "--out", str(tmp_path / "r.jsonl"),
             "--no-progress"]
+    refused = (f"attnprobe: error: {tmp_path / 'r.results.ndjson'}, line 1: run baseline-t1 was made with "
+               "other settings (name: 'baseline' there, 'baseline_mask-2_refine-bm25-3' now; context_policy: 'mask:1' there, 'mask:2+refine:bm25:3' now); resume with the "
+               "same options, use --force to redo or another --out")
+    # a plain rerun resumes (issue 28), so it is refused the same way; --resume adds one deprecation line
+    assert main(argv + ["--context-policy", "mask:2+refine:bm25:3"]) == 2
+    assert capsys.readouterr().err.strip() == refused
     assert main(argv + ["--context-policy", "mask:2+refine:bm25:3", "--resume"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"attnprobe: error: {tmp_path / 'r.results.ndjson'}, line 1: run baseline-t1 was made with "
-                   "other settings (name: 'baseline' there, 'baseline_mask-2_refine-bm25-3' now; context_policy: 'mask:1' there, 'mask:2+refine:bm25:3' now); resume with the "
-                   "same options, use --force to redo or another --out")
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "attnprobe: --resume is deprecated: a run continues OUT by default (--force starts again)", refused]
     assert main(argv + ["--context-policy", "mask:x", "--force"]) == 2
     assert capsys.readouterr().err.strip() == ("attnprobe: error: --context-policy 'mask:x': K must be an integer, "
                                                "e.g. mask:5")

@@ -5,13 +5,9 @@ from attnprobe.agents.filter import FilterDecision, filter_action, parse_filter_
 from attnprobe.agents.recorder import Recorder
 from attnprobe.agents.search import BM25Search, HTTPSearch, SearchConfigError, SearchResult, make_search
 from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
-from attnprobe.studies.runner.run import (
-           run_one,
-           run_questions,
-           summarize,
-           token_table,
-)
+from attnprobe.studies.runner.job import RunnerJob, run_questions
+from attnprobe.studies.runner.run import run_one, summarize, token_table
 
 __all__ = ["FILTER_MODES", "PRESETS", "VALIDATION_MODES", "RunSettings", "FilterDecision", "filter_action",
-           "parse_filter_reply", "Recorder", "run_one", "run_questions",
+           "parse_filter_reply", "Recorder", "RunnerJob", "run_one", "run_questions",
            "summarize", "token_table", "BM25Search", "HTTPSearch", "SearchConfigError", "SearchResult", "make_search"]

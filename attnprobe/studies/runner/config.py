@@ -50,6 +50,10 @@ class RunSettings:
     # The context policy applied to what the search worker sees at each of its steps (``none``, or policies
     # joined by ``+``: mask:K, mask-obs:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
     context_policy: str = "none"
+    # Issue 30, off by default (the seeds decode freely): decoding constrained to the runner's call format.
+    # It changes the agent's behaviour, so it is part of every stamp, but only when on: runs without it
+    # record exactly what they recorded before.
+    structured_actions: bool = False
     name: str = "custom"
     extra: dict = field(default_factory=dict)
 
@@ -83,6 +87,8 @@ class RunSettings:
         d = asdict(self)
         if not d["extra"]:
             d.pop("extra")
+        if not d["structured_actions"]:  # recorded only when on: earlier runs' stamps stay valid
+            d.pop("structured_actions")
         if d["context_policy"] == "none":  # runs without a policy record exactly what they recorded before
             d.pop("context_policy")
         elif setting_rules(d["context_policy"]):

@@ -1,4 +1,5 @@
-"""Run the agents over a JSONL of questions: one run per question, resumable, with accuracy and tokens.
+"""One question through the agents (:func:`run_one`), the run's summary and its checks; the run over a
+JSONL of questions is :mod:`attnprobe.studies.runner.job` (resumable, on any executor).
 
 Files for ``out = X.jsonl``:
 - ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
@@ -12,29 +13,16 @@ Files for ``out = X.jsonl``:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from attnprobe.agents.answers import exact_match
 from attnprobe.agents.recorder import Recorder, drop_records
-from attnprobe.agents.search import SearchBackend, make_search
+from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tools import ToolBox
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import (
-    append_jsonl,
-    atomic_write_text,
-    ensure_writable_file,
-    finite_json,
-    hold_file_lock,
-    located_error,
-    read_jsonl,
-    read_records,
-    run_resumable,
-)
-from attnprobe.results.caveats import runner_caveats
+from attnprobe.io import append_jsonl, ensure_writable_file, located_error, read_jsonl, read_records
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
@@ -177,15 +165,12 @@ def warn_summary(settings: RunSettings, summary: dict, questions: list[dict]) ->
         log.warning("run %s: %s", settings.name, note)
 
 
-def check_output(out: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
+def check_output(out: str | Path, *, resume: bool = True, overwrite: bool = False) -> Path:
     """Refuse an output that cannot be used, before any model is loaded: a folder, a read-only place, or
-    records already there without --resume/--force. (The lock is taken by the caller.)"""
+    (only with ``resume=False``) records already there without ``overwrite``. (The lock is taken by the caller.)"""
     out = ensure_writable_file(Path(out), "output file (--out)")
-    if resume and overwrite:
-        raise AttnprobeError("--resume and --force exclude each other")
     if ((out.exists() and out.stat().st_size) or results_path(out).exists()) and not (resume or overwrite):
-        raise AttnprobeError(f"{out} already has records: pass --resume to continue it or --force to "
-                             "start again")
+        raise AttnprobeError(f"{out} already has records: resume it (the default) or use --force to start again")
     return out
 
 
@@ -193,7 +178,7 @@ def _settings_diff(old, new: dict) -> str:
     """The settings that differ, as ``key: OLD there, NEW now`` (a key a record lacks has its default)."""
     if not isinstance(old, dict):
         return f"settings {old!r} there"
-    defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": "none"}
+    defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": "none", "structured_actions": False}
     full_old, full_new = {**defaults, **old}, {**defaults, **new}
     keys = [k for k in dict.fromkeys([*full_new, *full_old]) if full_old.get(k) != full_new.get(k)]
     if "context_policy" in keys and "context_rules" in keys:  # follows from the policy: the policy says it
@@ -231,70 +216,3 @@ def changed_runs(done: dict[str, dict], questions: list[dict], name: str) -> set
     """The run ids of finished runs whose question changed since (:func:`same_inputs`)."""
     return {f"{name}-{q['id']}" for q in questions
             if f"{name}-{q['id']}" in done and not same_inputs(done[f"{name}-{q['id']}"], q)}
-
-
-def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
-                  search: SearchBackend | None = None, resume: bool = False, overwrite: bool = False,
-                  progress: bool = False) -> dict:
-    """Run every question; returns {"summary": ..., "results": [...], "skipped": n}.
-
-    The output is locked for the whole run (:func:`attnprobe.io.hold_file_lock`): a second run into the
-    same ``out`` is refused in one line naming the first one's PID, so the resume check below and the
-    appends that follow it can never race another process (which would duplicate records)."""
-    out = Path(out)
-    with hold_file_lock(out, "output of attnprobe run"):
-        return _run_locked(chat, list(questions), settings, out, search=search, resume=resume,
-                           overwrite=overwrite, progress=progress)
-
-
-def _run_locked(chat, questions: list[dict], settings: RunSettings, out: Path, *, search, resume: bool,
-                overwrite: bool, progress: bool) -> dict:
-    rpath = results_path(out)
-    check_output(out, resume=resume, overwrite=overwrite)
-    if overwrite:
-        for p in (out, rpath, summary_path(out), history_path(out)):
-            p.unlink(missing_ok=True)
-    search = search or make_search("bm25")
-    check_resume(out, settings)
-    done = {r["run_id"]: r for r in read_records(rpath, torn_tail="skip", missing_ok=True)}
-    calls = read_records(out, torn_tail="skip", missing_ok=True)
-    changed = changed_runs(done, questions, settings.name)
-    if changed:  # other input, not another option: that question runs again, its old calls are not replayed
-        log.info("run: %d question(s) changed since they ran (text or gold answers), run again: %s", len(changed),
-                 ", ".join(sorted(changed)[:5]))
-        drop_records(out, {c.get("id") for c in calls if (c.get("meta") or {}).get("run_id") in changed})
-        calls = [c for c in calls if (c.get("meta") or {}).get("run_id") not in changed]
-        done = {k: v for k, v in done.items() if k not in changed}
-    by_run: dict[str, list[dict]] = {}
-    for c in calls:
-        by_run.setdefault(c.get("meta", {}).get("run_id"), []).append(c)
-    finished = dict(done)
-
-    def write_summary() -> None:
-        rows = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
-        atomic_write_text(summary_path(out), json.dumps(finite_json(
-            {"setting": settings.name, "settings": settings.to_dict(), **summarize(rows)}), indent=2))
-
-    def work(batch: list[dict], progress) -> None:
-        for q in batch:
-            run_id = f"{settings.name}-{q['id']}"
-            # the bar shows the call in flight ("q03: call 7 (worker)"), not a silent 0/1 per question
-            result = run_one(chat, search, q, settings, out, run_id, replay=by_run.get(run_id),
-                             note=lambda text, qid=q["id"]: progress.note(f"{qid}: {text}"))
-            append_jsonl(rpath, result)
-            finished[run_id] = result
-            write_summary()
-
-    # catch=(): a failing question stops the run (rerun with --resume continues from it).
-    counts = run_resumable(questions, work, done=lambda q: f"{settings.name}-{q['id']}" in done,
-                           describe=lambda q: {"question_id": q["id"]}, errors_path=out.with_suffix(".errors.jsonl"),
-                           stage="run", desc=f"run {settings.name}", unit="q", progress=progress, catch=(),
-                           item_progress=True)
-    skipped = counts["done_before"]
-    results = [finished[f"{settings.name}-{q['id']}"] for q in questions if f"{settings.name}-{q['id']}" in finished]
-    summary = summarize(results)
-    summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
-    warn_summary(settings, summary, questions)
-    atomic_write_text(summary_path(out), json.dumps(finite_json({"setting": settings.name,
-                                                                 "settings": settings.to_dict(), **summary}), indent=2))
-    return {"summary": summary, "results": results, "skipped": skipped}

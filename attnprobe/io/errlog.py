@@ -1,0 +1,18 @@
+"""``errors.jsonl``: the failures a long run records and moves past (the item is retried on the next run)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.io.json import append_jsonl
+
+# Failures an executor records and moves past (the item is retried on the next run); anything else
+# (KeyboardInterrupt, programming errors) stops the run.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (AttnprobeError, OSError, RuntimeError, ValueError)
+
+
+def log_error(errors_path: Path, stage: str, what: dict, exc: BaseException) -> None:
+    """One line of ``errors.jsonl``: the stage, what failed, and why (retried on the next run)."""
+    append_jsonl(errors_path, {"stage": stage, **what, "error": f"{type(exc).__name__}: {exc}", "time": time.time()})

@@ -1,0 +1,225 @@
+"""The runner as a job: one work item per question, on the local executor or Ray replicas.
+
+What a run is made of, in order, each done once:
+
+1. :func:`run_questions` takes the output's lock, refuses what cannot be continued (:func:`begin`: the output
+   file, records made with other settings), deletes the old records under ``--force``, and drops the calls
+   of questions whose text or gold answers changed since they ran;
+2. the executor runs the unfinished questions (:class:`RunnerJob`): whoever runs a question appends its
+   calls to OUT as they are made (``append_jsonl`` serialises appenders, so Ray replicas may share OUT) and
+   its result to ``X.results.ndjson``; a question that stopped half-way replays its recorded calls;
+3. the driver keeps the summary: rewritten after every finished question (:meth:`RunnerJob.collect`, the
+   one writer of ``X.summary.json``) and once more at the end with its caveats (:func:`write_summary`).
+
+A failing question stops the run (``catch=()``), as it always did: the next invocation resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnprobe.agents.recorder import drop_records
+from attnprobe.agents.search import SearchBackend, make_search
+from attnprobe.execution.counts import RunCounts
+from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.execution.local import LocalExecutor
+from attnprobe.io import append_jsonl, atomic_write_text, finite_json, hold_file_lock, read_records
+from attnprobe.results.caveats import runner_caveats
+from attnprobe.studies.runner.config import RunSettings
+from attnprobe.studies.runner.run import (
+    changed_runs,
+    check_output,
+    check_resume,
+    history_path,
+    results_path,
+    run_one,
+    same_inputs,
+    summarize,
+    summary_path,
+    warn_summary,
+)
+
+log = logging.getLogger(__name__)
+
+_SEARCH: dict[tuple, SearchBackend] = {}  # one search index per process (Ray replicas build their own)
+
+
+def read_results(out: Path) -> dict[str, dict]:
+    """The finished runs in ``X.results.ndjson`` by run id (the last line of a run id wins)."""
+    return {r["run_id"]: r for r in read_records(results_path(out), torn_tail="skip", missing_ok=True)}
+
+
+def write_summary(out: Path, settings: RunSettings, results: list[dict], *, questions: list[dict] | None = None
+                  ) -> dict:
+    """Write ``X.summary.json`` for ``results`` (in question order); with ``questions`` (the end of a run) the
+    summary gets its ``caveats`` and their warnings are logged. Returns the summary."""
+    summary = summarize(results)
+    if questions is not None:
+        summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
+        warn_summary(settings, summary, questions)
+    atomic_write_text(summary_path(out), json.dumps(finite_json(
+        {"setting": settings.name, "settings": settings.to_dict(), **summary}), indent=2))
+    return summary
+
+
+@dataclass
+class RunnerJob(JobBase):
+    """Run every question of ``questions`` not finished in ``path`` (the OUT JSONL) with ``settings``.
+
+    ``search``: a search backend object, or None to build ``make_search(search_kind, corpus)`` where the job
+    runs (once per process: what a Ray replica does). ``loaded_model``: the executor hands a loaded model (a
+    Ray replica's), which the job wraps in the in-process chat; else it hands a chat backend as is.
+    ``batch_size``: questions per executor batch (one ``run`` call; a Ray shard is made of whole batches).
+    Inside a batch the questions still run one after another: the manager calls the worker from inside its
+    own step, so two questions cannot be stepped together without making both steppable (docs/runner.md)."""
+
+    path: Path
+    questions: Sequence[dict]
+    settings: RunSettings
+    search: SearchBackend | None = None
+    search_kind: str = "bm25"
+    corpus: str | None = None
+    loaded_model: bool = False
+    batch_size: int = 1
+    unit: str = "q"
+    catch: tuple[type[BaseException], ...] = ()  # a failing question stops the run; the next run resumes it
+    _calls: dict[str, list[dict]] | None = field(default=None, init=False, repr=False)
+    _finished: dict[str, dict] | None = field(default=None, init=False, repr=False)
+    _read: tuple[Any, dict[str, dict]] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.questions = list(self.questions)
+
+    @property
+    def out(self) -> Path:
+        """The folder holding OUT (the executors' ``errors.jsonl`` and Ray's ``distributed.json`` go there)."""
+        return self.path.parent
+
+    @property
+    def stage(self) -> str:
+        return f"run {self.settings.name}"
+
+    def run_id(self, question: dict) -> str:
+        return f"{self.settings.name}-{question['id']}"
+
+    def items(self) -> list[WorkItem]:
+        return [WorkItem(key=self.run_id(q), tokens=len(q["question"]) // 4 + 1, describe={"question_id": q["id"]},
+                         data=q) for q in self.questions]
+
+    def done(self, item: WorkItem, since: float | None = None) -> bool:
+        """A result of this question (same text and gold answers) is in ``X.results.ndjson``. ``since`` needs
+        no file time here: the driver hands out only unfinished questions and holds the output's lock, so a
+        result that appears later was written by this job (a retried Ray shard skips it)."""
+        rec = self._results().get(item.key)
+        return rec is not None and same_inputs(rec, item.data)
+
+    def _results(self) -> dict[str, dict]:
+        """:func:`read_results`, read again only when the file changed (``done`` is asked once per item)."""
+        try:
+            st = results_path(self.path).stat()
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None
+        if self._read is None or self._read[0] != key:
+            self._read = (key, read_results(self.path))
+        return self._read[1]
+
+    @property
+    def prepare_key(self) -> Any:
+        return ("runner", self.loaded_model)
+
+    def prepare(self, model: Any) -> Any:
+        if not self.loaded_model:
+            return model
+        from attnprobe.generation.transformers_chat import TransformersChat
+
+        return TransformersChat(model, stop_at_call=None)  # as `attnprobe run` opens it in process
+
+    def _search(self) -> SearchBackend:
+        if self.search is not None:
+            return self.search
+        key = (self.search_kind, self.corpus)
+        if key not in _SEARCH:
+            _SEARCH[key] = make_search(self.search_kind, self.corpus)
+        return _SEARCH[key]
+
+    def _replay(self, run_id: str) -> list[dict] | None:
+        """The calls an earlier try of ``run_id`` recorded, read from OUT once per job object (each Ray shard
+        gets its own): only that question's run writes or drops its calls, so the index stays true."""
+        if self._calls is None:
+            self._calls = {}
+            for c in read_records(self.path, torn_tail="skip", missing_ok=True):
+                self._calls.setdefault((c.get("meta") or {}).get("run_id"), []).append(c)
+        return self._calls.pop(run_id, None)
+
+    def run(self, chat: Any, batch: Sequence[WorkItem]) -> list[dict]:
+        search = self._search()
+        results = []
+        for item in batch:
+            q = item.data
+            # the bar shows the call in flight ("q03: call 7 (worker)"), not a silent 0/1 per question
+            result = run_one(chat, search, q, self.settings, self.path, item.key, replay=self._replay(item.key),
+                             note=lambda text, qid=q["id"]: self.note(f"{qid}: {text}"))
+            append_jsonl(results_path(self.path), result)
+            results.append(result)
+        return results
+
+    def collect(self, item: WorkItem, result: dict) -> None:
+        """On the driver, per finished question: the summary of every finished question so far."""
+        if self._finished is None:
+            self._finished = read_results(self.path)
+        self._finished[item.key] = result
+        write_summary(self.path, self.settings, self.finished(self._finished))
+
+    def finished(self, by_run: dict[str, dict] | None = None) -> list[dict]:
+        """The finished runs of this job's questions, in question order (from the results file by default)."""
+        by_run = read_results(self.path) if by_run is None else by_run
+        return [r for q in self.questions if (r := by_run.get(self.run_id(q))) is not None and same_inputs(r, q)]
+
+
+def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bool = True, overwrite: bool = False
+          ) -> None:
+    """Everything a run can be refused for, checked once, under the output's lock and before any model
+    loads; then ``--force`` deletes the old records, and the calls of questions that changed since they ran
+    (text or gold answers: other input, not another option) are dropped so they are not replayed."""
+    check_output(out, resume=resume, overwrite=overwrite)
+    if overwrite:
+        for p in (out, results_path(out), summary_path(out), history_path(out)):
+            p.unlink(missing_ok=True)
+    check_resume(out, settings)  # other settings (a context policy too) are refused here
+    changed = changed_runs(read_results(out), questions, settings.name)
+    if changed:
+        log.info("run: %d question(s) changed since they ran (text or gold answers), run again: %s", len(changed),
+                 ", ".join(sorted(changed)[:5]))
+        drop_records(out, {c.get("id") for c in read_records(out, torn_tail="skip", missing_ok=True)
+                           if (c.get("meta") or {}).get("run_id") in changed})
+
+
+def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
+                  search: SearchBackend | None = None, resume: bool = True, overwrite: bool = False,
+                  progress: bool = False, batch_size: int = 1, executor=None, loaded_model: bool = False,
+                  search_kind: str = "bm25", corpus: str | None = None) -> dict:
+    """Run every question; returns ``{"summary", "results", "skipped", "counts"}`` (``counts``: :class:`RunCounts`).
+
+    ``chat`` generates in this process; or pass ``chat=None`` and an ``executor`` (Ray replicas of a model,
+    with ``loaded_model=True``). A run continues what OUT holds (``resume=False`` refuses records there
+    instead; ``overwrite`` starts again). The output is locked for the whole run
+    (:func:`attnprobe.io.hold_file_lock`): a second run into the same ``out`` is refused in one line naming
+    the first one's PID, so the checks and the appends that follow can never race another process."""
+    out = Path(out)
+    questions = list(questions)
+    with hold_file_lock(out, "output of attnprobe run"):
+        begin(out, questions, settings, resume=resume, overwrite=overwrite)
+        job = RunnerJob(out, questions, settings, search=search, search_kind=search_kind, corpus=corpus,
+                        loaded_model=loaded_model, batch_size=batch_size)
+        ex = executor if executor is not None else LocalExecutor(lambda: chat, progress=progress)
+        counts = RunCounts.of(ex.run(job))
+        results = job.finished()
+        summary = write_summary(out, settings, results, questions=questions)
+    return {"summary": summary, "results": results, "skipped": counts.done_before, "counts": counts}
