@@ -425,7 +425,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
                     cf[s] = {"status": f"not run: {why}"}
                 continue
             if counterfactual is None:
-                cf[s] = {"status": "not run: no counterfactual options given"}
+                cf[s] = {"status": "not run: no counterfactual stage given"}
                 continue
             mp = min_past if min_past is not None else default_min_past([spec])
             rep = run_on_executor(executor, setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, [spec],
