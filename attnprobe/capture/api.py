@@ -12,7 +12,7 @@ import logging
 import platform
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +241,61 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
     )
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One trajectory ready for the backend: its rendering and the query points to score
+    (:func:`prepare` and :func:`select_queries`, or a caller's own, e.g. a counterfactual context)."""
+
+    trajectory: Trajectory
+    rendered: Rendered
+    points: list[QueryPoint]
+
+
+@dataclass
+class PreparedRun:
+    """What :func:`run_prepared` returns: one result per prepared trajectory, in order, and for each
+    generation request its new token ids and counts (empty without requests)."""
+
+    results: list[CaptureResult]
+    generated: list = field(default_factory=list)
+    generation_counts: list = field(default_factory=list)
+
+
+def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: str | Sequence[int],
+                 layers: list[int] | None, chunk_size: int, weights: str | None,
+                 layer_selection: str | None = None, save_qk_layers: Sequence[int] = (),
+                 share_prefixes: bool = False, progress: bool = False, generate: Sequence = (),
+                 what: str = "capture") -> PreparedRun:
+    """One backend call over ``prepared`` (the one capture path: :func:`capture_many` and the counterfactual
+    stage both run through it). ``layers``: checked (:func:`check_layers`); ``queries``, ``weights`` and
+    ``layer_selection`` are recorded in every result's metadata. ``generate``: generation requests
+    (:class:`attnprobe_hooks.backend.GenerationRequest`) that continue from the cache the capture builds
+    (``capture_and_generate``; the backend must have it); their time is not counted as capture time.
+    ``capture_seconds`` is the call's wall time divided by the number of trajectories."""
+    backend = get_backend(model.backend)
+    plans = [make_plan(p.rendered, p.points, layers, save_qk_layers, desc=p.trajectory.id) for p in prepared]
+    run = PreparedRun(results=[])
+    t0 = time.perf_counter()
+    generating = 0.0  # seconds spent generating inside the capture call (not capture time)
+    if generate:
+        outputs, run.generated, run.generation_counts = backend.capture_and_generate(
+            model, plans, list(generate), chunk_size=chunk_size, progress=progress)
+        generating = sum(c.seconds for c in run.generation_counts)
+    else:
+        outputs = backend.run(model, plans, chunk_size=chunk_size, progress=progress, share_prefixes=share_prefixes)
+    sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
+    if sharing is not None and len(plans) > 1:
+        log.info("%s batch: %s", what, sharing.line())
+    if len(outputs) != len(plans):
+        raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
+    settings = CaptureSettings(queries=queries, layers=layers, chunk_size=chunk_size,
+                               seconds=(time.perf_counter() - t0 - generating) / max(1, len(plans)),
+                               weights_hash=weights, layer_selection=layer_selection)
+    run.results = [assemble(model, p.trajectory, p.rendered, p.points, out, settings)
+                   for p, out in zip(prepared, outputs)]
+    return run
+
+
 def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries: str | Sequence[int] = "reasoning",
                  layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
                  max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
@@ -269,12 +324,10 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
         raise ValueError("chunk_size must be >= 1")
     if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    backend = get_backend(model.backend)
-    trajectories = list(trajectories)
     prepared = []
     for traj in trajectories:
         rendered = prepare(model, traj, rendering=rendering, max_tokens=max_tokens, truncate=truncate)
-        prepared.append((traj, rendered, select_queries(rendered, queries)))
+        prepared.append(Prepared(traj, rendered, select_queries(rendered, queries)))
     chosen = check_layers(model, layers)
     size = batch_size or max(1, len(prepared))
     weights = weights_hash(model.spec)
@@ -282,19 +335,10 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     with progress_bar(total=len(prepared), desc="capture", unit="traj", disable=not progress or len(prepared) < 2) as bar:
         for b in range(0, len(prepared), size):
             batch = prepared[b:b + size]
-            plans = [make_plan(rendered, points, chosen, save_qk_layers, desc=traj.id) for traj, rendered, points in batch]
-            t0 = time.perf_counter()
-            outputs = backend.run(model, plans, chunk_size=chunk, progress=progress, share_prefixes=share_prefixes)
-            sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
-            if sharing is not None and len(plans) > 1:
-                log.info("capture batch: %s", sharing.line())
-            if len(outputs) != len(plans):
-                raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
-            settings = CaptureSettings(queries=queries, layers=chosen, chunk_size=chunk,
-                                       seconds=(time.perf_counter() - t0) / len(plans), weights_hash=weights,
-                                       layer_selection=layers if isinstance(layers, str) else None)
-            results += [assemble(model, traj, rendered, points, out, settings)
-                        for (traj, rendered, points), out in zip(batch, outputs)]
+            results += run_prepared(model, batch, queries=queries, layers=chosen, chunk_size=chunk, weights=weights,
+                                    layer_selection=layers if isinstance(layers, str) else None,
+                                    save_qk_layers=save_qk_layers, share_prefixes=share_prefixes,
+                                    progress=progress).results
             bar.update(len(batch))
     return results
 

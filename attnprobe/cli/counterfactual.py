@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -84,10 +83,10 @@ def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
 
 
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Plan, run resumably on the executor the options choose, write OUT/summary.json and
-    OUT/summary.md; (exit code, summary)."""
+    """Plan, run resumably on the executor the options choose (the stage writes OUT/summary.json and
+    OUT/summary.md); (exit code, summary)."""
     from attnprobe.counterfactual.job import run_steps
-    from attnprobe.io import atomic_write_text, ensure_writable_dir, finite_json, hold_dir_lock
+    from attnprobe.io import ensure_writable_dir, hold_dir_lock
 
     specs, min_past, names, steps = plan(args, files)  # refused here, before the model loads
     log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
@@ -95,23 +94,15 @@ def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     ensure_writable_dir(out)
     with hold_dir_lock(out), executor(args) as ex:
         report = run_steps(ex, out, steps, names, specs, run_options(args), batch_size=args.batch_size,
-                           force=args.force, model=model_record(args))
-    counts, summary, skipped = report["counts"], report["summary"], report["skipped"]
-    for where, why in skipped:
-        log.warning("summary: skipped %s: %s", where, why)
-    atomic_write_text(out / "summary.json", json.dumps(finite_json(summary), indent=1, allow_nan=False))
-    notes = [f"Steps with >= {min_past} past turns.", ""]
-    notes += [f"Skipped {len(skipped)} unreadable step record(s): " + "; ".join(f"{w}: {r}" for w, r in skipped), ""] \
-        if skipped else []
-    md = "\n".join(notes + [f"## query: {q}\n\n{table}" for q, table in report["markdown"].items()])
-    atomic_write_text(out / "summary.md", md)
+                           force=args.force, model=model_record(args), min_past=min_past)
+    counts = report["counts"]
     log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
              counts["done"], counts["done_before"], counts["failed"], out / "summary.md")
     if not getattr(args, "quiet", False):
         print(report["markdown"]["decision"])
     from attnprobe.execution.counts import RunCounts
 
-    return RunCounts.of(counts).exit_code, summary
+    return RunCounts.of(counts).exit_code, report["summary"]
 
 
 def cmd_counterfactual(args) -> int:

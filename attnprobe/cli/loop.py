@@ -235,9 +235,7 @@ def _register_attention(studies) -> None:
 def cmd_attention(args) -> int:
     from attnprobe.agents.policy_specs import canonical_settings
     from attnprobe.cli.capture import capture_options
-    from attnprobe.cli.counterfactual import model_record
     from attnprobe.cli.options import executor, model_options
-    from attnprobe.counterfactual.job import run_on_executor
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
@@ -257,12 +255,8 @@ def cmd_attention(args) -> int:
             log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
                         "and every output says so", choice.label)
         with executor(args) as ex:
-            def counterfactual(folder, trajectories, spec, min_past):
-                return run_on_executor(ex, folder, trajectories, [spec], opts, min_past=min_past, force=args.force,
-                                       model=model_record(args))
-
             counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                        counterfactual=counterfactual, min_past=args.min_past,
+                                        counterfactual=opts, min_past=args.min_past,
                                         shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
                                         else args.shares_min_past, force=args.force,
                                         n_boot=args.bootstrap, only=args.policies, models=choice)

@@ -1,6 +1,8 @@
-"""Context counterfactuals (seeds 002 and 004): context policies, refiners, per-step capture, summaries.
+"""Context counterfactuals (seeds 002 and 004): a stage the studies call, below them and above ``agents``.
 
-See docs/counterfactual.md. ``policies`` (mask_observations, ircot, refine_latest, user policies),
-``refiners`` (BM25 extractive, any callable, OpenAI-compatible endpoint), ``run`` (per-step capture,
-resumable), ``summary`` (across trajectories, with confidence intervals).
+See docs/counterfactual.md. The policies and refiners it applies live in :mod:`attnprobe.agents`
+(``policies``, ``refiners``, ``tagtext``). Here: ``steps`` (which steps), ``run`` (original contexts,
+counterfactual contexts, one capture through :func:`attnprobe.capture.api.run_prepared`, next actions,
+records), ``job`` (the job and ``run_on_executor``), ``store`` / ``records`` (the folder format),
+``summary`` (across trajectories, with confidence intervals; writes summary.json / summary.md), ``report``.
 """

@@ -7,6 +7,7 @@ message a policy changes, so one prefix-sharing pass prefills each unique token 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,12 +18,14 @@ from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
 from attnprobe.counterfactual.steps import Step, choose_steps, plan_steps
 from attnprobe.counterfactual.store import clear_steps, step_dir, step_done
-from attnprobe.counterfactual.summary import markdown_table, summarize_dir
+from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summarize_dir, write_summary
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import inside, recover_atomic_dirs
 from attnprobe.io.settings import check_settings
 from attnprobe.trajectory.schema import Trajectory
+
+log = logging.getLogger(__name__)
 
 OPTION_NAMES = {"spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
                 "chunk_size": "--chunk-size", "backend": "--backend", "dtype": "--dtype"}
@@ -130,24 +133,31 @@ def options_record(opts: RunOptions, model: dict | None = None) -> dict:
 
 
 def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[str], specs: Sequence[str],
-              opts: RunOptions, *, batch_size: int = 1, force: bool = False, model: dict | None = None) -> dict:
+              opts: RunOptions, *, batch_size: int = 1, force: bool = False, model: dict | None = None,
+              min_past: int | None = None, models: str | None = None) -> dict:
     """Planned ``steps`` (:func:`plan_steps`) under every policy of ``specs`` on ``executor`` (any executor;
-    resumable) into ``out``, then the summary of ``out``: ``{"counts", "summary", "skipped", "markdown":
-    {query: table}}``. Other options than ``out`` was made with are refused before the model loads unless
-    ``force`` (:func:`options_record`). The settings are made where the model is."""
+    resumable) into ``out``, then the summary of ``out``, written to OUT/summary.json and OUT/summary.md
+    (:func:`~attnprobe.counterfactual.summary.write_summary`; ``min_past`` and ``models``, "capture model X,
+    agent model Y" when the capture model is not the agent's, are named there): ``{"counts", "summary",
+    "skipped", "markdown": {query: table}}``. Other options than ``out`` was made with are refused before the
+    model loads unless ``force`` (:func:`options_record`). The settings are made where the model is."""
     check_settings(out, "counterfactual", options_record(opts, model), force=force, names=OPTION_NAMES)
     settings = executor.call(counterfactual_settings, list(names), replace(opts, progress=False))
     job = CounterfactualJob(Path(out), list(steps), list(specs), settings, opts, batch_size=batch_size, force=force)
     counts = executor.run(job)
     skipped: list = []
     summary = summarize_dir(out, skipped=skipped) if Path(out).is_dir() else {}
+    for where, why in skipped:
+        log.warning("summary: skipped %s: %s", where, why)
+    if Path(out).is_dir():
+        write_summary(out, summary, min_past=min_past, skipped=skipped, models=models)
     return {"counts": counts, "summary": summary, "skipped": skipped,
-            "markdown": {q: markdown_table(summary, q) for q in ("decision", "reasoning")}}
+            "markdown": {q: markdown_table(summary, q) for q in QUERY_TABLES}}
 
 
 def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
                     opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False,
-                    model: dict | None = None) -> dict:
+                    model: dict | None = None, models: str | None = None) -> dict:
     """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns (:func:`run_steps`), as
     ``{"steps", "min_past", **run_steps(...)}``. No step qualifies: ``steps`` 0, nothing run and no model
     loaded (callers that compose studies report it instead of failing)."""
@@ -155,4 +165,5 @@ def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory
         return {"steps": 0, "min_past": min_past}
     names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
     return {"steps": len(steps), "min_past": min_past,
-            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model)}
+            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model,
+                        min_past=min_past, models=models)}

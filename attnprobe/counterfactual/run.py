@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ import numpy as np
 from attnprobe._version import __version__
 from attnprobe.agents.policies import Counterfactual, Policy, policy_name
 from attnprobe.agents.tagtext import apply_policy
-from attnprobe.capture.api import CaptureSettings, assemble, check_layers, make_plan, weights_hash
+from attnprobe.capture.api import Prepared, check_layers, run_prepared, weights_hash
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.actions import classify_action, tool_vocabulary
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS, step_analysis
@@ -56,7 +55,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.render.rendering import message_turns
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
-from attnprobe.trajectory.schema import call_arguments
+from attnprobe.trajectory.schema import Trajectory, call_arguments
 
 log = logging.getLogger(__name__)
 
@@ -89,23 +88,25 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: 
             "generation": {"prompt_tokens": reply.input_tokens, "prefilled_tokens": prefilled}}
 
 
-def cache_requests(chat, plans: Sequence, wanted: Sequence[tuple[Any, int, list[dict], Any]], max_tokens: int):
+def cache_requests(chat, contexts: Sequence[Context], wanted: Sequence[tuple[Any, int, list[dict], Any]],
+                   max_tokens: int):
     """Which next actions can continue from the capture's KV cache: those whose chat prompt (the
     messages rendered with the generation prompt, as ``chat.complete`` renders them) is a token prefix
-    of a plan. ``wanted``: (key, plan index, messages, tools). Returns (generation requests, and per
-    request (key, prompt, messages, tools, stopping criterion)); the rest generate in full."""
+    of a captured context. ``wanted``: (key, context index, messages, tools). Returns (generation requests,
+    and per request (key, prompt, messages, tools, stopping criterion)); the rest generate in full."""
     from attnprobe_hooks.backend import GenerationRequest
 
     if not hasattr(chat, "generation_settings"):
         return [], []
     requests, pending = [], []
-    for key, pi, messages, tools in wanted:
+    for key, ci, messages, tools in wanted:
         prompt = chat.prompt(messages, tools)
         n = len(prompt.ids)
-        if n <= plans[pi].n and np.array_equal(np.asarray(plans[pi].input_ids[:n]), prompt.ids):
+        ids = np.asarray(contexts[ci].rendered.input_ids)
+        if n <= len(ids) and np.array_equal(ids[:n], prompt.ids):
             kw, stop = chat.generation_settings(n, tools, max_tokens=max_tokens)
             kw = {k: v for k, v in kw.items() if k not in ("max_new_tokens", "do_sample")}
-            requests.append(GenerationRequest(pi, n, max_tokens, kw))
+            requests.append(GenerationRequest(ci, n, max_tokens, kw))
             pending.append((key, prompt, messages, tools, stop))
     return requests, pending
 
@@ -156,25 +157,49 @@ def _slice(full: CaptureResult, idx: Sequence[int], points: list[QueryPoint]) ->
                    meta=dict(full.meta))
 
 
-def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Policy], out: Path, opts: RunOptions,
-              chat=None) -> None:
-    """Capture every (step, policy) of ``steps`` not yet done, writing one folder each."""
-    from attnprobe_hooks.backend import get_backend
+@dataclass
+class Original:
+    """A step's original context: its trajectory's one capture (``context``, an index into
+    :attr:`Batch.contexts`), this step's rows there (decision, reasoning start) and its own context."""
 
+    context: int
+    rows: list[int]
+    points: list[QueryPoint]
+    own: Context
+
+
+@dataclass
+class Batch:
+    """The (step, policy) pairs of one backend call and the contexts captured for them: one original
+    context per trajectory, then one counterfactual context per pair."""
+
+    todo: list[tuple[Step, Policy, str]]
+    contexts: list[Context] = field(default_factory=list)
+    original: dict[tuple[str, int], Original] = field(default_factory=dict)
+    counterfactual: dict[tuple[str, int, str], tuple[int, Counterfactual]] = field(default_factory=dict)
+
+    @property
+    def trajectories(self) -> dict[str, Trajectory]:
+        return {s.trajectory.id: s.trajectory for s, _, _ in self.todo}
+
+
+def pending_steps(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Policy], out: Path,
+                  opts: RunOptions) -> tuple[list[tuple[Step, Policy, str]], dict[str, dict]]:
+    """The (step, policy, name) not yet done in ``out`` and each policy's settings (:func:`settings_dict`)."""
     names = [policy_name(p) for p in policies]
     settings = {n: settings_dict(model, n, opts) for n in names}
     todo = [(s, p, n) for s in steps for p, n in zip(policies, names) if not step_done(out, s, n, settings[n])]
-    if not todo:
-        return
+    return todo, settings
+
+
+def original_contexts(model: LoadedModel, todo: list[tuple[Step, Policy, str]], opts: RunOptions) -> Batch:
+    """One capture of each trajectory, up to the end of its latest step in the batch, at the decision and
+    reasoning start of every step (each step's own rendering checked to be a token prefix of it)."""
+    batch = Batch(todo)
     by_traj: dict[str, list[Step]] = {}
-    trajs = {s.trajectory.id: s.trajectory for s, _, _ in todo}
     for s, _, _ in todo:
         if s not in by_traj.setdefault(s.trajectory.id, []):
             by_traj[s.trajectory.id].append(s)
-    # Original contexts: one capture of each trajectory, up to the end of its latest step in this batch,
-    # at the decision and reasoning start of every step (each checked to be a token prefix of it).
-    contexts: list[Context] = []
-    orig_slot: dict[tuple[str, int], tuple[int, list[int], list[QueryPoint], Context]] = {}
     for tid, ss in by_traj.items():
         traj = ss[0].trajectory
         ss = sorted(ss, key=lambda s: s.message_index)
@@ -197,90 +222,130 @@ def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Poli
             if not uniq or uniq[-1].position != pts[j].position:
                 uniq.append(pts[j])
             where[j] = len(uniq) - 1
-        ci = len(contexts)
-        contexts.append(replace(per[-1][1], points=uniq))
+        ci = len(batch.contexts)
+        batch.contexts.append(replace(per[-1][1], points=uniq))
         for k, (s, c) in enumerate(per):
-            orig_slot[(tid, s.message_index)] = (ci, [where[2 * k], where[2 * k + 1]], c.points, c)
-    # Counterfactual contexts.
-    cf_slot: dict[tuple[str, int, str], tuple[int, Counterfactual]] = {}
-    for s, p, n in todo:
+            batch.original[(tid, s.message_index)] = Original(ci, [where[2 * k], where[2 * k + 1]], c.points, c)
+    return batch
+
+
+def counterfactual_contexts(model: LoadedModel, batch: Batch, opts: RunOptions) -> None:
+    """One context per (step, policy): the policy applied to what the agent saw before the step (tag text
+    included), rendered as the step's original was unless ``opts.rendering`` names one."""
+    for s, p, n in batch.todo:
         traj = s.trajectory
-        cfx = apply_policy(p, traj.messages[: s.message_index])  # tag text: on what the agent saw
-        rendering = contexts[orig_slot[(traj.id, s.message_index)][0]].rendered.rendering
+        cfx = apply_policy(p, traj.messages[: s.message_index])
+        rendering = batch.contexts[batch.original[(traj.id, s.message_index)].context].rendered.rendering
         c = build_context(model, traj, cfx.messages, traj.messages[s.message_index], f"{s.key}:{n}",
                           rendering=rendering if opts.rendering == "auto" else opts.rendering,
                           max_tokens=opts.max_tokens)
-        cf_slot[(traj.id, s.message_index, n)] = (len(contexts), cfx)
-        contexts.append(c)
+        batch.counterfactual[(traj.id, s.message_index, n)] = (len(batch.contexts), cfx)
+        batch.contexts.append(c)
+
+
+def capture_contexts(model: LoadedModel, batch: Batch, opts: RunOptions, chat=None) -> tuple[list[CaptureResult], dict]:
+    """Capture every context of the batch in one backend call (:func:`attnprobe.capture.api.run_prepared`);
+    (results in context order, replies). With ``--actions`` on a backend that can, the next actions continue
+    from the cache the capture builds (the prompt is already prefilled there, so each generation prefills 1
+    token instead of the prompt): ``replies`` maps ("o", trajectory, message) / ("c", trajectory, message,
+    policy) to (the chat's reply, prompt tokens prefilled); the others generate in full later."""
+    from attnprobe_hooks.backend import get_backend
+
     chosen = check_layers(model, opts.layers)
     chunk = opts.chunk_size or model.default_chunk_size
-    plans = [make_plan(c.rendered, c.points, chosen, desc=c.trajectory.id) for c in contexts]
-    # Next actions continue from the cache the capture builds (sharing path, transformers): the
-    # prompt is already prefilled there, so each generation prefills 1 token instead of the prompt.
-    backend = get_backend(model.backend)
+    trajs = batch.trajectories
     wanted = []
-    if opts.actions and chat is not None and opts.share_prefixes and hasattr(backend, "capture_and_generate"):
-        wanted = [(("o", tid, mi), ci, trajs[tid].messages[:mi], trajs[tid].tools)
-                  for (tid, mi), (ci, _r, _p, _c) in orig_slot.items()]
-        wanted += [(("c", tid, mi, n), k, cfx.messages, trajs[tid].tools) for (tid, mi, n), (k, cfx) in cf_slot.items()]
-    requests, pending = cache_requests(chat, plans, wanted, opts.max_new_tokens)
+    if opts.actions and chat is not None and opts.share_prefixes and \
+            hasattr(get_backend(model.backend), "capture_and_generate"):
+        wanted = [(("o", tid, mi), o.context, trajs[tid].messages[:mi], trajs[tid].tools)
+                  for (tid, mi), o in batch.original.items()]
+        wanted += [(("c", tid, mi, n), k, cfx.messages, trajs[tid].tools)
+                   for (tid, mi, n), (k, cfx) in batch.counterfactual.items()]
+    requests, pending = cache_requests(chat, batch.contexts, wanted, opts.max_new_tokens)
+    run = run_prepared(model, [Prepared(c.trajectory, c.rendered, c.points) for c in batch.contexts],
+                       queries="positions", layers=chosen, chunk_size=chunk, weights=weights_hash(model.spec),
+                       share_prefixes=opts.share_prefixes, progress=opts.progress, generate=requests,
+                       what="counterfactual")
     replies: dict[Any, tuple[Any, int]] = {}
-    t0 = time.perf_counter()
-    generating = 0.0  # seconds spent generating inside the capture call (not capture time)
+    for (key, prompt, messages, tools, stop), ids, c in zip(pending, run.generated, run.generation_counts):
+        replies[key] = (chat.finish(prompt, ids, tools, opts.max_new_tokens, messages, stop), c.prefilled_tokens)
     if requests:
-        outputs, new, counts = backend.capture_and_generate(model, plans, requests, chunk_size=chunk,
-                                                            progress=opts.progress)
-        for (key, prompt, messages, tools, stop), ids, c in zip(pending, new, counts):
-            replies[key] = (chat.finish(prompt, ids, tools, opts.max_new_tokens, messages, stop), c.prefilled_tokens)
-        generating = sum(c.seconds for c in counts)
+        counts = run.generation_counts
         log.info("counterfactual batch: %d next actions from the captured cache: %d prompt tokens, prefilled %d "
                  "(the rest were in the cache); %d by a full prefill", len(requests),
                  sum(c.prompt_tokens for c in counts), sum(c.prefilled_tokens for c in counts),
                  len(wanted) - len(requests))
-    else:
-        outputs = backend.run(model, plans, chunk_size=chunk, progress=opts.progress,
-                              share_prefixes=opts.share_prefixes)
-    sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
-    if sharing is not None:
-        log.info("counterfactual batch: %s", sharing.line())
-    cs = CaptureSettings(queries="positions", layers=chosen, chunk_size=chunk,
-                         seconds=(time.perf_counter() - t0 - generating) / max(1, len(plans)), weights_hash=weights_hash(model.spec))
-    results = [assemble(model, c.trajectory, c.rendered, c.points, o, cs) for c, o in zip(contexts, outputs)]
+    return run.results, replies
+
+
+def step_record(s: Step, name: str, cfx: Counterfactual, o: Original, cctx: Context, queries: dict,
+                settings: dict) -> dict[str, Any]:
+    """A step's record.json without the optional parts (next actions, extras)."""
+    traj = s.trajectory
+    oc = o.own
+    return {
+        "trajectory_id": traj.id, "trajectory_hash": traj.content_hash(), "policy": name,
+        "step_message_index": s.message_index, "turn": s.turn,
+        "changes": {str(i): v for i, v in sorted(cfx.changes.items())}, "source": cfx.source,
+        "changed": cfx.changed, "roles": list(CF_ROLES), "groups": list(GROUPS),
+        "tokens": {"original": oc.prefix_tokens, "counterfactual": cctx.prefix_tokens,
+                   "saved": oc.prefix_tokens - cctx.prefix_tokens,
+                   "saved_share": (oc.prefix_tokens - cctx.prefix_tokens) / oc.prefix_tokens},
+        "decision_exact": {"original": oc.decision_exact, "counterfactual": cctx.decision_exact},
+        "queries": queries, "settings": settings, "attnprobe_version": __version__,
+        "rendering": {"original": oc.rendered.rendering, "counterfactual": cctx.rendered.rendering},
+    }
+
+
+def step_actions(chat, s: Step, name: str, cfx: Counterfactual, opts: RunOptions, replies: dict,
+                 originals: dict) -> dict:
+    """The next action in both contexts (the original's once per step, kept in ``originals``) and whether
+    it changed: the record's ``action``."""
+    traj = s.trajectory
+    key = (traj.id, s.message_index)
+    vocab = tool_vocabulary(traj.tools, traj.messages[: s.message_index])
+    if key not in originals:
+        originals[key] = next_action(chat, traj.messages[: s.message_index], traj.tools, opts.max_new_tokens, vocab,
+                                     *replies.get(("o", *key), (None, None)))
+    a_o = originals[key]
+    a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens, vocab,
+                      *replies.get(("c", *key, name), (None, None)))
+    return {"original": a_o, "counterfactual": a_c, "changed": a_o["decision"] != a_c["decision"],
+            "call_changed": a_o["call"] != a_c["call"]}
+
+
+def write_records(model: LoadedModel, batch: Batch, results: list[CaptureResult], replies: dict, out: Path,
+                  opts: RunOptions, settings: dict[str, dict], chat=None) -> None:
+    """Per (step, policy): the analysis of its two captures, its next actions and extras, one folder."""
     actions_orig: dict[tuple[str, int], dict] = {}
     logprob_orig: dict[tuple[str, int], dict] = {}
-    for s, _p, n in todo:
+    for s, _p, n in batch.todo:
         traj = s.trajectory
-        ci, rows, points, oc = orig_slot[(traj.id, s.message_index)]
-        original = _slice(results[ci], rows, points)
-        k, cfx = cf_slot[(traj.id, s.message_index, n)]
-        cres, cctx = results[k], contexts[k]
-        queries, arrays = step_analysis(original, cres, cfx, s, message_turns(traj.messages))
-        record: dict[str, Any] = {
-            "trajectory_id": traj.id, "trajectory_hash": traj.content_hash(), "policy": n, "step_message_index": s.message_index, "turn": s.turn,
-            "changes": {str(i): v for i, v in sorted(cfx.changes.items())}, "source": cfx.source,
-            "changed": cfx.changed, "roles": list(CF_ROLES), "groups": list(GROUPS),
-            "tokens": {"original": oc.prefix_tokens, "counterfactual": cctx.prefix_tokens,
-                       "saved": oc.prefix_tokens - cctx.prefix_tokens,
-                       "saved_share": (oc.prefix_tokens - cctx.prefix_tokens) / oc.prefix_tokens},
-            "decision_exact": {"original": oc.decision_exact, "counterfactual": cctx.decision_exact},
-            "queries": queries, "settings": settings[n], "attnprobe_version": __version__,
-            "rendering": {"original": oc.rendered.rendering, "counterfactual": cctx.rendered.rendering},
-        }
         key = (traj.id, s.message_index)
+        o = batch.original[key]
+        original = _slice(results[o.context], o.rows, o.points)
+        k, cfx = batch.counterfactual[(traj.id, s.message_index, n)]
+        cres, cctx = results[k], batch.contexts[k]
+        queries, arrays = step_analysis(original, cres, cfx, s, message_turns(traj.messages))
+        record = step_record(s, n, cfx, o, cctx, queries, settings[n])
         if opts.actions and chat is not None:
-            vocab = tool_vocabulary(traj.tools, traj.messages[: s.message_index])
-            if key not in actions_orig:
-                actions_orig[key] = next_action(chat, traj.messages[: s.message_index], traj.tools,
-                                                opts.max_new_tokens, vocab, *replies.get(("o", *key), (None, None)))
-            a_o = actions_orig[key]
-            a_c = next_action(chat, cfx.messages, traj.tools, opts.max_new_tokens, vocab,
-                              *replies.get(("c", *key, n), (None, None)))
-            record["action"] = {"original": a_o, "counterfactual": a_c,
-                                "changed": a_o["decision"] != a_c["decision"],
-                                "call_changed": a_o["call"] != a_c["call"]}
+            record["action"] = step_actions(chat, s, n, cfx, opts, replies, actions_orig)
         extra_fields(record, original, cfx, traj, s.message_index, model=model if opts.logprob else None,
-                     rendering=oc.rendered.rendering, max_tokens=opts.max_tokens,
+                     rendering=o.own.rendered.rendering, max_tokens=opts.max_tokens,
                      original_logprob=logprob_orig.get(key))
         if "logprob" in record:
             logprob_orig[key] = record["logprob"]["original"]
         write_step(step_dir(out, s, n), record, arrays, original, cres)
+
+
+def run_batch(model: LoadedModel, steps: Sequence[Step], policies: Sequence[Policy], out: Path, opts: RunOptions,
+              chat=None) -> None:
+    """Capture every (step, policy) of ``steps`` not yet done, writing one folder each: original contexts,
+    counterfactual contexts, one capture of them all, next actions, records."""
+    todo, settings = pending_steps(model, steps, policies, out, opts)
+    if not todo:
+        return
+    batch = original_contexts(model, todo, opts)
+    counterfactual_contexts(model, batch, opts)
+    results, replies = capture_contexts(model, batch, opts, chat)
+    write_records(model, batch, results, replies, out, opts, settings, chat)

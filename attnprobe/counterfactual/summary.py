@@ -21,6 +21,7 @@ skipped and listed with its reason in ``skipped``; it never stops the summary.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -245,3 +246,32 @@ def markdown_table(summary: dict, query: str = "decision") -> str:
     """:func:`table_rows` as a markdown table."""
     head = "| " + " | ".join(TABLE_HEAD) + " |\n|" + "---|" * len(TABLE_HEAD) + "\n"
     return head + "\n".join("| " + " | ".join(r) + " |" for r in table_rows(summary, query)) + "\n"
+
+
+SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
+QUERY_TABLES = ("decision", "reasoning")
+
+
+def summary_markdown(summary: dict, *, min_past: int | None = None, skipped: Iterable = (),
+                     models: str | None = None) -> str:
+    """summary.md: which steps, who read the attention when it is not the agent's model (``models``:
+    "capture model X, agent model Y"), the records skipped, then one table per query."""
+    skipped = list(skipped)
+    notes = [f"Steps with >= {min_past} past turns.", ""] if min_past is not None else []
+    notes += [f"{models[0].upper()}{models[1:]}: the attention is the capture model's reading of the agent's "
+              "contexts, not the agent's own.", ""] if models else []
+    notes += [f"Skipped {len(skipped)} unreadable step record(s): " + "; ".join(f"{w}: {r}" for w, r in skipped), ""] \
+        if skipped else []
+    return "\n".join(notes + [f"## query: {q}\n\n{markdown_table(summary, q)}" for q in QUERY_TABLES])
+
+
+
+def write_summary(out: str | Path, summary: dict, *, min_past: int | None = None, skipped: Iterable = (),
+                  models: str | None = None) -> None:
+    """OUT/summary.json (the summary, strict JSON) and OUT/summary.md (:func:`summary_markdown`), atomically:
+    the stage writes them, whichever command ran it (``attnprobe counterfactual``, ``study attention``)."""
+    from attnprobe.io import atomic_write_text, finite_json
+
+    out = Path(out)
+    atomic_write_text(out / SUMMARY_JSON, json.dumps(finite_json(summary), indent=1, allow_nan=False))
+    atomic_write_text(out / SUMMARY_MD, summary_markdown(summary, min_past=min_past, skipped=skipped, models=models))

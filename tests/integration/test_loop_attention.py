@@ -5,6 +5,7 @@ loaded once). Values are checked against what the capture files hold, computed a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,6 @@ from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.capture.job import CaptureOptions
 from attnprobe.cli.main import main
-from attnprobe.counterfactual.job import run_on_executor
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.render.segments import ROLES
@@ -52,11 +52,7 @@ def study(tmp_path_factory, tiny_smol):
                           ["none", "mask:1"], cfg, n_boot=100)
     assert counts["failed"] == 0
     ex = LocalExecutor(lambda: smol, progress=False)
-    opts = RunOptions(layers=LAYERS, chunk_size=512)  # what the CLI's options give (its rerun below resumes)
-
-    def cf(folder, trajs, spec, min_past):
-        return run_on_executor(ex, folder, trajs, [spec], opts, min_past=min_past)
-
+    cf = RunOptions(layers=LAYERS, chunk_size=512)  # what the CLI's options give (its rerun below resumes)
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
     first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, shares_min_past=1,
                           n_boot=200)
@@ -186,22 +182,21 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
     out, *_ = study
     ex = LocalExecutor(lambda: smol, progress=False)
     cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
-    asked = []
-
-    def cf(folder, trajs, spec, min_past):
-        asked.append((folder.relative_to(out).as_posix(), sorted(t.id for t in trajs), spec, min_past))
-        return run_on_executor(ex, folder, trajs, [spec], RunOptions(layers=LAYERS, chunk_size=512), min_past=min_past)
-
+    cf = RunOptions(layers=LAYERS, chunk_size=512)
     _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=50, only=["mask:1"])
     # mask:K's default is K + 1 past turns, the first step at which it can archive (issue 26 item 9): for
     # mask:1 that is 2, the fixture's --min-past, so its two steps (q1, turns 2 and 3) are already done
-    assert asked == [("mask-1/counterfactual", ["none/q1/history", "none/q2/history"], "mask:1", 2)]
-    assert doc["settings"]["mask:1"]["counterfactual"]["counts"] == {"done_before": 2, "done": 0, "failed": 0}
+    rep = doc["settings"]["mask:1"]["counterfactual"]
+    assert (rep["min_past"], rep["steps"], rep["folder"]) == (2, 2, "mask-1/counterfactual")
+    assert rep["counts"] == {"done_before": 2, "done": 0, "failed": 0}
+    assert {r["trajectory_id"] for r in map(json.loads, map(Path.read_text, (out / "mask-1" / "counterfactual")
+                                                             .rglob("record.json")))} == {"none/q1/history"}
+    assert (out / "mask-1" / "counterfactual" / "summary.md").read_text().startswith("Steps with >= 2 past turns.")
     assert list(doc["settings"]) == ["mask:1"]
     # a --min-past beyond the longest history: no eligible step, reported
     _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=5, n_boot=50,
                            only=["mask:1"])
-    assert asked[-1][-1] == 5
+    assert doc["settings"]["mask:1"]["counterfactual"]["min_past"] == 5
     assert doc["settings"]["mask:1"]["counterfactual"]["status"] == "no eligible step (none with >= 5 past turns)"
     assert "- **mask:1**: no eligible step" in (out / "study.md").read_text()
 
@@ -216,6 +211,9 @@ def test_cli(study, tiny_smol_folder, tmp_path, capsys):
     assert json.loads((out / "attention.json").read_text())["settings"]["none"]["decision"]["calls"] == 1  # q1 step 3
     assert (out / "attention.json").is_file() and (out / "attention.md").is_file()
     assert "**mask:1**: 2 steps with >= 2 past turns (0 run, 2 already done" in capsys.readouterr().out
+    # issue 29: the counterfactual folder's summary.md names both models (another capture model than the agent's)
+    assert (out / "mask-1" / "counterfactual" / "summary.md").read_text().startswith(
+        "Steps with >= 2 past turns.\n\nCapture model tiny-smollm2, agent model scripted-chat: ")
     assert main(["study", "attention", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"attnprobe: error: {tmp_path / 'missing'}: not an interference study folder (no study.json); "

@@ -96,6 +96,25 @@ def test_import_contracts_hold():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
 
+def test_counterfactual_is_a_stage_below_the_studies():
+    """Counterfactual is a stage, not a study: its own layer between the studies and ``agents`` in .importlinter
+    and off the independence contract, so the loop study imports it directly (no callback handed in by the
+    CLI) and nothing else reaches into capture.api's private names."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / ".importlinter")
+    layers = [x.strip() for x in cfg["importlinter:contract:pipeline"]["layers"].strip().splitlines()]
+    i = layers.index("attnprobe.counterfactual")
+    assert layers[i - 1] == "attnprobe.studies | attnprobe.distributed" and layers[i + 1] == "attnprobe.agents"
+    assert "attnprobe.counterfactual" not in cfg["importlinter:contract:studies-independent"]["modules"]
+    graph = import_graph()
+    assert "attnprobe.counterfactual.job" in graph["attnprobe.studies.loop.attention"]
+    source = "\n".join(p.read_text() for root in CODE_ROOTS.values() for p in root.rglob("*.py"))
+    assert "CounterfactualRunner" not in source
+    assert not re.search(r"from attnprobe\.capture\.api import \(?\s*_", source)
+
+
 def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -66,3 +66,31 @@ def test_capture_with_layers_full_on_a_tiny_hybrid_model(smol, samples):
                                atol=1e-6)
     with pytest.raises(ValueError, match="one of all, full"):
         attnprobe.capture(loaded, traj, queries="decision", layers="sliding")
+
+
+def test_run_prepared_is_the_one_capture_path_on_a_callers_own_points(tiny_smol):
+    """run_prepared (what capture_many and the counterfactual stage both call) on two trajectories that share
+    their first messages, at a caller's own query points and with prefix sharing: each row equals the one an
+    independent capture_many without sharing gives at the same position (within 1e-5), and the metadata
+    records what the caller said (positions, layers, weights), not a mode of its own."""
+    from attnprobe.capture.api import Prepared, capture_many, prepare, run_prepared
+    from attnprobe.trajectory.schema import Trajectory
+
+    head = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Who found holmium?"}]
+    trajs = [Trajectory(id="a", messages=[*head, {"role": "assistant", "content": "Per Teodor Cleve, in 1878."}]),
+             Trajectory(id="b", messages=[*head, {"role": "assistant", "content": "Cleve found it in Uppsala."}])]
+    prepared = []
+    for t in trajs:
+        r = prepare(tiny_smol, t)
+        prepared.append(Prepared(t, r, [r.decision]))
+    run = run_prepared(tiny_smol, prepared, queries="positions", layers=[0, 2], chunk_size=512, weights="w0",
+                       share_prefixes=True)
+    assert run.generated == [] and run.generation_counts == []
+    alone = capture_many(tiny_smol, trajs, "decision", [0, 2], share_prefixes=False, batch_size=1)
+    for got, want, p in zip(run.results, alone, prepared):
+        assert [q.position for q in got.queries] == [p.rendered.decision.position] == [q.position for q in want.queries]
+        np.testing.assert_allclose(got.segment_attention, want.segment_attention, atol=1e-5)
+        assert abs(float(got.segment_attention.sum()) - 1.0) < 1e-4  # one row: all of the query's attention
+        assert (got.meta["queries_mode"], got.meta["layers_requested"], got.meta["weights_hash"]) == \
+            ("positions", [0, 2], "w0")
+        assert want.meta["queries_mode"] == "decision"

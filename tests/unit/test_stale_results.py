@@ -201,30 +201,33 @@ def test_study_attention_runs_on_current_calls_and_stamps_its_section(tmp_path):
     and study.md keeps the section until the results change."""
     from types import SimpleNamespace
 
+    from attnprobe.capture.job import CaptureJob
+    from attnprobe.counterfactual.job import CounterfactualJob
+    from attnprobe.counterfactual.run import RunOptions
     from attnprobe.studies.loop.attention import run_attention
 
     class NoCapture:
         jobs: list = []
 
+        def call(self, fn, names, opts):  # the counterfactual stage's settings, made where the model is
+            return {n: {} for n in names}
+
         def run(self, job):
             self.jobs.append(job)
             return {"done_before": 0, "done": 0, "failed": 0}
-
-    seen = []
-
-    def counterfactual(folder, trajectories, spec, min_past):
-        seen.append(sorted(t.meta["question_id"] for t in trajectories))
-        return {"steps": 0, "min_past": min_past}
 
     _run(tmp_path, settings=("none", "ircot:o"))
     _run(tmp_path, QUESTIONS[:2], settings=("none", "ircot:o"))  # q2 leaves the study
     (tmp_path / "ircot-o" / "results" / "q1.json").unlink()  # and one result is deleted
     model = SimpleNamespace(spec="no-such-model", backend="transformers", dtype="float32")
     ex = NoCapture()
-    _, doc = run_attention(ex, tmp_path, model=model, counterfactual=counterfactual, n_boot=10)
-    calls = {job.out.parent.name: sorted({t.meta["question_id"] for t in job.trajectories}) for job in ex.jobs}
+    _, doc = run_attention(ex, tmp_path, model=model, counterfactual=RunOptions(), min_past=0, n_boot=10)
+    calls = {job.out.parent.name: sorted({t.meta["question_id"] for t in job.trajectories})
+             for job in ex.jobs if isinstance(job, CaptureJob)}
     assert calls == {"none": ["q0", "q1"], "ircot-o": ["q0"]}
-    assert seen == [["q0", "q1"]]  # the baseline's histories of its current results
+    cf = [job for job in ex.jobs if isinstance(job, CounterfactualJob)]  # the stage, run on the same executor
+    assert [sorted({s.trajectory.meta["question_id"] for s in job.steps}) for job in cf] == [["q0", "q1"]]
+    assert cf[0].out == tmp_path / "ircot-o" / "counterfactual"  # the baseline's histories of its current results
     assert doc["settings"]["none"]["recorded_calls"] == 4 and doc["settings"]["ircot:o"]["recorded_calls"] == 2
     stamps = json.loads((tmp_path / ATTENTION_JSON).read_text())["results_stamps"]
     assert stamps == {s: results_stamp(current_results(tmp_path, s)) for s in ("none", "ircot:o")}
@@ -232,3 +235,33 @@ def test_study_attention_runs_on_current_calls_and_stamps_its_section(tmp_path):
     _run(tmp_path, QUESTIONS[:2], settings=("none", "ircot:o"))  # q1 of ircot:o runs again: other results
     md = (tmp_path / "study.md").read_text()
     assert "Dropped: the results of ircot:o changed since it ran" in md
+
+
+def test_study_attention_counterfactual_summary_names_both_models(tmp_path):
+    """Issue 29: the summary.md that study attention's counterfactual stage writes in OUT/<setting>/counterfactual
+    names both models when the capture model is not the agent's ("capture model X, agent model Y"), and neither
+    when it is the agent's own."""
+    from types import SimpleNamespace
+
+    from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.capture_model import CaptureChoice
+
+    class NoCapture:
+        def call(self, fn, names, opts):
+            return {n: {} for n in names}
+
+        def run(self, job):
+            return {"done_before": 0, "done": 0, "failed": 0}
+
+    _run(tmp_path, settings=("none", "ircot:o"))
+    model = SimpleNamespace(spec="no-such-model", backend="transformers", dtype="float32")
+    other = CaptureChoice("no-such-model", None, capture_model="tiny-smollm2", agent_model="scripted-chat")
+    run_attention(NoCapture(), tmp_path, model=model, counterfactual=RunOptions(), min_past=0, n_boot=10, models=other)
+    md = (tmp_path / "ircot-o" / "counterfactual" / "summary.md").read_text()
+    assert md.startswith("Steps with >= 0 past turns.\n\nCapture model tiny-smollm2, agent model scripted-chat: the "
+                         "attention is the capture model's reading of the agent's contexts, not the agent's own.\n")
+    same = CaptureChoice("no-such-model", None, capture_model="scripted-chat", agent_model="scripted-chat")
+    run_attention(NoCapture(), tmp_path, model=model, counterfactual=RunOptions(), min_past=0, n_boot=10, models=same)
+    md = (tmp_path / "ircot-o" / "counterfactual" / "summary.md").read_text()
+    assert md.startswith("Steps with >= 0 past turns.\n\n## query: decision") and "agent model" not in md

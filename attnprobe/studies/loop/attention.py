@@ -10,9 +10,10 @@ Two parts, both resumable, run on one executor (local or Ray, chosen once by the
   (``OUT/<baseline>/history/*.jsonl``; IRCoT histories are read as the tag text the agent saw) into
   ``OUT/<setting>/counterfactual/``: where the baseline agent's attention would have gone under the
   policy, beside what the agent under the policy did. Steps: the counterfactual command's default
-  ``--min-past`` per policy family (:func:`attnprobe.agents.policies.default_min_past`). The
-  counterfactual stage is another study (the architecture keeps ``attnprobe.counterfactual`` and
-  ``attnprobe.studies`` independent), so the caller hands it in as ``counterfactual``.
+  ``--min-past`` per policy family (:func:`attnprobe.agents.policies.default_min_past`), through the
+  counterfactual stage (:func:`attnprobe.counterfactual.job.run_on_executor`, a layer below the studies),
+  which writes the folder's summary.md / summary.json (naming both models when the capture model is not
+  the agent's).
 
 Numbers per setting (docs/methods.md, "Attention per setting"): per recorded call, the attention share of
 each :data:`CATEGORIES` at two queries (:data:`QUERIES`): the **decision** (the last token before the reply,
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,8 @@ import numpy as np
 
 from attnprobe.agents.policies import default_min_past, parse_policy
 from attnprobe.capture.job import CaptureJob, CaptureOptions
+from attnprobe.counterfactual.job import run_on_executor
+from attnprobe.counterfactual.run import RunOptions
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
 from attnprobe.results.analysis import R, token_owners
@@ -75,10 +77,6 @@ log = logging.getLogger(__name__)
 
 CAPTURE_DIR, COUNTERFACTUAL_DIR = "capture", "counterfactual"
 DEFAULT_CAPTURE = CaptureOptions(queries="reasoning+decision")
-
-# (out folder, baseline history trajectories, policy spec, min_past) -> the counterfactual run's report
-# (attnprobe.counterfactual.job.run_on_executor bound to an executor): {"steps", "min_past", ...}.
-CounterfactualRunner = Callable[[Path, list[Trajectory], str, int], dict]
 
 
 # ------------------------------------------------------------------ the study folder
@@ -389,13 +387,14 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
 
 
 def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAULT_CAPTURE,
-                  counterfactual: CounterfactualRunner | None = None, min_past: int | None = None,
+                  counterfactual: RunOptions | None = None, min_past: int | None = None,
                   shares_min_past: int = SHARES_MIN_PAST, force: bool = False, n_boot: int = 2000,
                   only: list[str] | None = None, models=None) -> tuple[dict, dict]:
     """Capture every recorded call, run the counterfactuals, write attention.json / attention.md and the
     section of study.md; returns (counts summed over the capture jobs, the attention document).
     ``model``: what the executor loads (``spec``, ``backend``, ``dtype``: recorded and compared on resume);
-    ``counterfactual``: None skips that part (said so in the report); ``min_past``: the counterfactual
+    ``counterfactual``: the counterfactual stage's options (capture settings; its steps run on ``executor``
+    into ``OUT/<setting>/counterfactual``), None skips that part (said so in the report); ``min_past``: the counterfactual
     steps' (default per policy family); ``shares_min_past``: the share tables' filter (seed 002 E.5's five
     past turns by default, :func:`call_filter`); ``only``: these settings of the study (default all; the
     counterfactuals still run on the baseline's histories, the paired table reads the baseline's
@@ -429,7 +428,9 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
                 cf[s] = {"status": "not run: no counterfactual stage given"}
                 continue
             mp = min_past if min_past is not None else default_min_past([spec])
-            rep = counterfactual(setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, spec, mp)
+            rep = run_on_executor(executor, setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, [spec],
+                                  counterfactual, min_past=mp, force=force, model=_model_record(model),
+                                  models=models.label if models is not None and models.differs else None)
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
@@ -444,6 +445,12 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         elif study_md.is_file():
             atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
     return counts, doc
+
+
+def _model_record(model) -> dict:
+    """The model as the counterfactual folder's settings record compares it (``spec``, ``backend``,
+    ``dtype``: what ``attnprobe counterfactual`` records for its --model options)."""
+    return {"spec": model.spec, "backend": model.backend, "dtype": model.dtype}
 
 
 def _captured(job: CaptureJob) -> list[CaptureResult]:
