@@ -312,10 +312,10 @@ def make_generator(args, **overrides):
         kw["max_reply_bytes"] = args.max_reply_bytes
     if getattr(args, "concurrency", None):
         kw["concurrency"] = args.concurrency
+    # the engine options an in-process engine takes (--generator vllm), where the command has them
+    kw.setdefault("engine", {k: getattr(args, k) for k in ("tensor_parallel_size", "chunk_size")
+                             if getattr(args, k, None) is not None})
     kind = kw.pop("kind", None) or generator_kind(args)
-    if kind == "vllm" and "engine" not in kw:  # the capture backend's engine options, where the command has them
-        kw["engine"] = {k: getattr(args, k) for k in ("tensor_parallel_size", "chunk_size")
-                        if getattr(args, k, None) is not None}
     return open_backend(kind, **kw)
 
 
