@@ -1,5 +1,8 @@
 """vLLM capture backend (driver side): engine loading, running batches of plans, merging shards.
 
+:func:`open_engine` builds an engine from the backend's options; capture adds its settings and hooks,
+and the in-process generator (``--generator vllm``, :mod:`attnprobe.generation.vllm_chat`) its own.
+
 ``load_model(spec, backend="vllm", ...)`` builds a vLLM ``LLM`` in capture mode (eager, prefix
 caching on, chunked prefill with ``max_num_batched_tokens = chunk_size``) whose workers carry the
 attnprobe worker extension (:mod:`attnprobe_hooks.vllm.extension`). :meth:`VllmBackend.run` arms
