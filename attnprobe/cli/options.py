@@ -227,8 +227,9 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | 
     :func:`finish_args`). ``backend_alias`` also accepts the old spelling ``--backend`` (hidden)."""
     g = p.add_argument_group("generation")
     g.add_argument("--generator", dest="backend", choices=_generators(), default=None,
-                   help="generate in process with --model (transformers) or through an OpenAI-compatible "
-                        "endpoint (openai); default: openai when --base-url is given, else transformers"
+                   help="generate in process with --model (transformers; vllm: vLLM's offline engine with prefix "
+                        "caching, docs/vllm.md) or through an OpenAI-compatible endpoint (openai); default: openai "
+                        "when --base-url is given, else transformers"
                         + (" (old name: --backend)" if backend_alias else ""))
     if backend_alias:
         g.add_argument("--backend", dest="backend", choices=_generators(), default=argparse.SUPPRESS,
@@ -242,6 +243,9 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | 
                         "study/ibis runs, 300 otherwise; failed tries are retried twice)")
     g.add_argument("--max-reply-bytes", type=positive_int, default=None, metavar="BYTES",
                    help="--generator openai: the most bytes read from one reply (default 8000000)")
+    g.add_argument("--concurrency", type=positive_int, default=1, metavar="N",
+                   help="--generator openai: requests in flight at once when a batch of calls is sent (default 1; "
+                        "vLLM, SGLang and hosted APIs batch them)")
     g.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
                    help=max_new_tokens_help or f"generation limit per model call (default {max_new_tokens})")
     if temperature:
@@ -306,6 +310,11 @@ def make_generator(args, **overrides):
         kw["timeout"] = args.request_timeout
     if getattr(args, "max_reply_bytes", None):
         kw["max_reply_bytes"] = args.max_reply_bytes
+    if getattr(args, "concurrency", None):
+        kw["concurrency"] = args.concurrency
+    # the engine options an in-process engine takes (--generator vllm), where the command has them
+    kw.setdefault("engine", {k: getattr(args, k) for k in ("tensor_parallel_size", "chunk_size")
+                             if getattr(args, k, None) is not None})
     kind = kw.pop("kind", None) or generator_kind(args)
     return open_backend(kind, **kw)
 

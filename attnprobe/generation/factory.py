@@ -1,7 +1,8 @@
 """Open a generation backend by kind: the one place that maps options to a :class:`ChatBackend`.
 
     chat = open_backend("transformers", model="default")                       # in process
-    chat = open_backend("openai", base_url="http://127.0.0.1:8000/v1", served_model="Qwen2.5-7B")
+    chat = open_backend("openai", base_url="http://127.0.0.1:8000/v1", served_model="Qwen2.5-7B", concurrency=8)
+    chat = open_backend("vllm", model="default", engine={"tensor_parallel_size": 2})  # vLLM in process
 
 Kinds live in :data:`BACKENDS` (kind -> opener); adding one is one function and one entry.
 """
@@ -23,18 +24,27 @@ def _open_transformers(*, model: str, dtype: str, device: str, stop_at_call: boo
 
 
 def _open_openai(*, model: str, base_url: str | None, served_model: str | None, api_key_env: str, timeout: float,
-                 max_reply_bytes: int | None = None, **_: Any) -> ChatBackend:
+                 max_reply_bytes: int | None = None, concurrency: int = 1, **_: Any) -> ChatBackend:
     from attnprobe.generation.openai_chat import OpenAIChat
 
     if not base_url:
         raise AttnprobeError("the openai generation backend needs a base URL (e.g. http://127.0.0.1:8000/v1)")
     cap = {"max_reply_bytes": max_reply_bytes} if max_reply_bytes else {}
-    return OpenAIChat(base_url, served_model or model, api_key_env=api_key_env, timeout=timeout, **cap)
+    return OpenAIChat(base_url, served_model or model, api_key_env=api_key_env, timeout=timeout,
+                      concurrency=concurrency, **cap)
+
+
+def _open_vllm(*, model: str, dtype: str, stop_at_call: bool | None, engine: dict | None = None,
+               **_: Any) -> ChatBackend:
+    from attnprobe.generation.vllm_chat import VllmChat
+
+    return VllmChat.open(model, dtype=dtype, stop_at_call=stop_at_call, **(engine or {}))
 
 
 BACKENDS: dict[str, Callable[..., ChatBackend]] = {
     "transformers": _open_transformers,
     "openai": _open_openai,
+    "vllm": _open_vllm,
 }
 
 
@@ -45,18 +55,23 @@ def backend_kinds() -> list[str]:
 def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", device: str = "cpu",
                  base_url: str | None = None, served_model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  timeout: float = 300.0, stop_at_call: bool | None = None,
-                 max_reply_bytes: int | None = None) -> ChatBackend:
-    """A chat backend of ``kind`` ("transformers" | "openai").
+                 max_reply_bytes: int | None = None, concurrency: int = 1,
+                 engine: dict | None = None) -> ChatBackend:
+    """A chat backend of ``kind`` ("transformers" | "openai" | "vllm").
 
     transformers: loads ``model`` (any spec ``load_model`` accepts) with ``dtype`` on ``device``;
     ``stop_at_call`` None = stop generating at a complete call of an offered tool whenever tools are
     offered. openai: ``base_url`` (required), ``served_model`` (default: ``model``), the key from the
     environment variable ``api_key_env``, ``timeout`` seconds per request, replies of at most
-    ``max_reply_bytes`` (default :data:`attnprobe.generation.openai_chat.MAX_REPLY_BYTES`).
+    ``max_reply_bytes`` (default :data:`attnprobe.generation.openai_chat.MAX_REPLY_BYTES`), up to
+    ``concurrency`` requests in flight per batch. vllm: vLLM's offline engine in process on ``model``
+    with ``dtype``; ``engine``: the capture backend's engine options (``tensor_parallel_size``,
+    ``chunk_size``, ``max_model_len``, ``kv_cache_gib``, ... see docs/vllm.md).
     """
     try:
         opener = BACKENDS[kind]
     except KeyError:
         raise AttnprobeError(f"unknown generation backend {kind!r} (choose from {', '.join(BACKENDS)})") from None
     return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
-                  api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes)
+                  api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes,
+                  concurrency=concurrency, engine=engine)

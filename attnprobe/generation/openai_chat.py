@@ -16,16 +16,27 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.generation.chat import ChatReply, OneByOne, tool_names
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 NO_KEY = "EMPTY"  # sent when the key variable is unset: the client needs one, local servers ignore it
 MAX_REPLY_BYTES = 8_000_000  # a reply of 8,192 tokens with logprobs is well under 1 MB
 DEFAULT_MAX_TOKENS = 256
+
+
+def structured():
+    """:mod:`attnprobe.generation.structured` (the action grammars), imported when a request asks for
+    structured actions. By name: that module comes with another change, and until it is in the tree a
+    static ``from ... import`` resolves to the package and reads as an import cycle (test_architecture)."""
+    import importlib
+
+    return importlib.import_module("attnprobe.generation.structured")
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -38,13 +49,16 @@ class OpenAIChat(OneByOne):
 
     ``timeout`` is per request in seconds (waiting for the reply, and reading it in all);
     ``max_retries`` retries connection errors, timeouts, HTTP 408/409/429 and 5xx with backoff (the
-    ``openai`` client's policy); ``max_reply_bytes`` caps the body read.
+    ``openai`` client's policy); ``max_reply_bytes`` caps the body read; ``concurrency``: requests in
+    flight in :meth:`complete_batch` (``--concurrency``; servers such as vLLM and SGLang batch them).
+    A request with ``actions`` carries the guided-decoding options the server documents
+    (:func:`attnprobe.generation.structured.openai_extra_body`).
     """
 
     kind = "openai"
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", timeout: float = 300.0,
-                 max_retries: int = 2, max_reply_bytes: int = MAX_REPLY_BYTES):
+                 max_retries: int = 2, max_reply_bytes: int = MAX_REPLY_BYTES, concurrency: int = 1):
         import openai
 
         self.base_url = base_url.rstrip("/")
@@ -54,6 +68,13 @@ class OpenAIChat(OneByOne):
         self.api_key_env = api_key_env
         self.timeout = timeout
         self.max_reply_bytes = max_reply_bytes
+        if int(concurrency) < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.concurrency = int(concurrency)
+        # Token counts over this object's life, as the in-process backends keep them (the benchmark reads
+        # them): "cached" is what the server says its prefix cache served (usage.prompt_tokens_details).
+        self.stats = {"calls": 0, "sent": 0, "cached": 0, "generated": 0}
+        self._stats_lock = threading.Lock()
         self.has_key = bool(os.environ.get(api_key_env))
         self._client = openai.OpenAI(api_key=os.environ.get(api_key_env) or NO_KEY, base_url=self.base_url,
                                      timeout=timeout, max_retries=max_retries)
@@ -118,12 +139,45 @@ class OpenAIChat(OneByOne):
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
                  temperature: float = 0.0) -> ChatReply:
-        messages = [{k: v for k, v in m.items() if k != "annotations"} for m in messages]  # attnprobe's labels
+        return self._complete(ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature))
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        """One reply per request, in order, with up to ``concurrency`` requests in flight.
+
+        One client serves every thread: the ``openai`` client (an ``httpx.Client`` underneath, whose
+        connection pool is thread-safe) is meant to be shared, and one pool reuses connections across
+        turns. Each request is exactly what :meth:`complete` sends (call ids come from its own messages,
+        so they do not depend on the order replies arrive in). A failure fails the batch with the error
+        line of the first failed request in request order, the one a sequential loop would have met;
+        requests not yet started are then not sent."""
+        requests = list(requests)
+        if self.concurrency <= 1 or len(requests) <= 1:
+            return [self._complete(r) for r in requests]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests)),
+                                thread_name_prefix="attnprobe-openai") as pool:
+            futures = [pool.submit(self._complete, r) for r in requests]
+            replies = []
+            for fut in futures:
+                try:
+                    replies.append(fut.result())
+                except BaseException:
+                    for rest in futures:
+                        rest.cancel()
+                    raise
+        return replies
+
+    def _complete(self, request: ChatRequest) -> ChatReply:
+        messages = [{k: v for k, v in m.items() if k != "annotations"} for m in request.messages]  # our labels
+        tools, max_tokens = request.tools, request.max_tokens
         payload: dict[str, Any] = {"model": self.model, "messages": messages,  # a limit is always sent
                                    "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                                   "temperature": temperature}
+                                   "temperature": request.temperature}
         if tools:
             payload["tools"] = tools
+        if request.actions is not None:
+            payload["extra_body"] = structured().openai_extra_body(request.actions)
         resp = self._create(payload)
         try:
             choice = resp["choices"][0]
@@ -137,10 +191,14 @@ class OpenAIChat(OneByOne):
             usage = resp.get("usage") or {}
             input_tokens = int(usage.get("prompt_tokens") or 0)
             output_tokens = int(usage.get("completion_tokens") or 0)
+            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
             finish = choice.get("finish_reason") or "stop"
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             raise AttnprobeError(f"{self.url}: malformed chat completion response: "
                                  f"{_one_line(json.dumps(resp)[:400])}") from None
+        with self._stats_lock:
+            for key, n in (("calls", 1), ("sent", input_tokens), ("cached", cached), ("generated", output_tokens)):
+                self.stats[key] += n
         content = text
         if not tool_calls:
             content, parsed = parse_tool_calls(text, tool_names(tools))

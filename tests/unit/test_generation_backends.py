@@ -118,7 +118,7 @@ def test_openai_client_request_key_and_tool_calls(stub_endpoint, monkeypatch):
 def test_open_backend_registry_errors():
     from attnprobe.generation.factory import BACKENDS, open_backend
 
-    assert set(BACKENDS) == {"transformers", "openai"}
+    assert set(BACKENDS) == {"transformers", "openai", "vllm"}
     with pytest.raises(attnprobe.AttnprobeError, match="unknown generation backend"):
         open_backend("bogus")
     with pytest.raises(attnprobe.AttnprobeError, match="base URL"):

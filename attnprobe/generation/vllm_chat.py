@@ -1,0 +1,144 @@
+"""Generation with vLLM's offline engine in process (``--generator vllm``).
+
+- The engine is built from the capture backend's engine options (tensor parallel, chunk size, KV cache
+  size, ... :func:`attnprobe_hooks.vllm.backend.open_engine`, docs/vllm.md), without the capture
+  hooks and with automatic prefix caching on: a turn whose prompt extends the last one (or shares a
+  long prefix with another episode's) prefills only what is new. On CPU the engine runs eagerly (no
+  graph compilation: it starts in seconds); on GPU vLLM's defaults apply. ``engine_kwargs`` overrides.
+- Prompts are rendered by :func:`attnprobe.render.rendering.render` with ``add_generation_prompt=True``,
+  exactly as :class:`~attnprobe.generation.transformers_chat.TransformersChat` renders them, and sent as
+  token ids, so a recorded call can be captured later with identical tokens.
+- :meth:`VllmChat.complete_batch` sends the whole batch in one ``llm.generate``, each request with its
+  own ``SamplingParams`` (max_tokens, temperature; greedy at 0). A request with ``actions`` adds the
+  engine's structured-output options (:func:`attnprobe.generation.structured.vllm_sampling_params_kwargs`).
+- Stop at call: the same rule as TransformersChat (on when tools are offered), applied after the fact.
+  The engine generates up to its end-of-sequence token or ``max_tokens``; the reply is then cut to the
+  shortest prefix, checked every ``stop_check_every`` tokens, whose text holds a complete call, which
+  is exactly where TransformersChat's stopping criterion would have ended it. (A vLLM ``stop`` string
+  cannot say "a complete JSON call"; the cost is the tokens generated past the call.)
+- Token accounting: ``stats`` counts prompt tokens sent, those the prefix cache served
+  (``RequestOutput.num_cached_tokens``), those prefilled (sent - cached) and tokens the engine generated
+  (before the stop-at-call cut; a reply's ``output_tokens`` counts after it), over the object's life; ``last_batch`` holds the per-request counts of the last batch.
+
+The replies (content, parsed calls with ids ``call1``, ..., ``stopped_by``, ``finish_reason``, the
+prompt) are built by the same code as TransformersChat's, so greedy replies compare token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from attnprobe.errors import AttnprobeError
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne
+from attnprobe.generation.transformers_chat import TransformersChat
+
+
+def structured():
+    """:mod:`attnprobe.generation.structured` (the action grammars), imported when a request asks for
+    structured actions. By name: that module comes with another change, and until it is in the tree a
+    static ``from ... import`` resolves to the package and reads as an import cycle (test_architecture)."""
+    import importlib
+
+    return importlib.import_module("attnprobe.generation.structured")
+
+
+class VllmChat(OneByOne):
+    """Chat completions from a vLLM engine in this process (see the module docstring).
+
+    ``loaded``: a :class:`attnprobe_hooks.vllm.backend.VllmModel` (:meth:`open` builds one);
+    ``stop_at_call``: as for TransformersChat (None: stop at a complete call when tools are offered).
+    """
+
+    kind = "vllm"
+
+    def __init__(self, loaded, *, stop_at_call: bool | None = None, stop_check_every: int = 4):
+        self.loaded = loaded
+        self.name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        # Prompt rendering, stop names, cutting and reply building: TransformersChat's own code, so the
+        # two in-process generators cannot drift apart.
+        self._text = TransformersChat(loaded, stop_at_call=stop_at_call, stop_check_every=stop_check_every)
+        self.stats = {"calls": 0, "sent": 0, "cached": 0, "prefilled": 0, "generated": 0}
+        self.last_batch: list[dict[str, int]] = []
+
+    @classmethod
+    def open(cls, spec: str = "default", *, dtype: str = "float32", stop_at_call: bool | None = None,
+             engine_kwargs: dict | None = None, **engine: Any) -> VllmChat:
+        """Build (or reuse) the generation engine for ``spec``; ``engine``: the capture backend's engine
+        options (``tensor_parallel_size``, ``chunk_size``, ``max_model_len``, ``kv_cache_gib``,
+        ``gpu_memory_utilization``, ``max_num_seqs``, ``seed``, ``progress``)."""
+        from attnprobe_hooks.vllm.backend import _require_vllm, open_engine
+
+        _require_vllm()
+        from vllm.platforms import current_platform
+
+        chunk = int(engine.get("chunk_size") or 512)
+        engine["chunk_size"] = chunk
+        defaults = {"enable_chunked_prefill": True, "max_num_batched_tokens": chunk,
+                    "enforce_eager": bool(current_platform.is_cpu())}
+        loaded = open_engine(spec, dtype=dtype, engine_kwargs=engine_kwargs, defaults=defaults,
+                             forced={"enable_prefix_caching": True}, purpose="generate", **engine)
+        return cls(loaded, stop_at_call=stop_at_call)
+
+    def close(self) -> None:
+        from attnprobe_hooks.vllm.backend import unload
+
+        unload(self.loaded)
+
+    # ------------------------------------------------------------------ generation
+    def prompt(self, messages: list[dict], tools: list[dict] | None = None):
+        """The prompt as TransformersChat renders it (ids, text, rendering)."""
+        return self._text.prompt(messages, tools)
+
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+                 temperature: float = 0.0) -> ChatReply:
+        return self.complete_batch([ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature)])[0]
+
+    def _params(self, request: ChatRequest):
+        from vllm import SamplingParams
+
+        kw: dict[str, Any] = {"max_tokens": int(request.max_tokens), "temperature": float(request.temperature),
+                              "detokenize": False}
+        if request.actions is not None:
+            kw.update(structured().vllm_sampling_params_kwargs(request.actions))
+        return SamplingParams(**kw)
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        """All requests in one ``llm.generate`` (the engine schedules and batches them); replies in order."""
+        from vllm.inputs import TokensPrompt
+
+        requests = list(requests)
+        if not requests:
+            return []
+        llm = self.loaded.model
+        if llm is None:
+            raise AttnprobeError("this vLLM generator was closed; open it again")
+        prompts = [self.prompt(r.messages, r.tools) for r in requests]
+        limit = self.loaded.max_model_len
+        for i, p in enumerate(prompts):
+            if limit is not None and len(p.ids) >= limit:
+                raise AttnprobeError(f"request {i + 1}: the prompt renders to {len(p.ids)} tokens; the vLLM engine "
+                                     f"holds at most {limit - 1} prompt tokens (max_model_len={limit})")
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p.ids) for p in prompts],
+                               [self._params(r) for r in requests], use_tqdm=False)
+        replies, batch = [], []
+        for r, p, out in zip(requests, prompts, outputs):
+            new = engine_new = [int(t) for t in out.outputs[0].token_ids]
+            names = self._text._active_stop_names(r.tools)
+            if names:
+                new = self._text._cut_at_call(new, names)
+            replies.append(self._text._reply(p, new, r.tools, r.max_tokens, r.messages))
+            cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+            batch.append({"sent": len(p.ids), "cached": cached, "prefilled": len(p.ids) - cached,
+                          "generated": len(engine_new)})
+        self.last_batch = batch
+        for row in batch:
+            self.stats["calls"] += 1
+            for key, n in row.items():
+                self.stats[key] += n
+        return replies
+
+    def end_episode(self, episode: str) -> None:
+        """Nothing to free: the engine's prefix cache is shared by all episodes and evicts by itself."""
+        return None
