@@ -309,15 +309,21 @@ class RowState:
     def allowed(self, vocab_size: int):
         """A bool tensor of ``vocab_size``: True where the token keeps the reply valid (ids past the
         tokenizer's vocabulary, e.g. a model's padded embedding rows, are never allowed)."""
-        import numpy as np
         import torch
 
-        out = np.zeros(vocab_size, dtype=bool)  # numpy, then one zero-copy tensor: torch's small ops are slow
-        eos = self.constraint.eos_id                # under thread contention (13 ms for a torch.zeros here)
+        return torch.from_numpy(self.allowed_array(vocab_size))
+
+    def allowed_array(self, vocab_size: int):
+        """:meth:`allowed` as a numpy array. Built in numpy and handed to torch once: torch's small ops are
+        slow under thread contention (a 49k ``torch.zeros`` took 13 ms on a loaded 2-core machine)."""
+        import numpy as np
+
+        out = np.zeros(vocab_size, dtype=bool)
+        eos = self.constraint.eos_id
         if self.finished:
             if eos is not None and eos < vocab_size:
                 out[eos] = True
-            return torch.from_numpy(out)
+            return out
         from llguidance.numpy import fill_next_token_bitmask
 
         n = self.constraint.lltok.vocab_size
@@ -329,7 +335,7 @@ class RowState:
         flags = np.unpackbits(bits.view(np.uint8), bitorder="little")
         k = min(vocab_size, n)
         out[:k] = flags[:k]
-        return torch.from_numpy(out)
+        return out
 
     def accept(self, token_id: int) -> None:
         token_id = int(token_id)
@@ -376,6 +382,10 @@ def _processor_class():
             self.prompt_width = prompt_width
 
         def __call__(self, input_ids, scores):
+            import numpy as np
+
+            vocab = scores.shape[-1]
+            ok = np.ones((len(self.rows), vocab), dtype=bool)  # free rows: everything allowed
             for r, row in enumerate(self.rows):
                 if row is None:
                     continue
@@ -383,11 +393,9 @@ def _processor_class():
                     row.accept(t)
                     if row.finished:
                         break
-                allowed = row.allowed(scores.shape[-1]).to(scores.device)
-                scores[r] = scores[r].masked_fill(~allowed, float("-inf"))
-            return scores
+                ok[r] = row.allowed_array(vocab)
+            return scores.masked_fill(~torch.from_numpy(ok).to(scores.device), float("-inf"))
 
-    del torch
     return ActionLogitsProcessor
 
 
