@@ -414,7 +414,8 @@ def openai_extra_body(fmt: ActionFormat, server: str = "vllm") -> dict:
 
     - ``vllm`` (vLLM >= 0.10.2, where ``structured_outputs`` replaced the ``guided_*`` fields; they were
       removed in 0.12.0): ``{"structured_outputs": {"grammar": GBNF}}``;
-    - ``vllm-legacy`` (vLLM 0.6 to 0.11): ``{"guided_grammar": GBNF}``;
+    - ``vllm-legacy`` (vLLM before 0.12): ``{"guided_grammar": GBNF}``; vLLM 0.12 and later ignore that
+      field without an error and decode freely, so use it only for an older server;
     - ``sglang``: ``{"ebnf": GBNF}`` (its default xgrammar backend; llguidance reads it too).
 
     GBNF, not Lark: xgrammar (vLLM's default backend) reads EBNF natively, and vLLM's guidance backend
