@@ -315,9 +315,14 @@ def test_logits_processor_makes_a_random_model_write_valid_actions(tiny_smol, sh
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     proc = S.logits_processor(tok, [FORMATS[n] for n in names], width)
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=120, do_sample=False,
-                             logits_processor=[proc], eos_token_id=tok.eos_token_id, pad_token_id=pad)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model's steps: 1.2 s in one thread, 12 s in two on the loaded 2-core CI box
+    try:
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=120, do_sample=False,
+                                 logits_processor=[proc], eos_token_id=tok.eos_token_id, pad_token_id=pad)
+    finally:
+        torch.set_num_threads(threads)
     texts = [tok.decode(r[width:], skip_special_tokens=True) for r in out.tolist()]
     for name, text in zip(names, texts):
         assert S.accepts(tok, FORMATS[name], text), (name, text)
