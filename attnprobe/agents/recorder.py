@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from attnprobe.generation.chat import ChatReply
+from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
 from attnprobe.io import append_jsonl, rewrite_jsonl
 
 # Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096" (per model call).
@@ -68,7 +68,10 @@ class Recorder:
         self._stop_replay()
 
     def call(self, agent: str, messages: list[dict], tools: list[dict] | None, *, max_tokens: int | None = None,
-             extra_meta: dict | None = None) -> ChatReply:
+             extra_meta: dict | None = None, actions: ActionFormat | None = None) -> ChatReply:
+        """One model call, recorded (or replayed on resume). ``actions``: constrain the reply to that action
+        grammar (``structured_actions``; sent as a :class:`ChatRequest` through ``complete_batch``, and the
+        call's meta names it)."""
         self.call_index += 1
         self.per_agent[agent] += 1
         label = f"call {self.call_index} ({agent})"
@@ -93,8 +96,14 @@ class Recorder:
                 self._stop_replay()
         if reply is None:
             t0 = time.perf_counter()
-            reply = self.chat.complete(copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
-                                       max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+            if actions is None:
+                reply = self.chat.complete(copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
+                                           max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+            else:
+                reply = self.chat.complete_batch([ChatRequest(
+                    copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
+                    max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, actions=actions)])[0]
+                extra_meta = {**(extra_meta or {}), "structured_actions": actions.scaffold}
             if self.note is not None:  # per call, with its speed: a long wait is visibly generating
                 self.note(call_note(label, reply.output_tokens, time.perf_counter() - t0))
             self._write(call_id, agent, messages, tools, reply, extra_meta or {})

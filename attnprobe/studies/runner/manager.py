@@ -28,7 +28,7 @@ from attnprobe.agents.tools import (
     tool_lines,
 )
 from attnprobe.studies.runner.config import RunSettings
-from attnprobe.studies.runner.worker import SearchWorker, agent_turn, unknown_tool
+from attnprobe.studies.runner.worker import SearchWorker, action_format, agent_turn, unknown_tool
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ class Manager:
         step = 0
         while step < budget:
             out.steps += 1
-            reply, calls = agent_turn(self.rec, "manager", messages, MANAGER_TOOLS, {"step": step}, NO_CALL_HINT)
+            reply, calls = agent_turn(self.rec, "manager", messages, MANAGER_TOOLS, {"step": step}, NO_CALL_HINT,
+                                      actions=action_format(self.settings, "nis-manager", MANAGER_TOOLS))
             step += 1
             if not calls:
                 out.parse_failures += 1
@@ -151,7 +152,8 @@ class Manager:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": obs})
         out.forced = True
         messages.append({"role": "user", "content": OUT_OF_STEPS})
-        reply = self.rec.call("manager", messages, [FINAL_ANSWER], extra_meta={"step": "forced"})
+        reply = self.rec.call("manager", messages, [FINAL_ANSWER], extra_meta={"step": "forced"},
+                              actions=action_format(self.settings, "nis-manager", [FINAL_ANSWER]))
         if reply.tool_calls and reply.tool_calls[0]["function"]["name"] == "final_answer":
             out.answer = arg(call_args(reply.tool_calls[0]), "answer")
         if not out.answer:

@@ -8,6 +8,7 @@ round's observations, and each recorded call carries ``meta.history`` linking it
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from attnprobe.agents.context import ContextHistory, parse_setting
@@ -33,6 +34,7 @@ from attnprobe.agents.tools import (
     out_of_steps,
     tool_lines,
 )
+from attnprobe.generation.chat import ActionFormat
 from attnprobe.studies.runner.config import RunSettings
 
 WORKER_SYSTEM = (
@@ -48,12 +50,20 @@ MAX_CALLS_PER_REPLY = 3  # ours: tool calls of one reply that are run (the rest 
 UNABLE_NOTE = "Unable to find a relevant result for this query; try a different approach."
 
 
+def action_format(settings: RunSettings, scaffold: str, tools: list[dict]) -> ActionFormat | None:
+    """The action grammar of a manager ("nis-manager") or worker ("nis-worker") call offering ``tools``, when
+    the run constrains replies (``structured_actions``, default off); None: free decoding, as the seed."""
+    if not settings.structured_actions:
+        return None
+    return ActionFormat(scaffold, json.dumps(tools, ensure_ascii=False))
+
+
 def agent_turn(rec: Recorder, agent: str, messages, tools: list[dict], meta: dict, no_call_hint: str, *,
-               sent: list[dict] | None = None):
+               sent: list[dict] | None = None, actions: ActionFormat | None = None):
     """One step of an agent loop: call the model (recorded) with ``sent`` (default: ``messages``), append its
     reply to ``messages`` (a list or a :class:`ContextHistory`) and return (reply, tool calls). A reply
-    without calls gets ``no_call_hint`` appended and no calls."""
-    reply = rec.call(agent, messages if sent is None else sent, tools, extra_meta=meta)
+    without calls gets ``no_call_hint`` appended and no calls. ``actions``: see :func:`action_format`."""
+    reply = rec.call(agent, messages if sent is None else sent, tools, extra_meta=meta, actions=actions)
     msg = reply.as_message()
     if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
         msg["content"] = "(empty reply)"
@@ -239,7 +249,8 @@ class SearchWorker:
             info.steps += 1
             sent, m = self._view(step_meta(step))
             before = len(messages)
-            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, m, NO_CALL_HINT, sent=sent)
+            reply, calls = agent_turn(self.rec, "search_worker", messages, WORKER_TOOLS, m, NO_CALL_HINT, sent=sent,
+                                      actions=action_format(self.settings, "nis-worker", WORKER_TOOLS))
             messages.record_step(step, self.rec.last_call_id, before)
             if not calls:
                 info.parse_failures += 1
@@ -268,7 +279,8 @@ class SearchWorker:
         info.forced = True
         messages.append({"role": "user", "content": WORKER_OUT_OF_STEPS})
         sent, m = self._view(step_meta("forced"))
-        reply = self.rec.call("search_worker", sent, [FINAL_ANSWER], extra_meta=m)
+        reply = self.rec.call("search_worker", sent, [FINAL_ANSWER], extra_meta=m,
+                              actions=action_format(self.settings, "nis-worker", [FINAL_ANSWER]))
         messages.record_step("forced", self.rec.last_call_id)
         last = reply.as_message()  # the full history ends with the forced reply
         messages.append(last if (last.get("content") or "").strip() or last.get("tool_calls")
