@@ -133,7 +133,7 @@ def test_structured_actions_are_recorded_only_when_on_and_a_resume_without_them_
     on = SETTINGS.with_(structured_actions=True)
     assert "structured_actions" not in SETTINGS.to_dict() and on.to_dict()["structured_actions"] is True
     out = tmp_path / "s.jsonl"
-    run_questions(ScriptedChat(script), QS[:1], on, out, search=FixedSearch())
+    run_questions(ScriptedChat(script, actions=True), QS[:1], on, out, search=FixedSearch())
     assert [t.meta["settings"]["structured_actions"] for t in attnprobe.load_trajectories(out)] == [True] * 4
     assert json.loads(out.with_suffix(".summary.json").read_text())["settings"]["structured_actions"] is True
     assert results(out)[0]["settings"]["structured_actions"] is True
