@@ -25,6 +25,7 @@ every ``every`` tokens, as ``complete``), the no-call budget, the grammar finish
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,10 +86,9 @@ class StopRules:
     every: int  # check for a complete call every N new tokens
     budget: int | None  # the no-call budget (None: off)
     eos_ids: frozenset[int]
+    opens_call: Callable[[str, list[str]], bool]  # transformers_chat.opens_call (the no-call budget's test)
 
     def reason(self, row: Row, new: list[int]) -> str | None:
-        from attnprobe.generation.transformers_chat import opens_call
-
         n = len(new)
         check_call = bool(row.stop_names) and n % self.every == 0
         check_budget = self.budget is not None and n == self.budget
@@ -96,7 +96,7 @@ class StopRules:
             text = self.tokenizer.decode(new, skip_special_tokens=True)
             if check_call and ("}" in text or ")" in text) and parse_tool_calls(text, row.stop_names)[1]:
                 return "call"
-            if check_budget and not opens_call(text, row.stop_names):
+            if check_budget and not self.opens_call(text, row.stop_names):
                 return "no_call"
         if row.state is not None and row.state.finished:
             return "grammar"
@@ -296,6 +296,8 @@ def token_constraint(tokenizer, fmt):
     :func:`attnprobe.generation.structured.token_constraint` (branch ``struct``; imported here, lazily, so
     decoding without ``actions`` never loads it). Its ``start()`` gives a row state with
     ``allowed(vocab_size) -> BoolTensor``, ``accept(token_id)`` and ``finished``."""
-    from attnprobe.generation import structured  # type: ignore[attr-defined]
+    import importlib
 
-    return structured.token_constraint(tokenizer, fmt)
+    # by name: until branch struct is merged the module is absent, and an import statement would point the
+    # import graph (tests/unit/test_architecture.py) at the package itself
+    return importlib.import_module("attnprobe.generation.structured").token_constraint(tokenizer, fmt)

@@ -261,7 +261,7 @@ class TransformersChat(OneByOne):
         per-layer key/value cache) answers one request after another, without reuse."""
         import torch
 
-        from attnprobe.generation import decode as dec
+        import attnprobe.generation.decode as dec
 
         requests = list(requests)
         if not requests:
@@ -285,7 +285,7 @@ class TransformersChat(OneByOne):
         if eos is None:
             eos = self.tokenizer.eos_token_id
         eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        rules = dec.StopRules(self.tokenizer, self.stop_check_every, self.no_call_tokens, eos_ids)
+        rules = dec.StopRules(self.tokenizer, self.stop_check_every, self.no_call_tokens, eos_ids, opens_call)
         keep = [self.max_kept_episodes > 0 and r.episode is not None for r in requests]
         try:
             with torch.inference_mode():

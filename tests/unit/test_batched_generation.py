@@ -154,3 +154,16 @@ def test_sampling_is_reproducible_per_seed_and_independent_of_the_batch(tiny_smo
 def test_bad_max_tokens_is_one_clear_error(tiny_smol):
     with pytest.raises(ValueError, match="max_tokens must be >= 1; got 0"):
         TransformersChat(tiny_smol).complete_batch([ChatRequest(user("x"), max_tokens=0)])
+
+
+def test_no_call_budget_stops_only_the_row_without_a_call_opening(tiny_smol, monkeypatch):
+    """Budget 3: the free row (prose) stops at 3 tokens with ``no_call``, as ``complete`` stops it; the row
+    steered to open a call (``{``) is left to its limit."""
+    brace = tiny_smol.tokenizer("{", add_special_tokens=False)["input_ids"]
+    monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText(brace, then_free=True))
+    chat = TransformersChat(tiny_smol, stop_at_call=False, no_call_tokens=3)
+    reqs = [ChatRequest(user("Prose."), max_tokens=6), ChatRequest(user("Call."), max_tokens=6, actions=ActionFormat("x"))]
+    prose, opened = chat.complete_batch(reqs)
+    assert prose == sequential(chat, reqs[:1])[0]
+    assert prose.stopped_by == "no_call" and prose.output_tokens == 3
+    assert opened.raw_text.startswith("{") and opened.output_tokens == 6 and opened.stopped_by == "length"
