@@ -93,16 +93,19 @@ def test_prefix_reuse_over_three_turns_equals_fresh_prefill_and_counts_saved_tok
     assert fresh.stats["prefilled"] == fresh.stats["sent"]  # no reuse without kept episodes
 
 
-def test_kept_episodes_are_bounded_and_end_episode_frees(tiny_smol):
+def test_kept_episodes_are_bounded_and_end_episode_frees(tiny_smol, caplog):
     chat = TransformersChat(tiny_smol, max_kept_episodes=2)
-    for e in "abc":
-        chat.complete_batch([ChatRequest(user(f"episode {e}"), max_tokens=2, episode=e)])
+    with caplog.at_level("INFO", logger="attnprobe.generation.transformers_chat"):
+        for e in "abc":
+            chat.complete_batch([ChatRequest(user(f"episode {e}"), max_tokens=2, episode=e)])
+    n = len(chat.prompt(user("episode c")).ids)
+    assert caplog.messages[-1] == f"generation batch: 1 requests; sent {n} tokens, prefilled {n} (reused 0); generated 2"
     assert list(chat._kept) == ["b", "c"]  # least recently used dropped
     chat.end_episode("b")
     chat.end_episode("zz")  # unknown: nothing to free
     assert list(chat._kept) == ["c"]
     ids, kv = chat._kept["c"]
-    assert len(ids) == len(chat.prompt(user("episode c")).ids) + 2 - 1  # prompt + all new tokens but the last
+    assert len(ids) == n + 2 - 1  # prompt + all new tokens but the last
     assert kv[0][0].shape[0] == 1 and kv[0][0].shape[-2] == len(ids)
 
 
