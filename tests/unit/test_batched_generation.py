@@ -170,3 +170,19 @@ def test_no_call_budget_stops_only_the_row_without_a_call_opening(tiny_smol, mon
     assert prose == sequential(chat, reqs[:1])[0]
     assert prose.stopped_by == "no_call" and prose.output_tokens == 3
     assert opened.raw_text.startswith("{") and opened.output_tokens == 6 and opened.stopped_by == "length"
+
+
+def test_a_cache_that_cannot_be_stitched_falls_back_to_one_by_one(tiny_smol, monkeypatch):
+    """A recurrent or hybrid model's cache is not per-layer keys and values: the batch is answered one
+    request after another (no reuse), and structured actions are refused in one line."""
+    def unsupported(*a, **k):
+        raise decode.Unsupported("MambaCache is not a per-layer key/value cache")
+
+    monkeypatch.setattr(decode, "decode", unsupported)
+    chat = TransformersChat(tiny_smol)
+    reqs = [ChatRequest(user("One."), max_tokens=2, episode="e"), ChatRequest(user("Two words."), max_tokens=3)]
+    assert chat.complete_batch(reqs) == sequential(chat, reqs)
+    assert chat._kept == {} and chat.stats["calls"] == 0
+    monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText([1]))
+    with pytest.raises(ValueError, match="structured actions need a per-layer key/value cache: MambaCache"):
+        chat.complete_batch([ChatRequest(user("x"), actions=ActionFormat("ircot"))])
