@@ -31,12 +31,11 @@ DEFAULT_MAX_TOKENS = 256
 
 
 def structured():
-    """:mod:`attnprobe.generation.structured` (the action grammars), imported when a request asks for
-    structured actions. By name: that module comes with another change, and until it is in the tree a
-    static ``from ... import`` resolves to the package and reads as an import cycle (test_architecture)."""
-    import importlib
+    """:mod:`attnprobe.generation.structured` (the action grammars), imported only when a request asks for
+    structured actions."""
+    import attnprobe.generation.structured as module
 
-    return importlib.import_module("attnprobe.generation.structured")
+    return module
 
 
 def _one_line(text: Any, limit: int = 300) -> str:

@@ -16,6 +16,15 @@ OpenAI-compatible test server share.
   not hold its whole batch up to the token limit. Off by default; IBIS sets it (docs/ibis.md).
 - Per-row progress (optional ``on_progress(new_tokens, rows_stopped, rows)``): called every
   ``PROGRESS_EVERY`` new tokens, so a long batch shows where it is.
+- :meth:`TransformersChat.complete_batch` (the :class:`~attnprobe.generation.chat.ChatRequest` seam a
+  closed-loop study steps its episodes through): one batch, decoded by :mod:`attnprobe.generation.decode`
+  with each request's own ``max_tokens``, temperature, tools and stop rules, so each reply is the one
+  :meth:`complete` gives for that request (greedy; see ``docs/methods.md`` for the measured agreement).
+  Prefix reuse: the KV cache of each ``episode`` is kept between turns (at most ``max_kept_episodes``,
+  least recently used dropped; :meth:`end_episode` frees one) and a new turn prefills only from the first
+  token where its prompt differs. ``stats`` counts tokens sent, prefilled and generated (``last_stats``:
+  the last call). Structured actions (``request.actions``): each step masks the row's logits with the
+  grammar :func:`attnprobe.generation.structured.token_constraint` builds.
 - :meth:`TransformersChat.option_logprobs`: the log-probability of each of several continuations
   after a prompt (IBIS's forced choice), from one shared prefill.
 
@@ -25,15 +34,20 @@ Tool calls are parsed from the text by :mod:`attnprobe.generation.toolparse`; ca
 
 from __future__ import annotations
 
+import logging
+import zlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.generation.chat import ChatReply, OneByOne, Prompt, tool_names
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, Prompt, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
 PROGRESS_EVERY = 16  # new tokens between two on_progress calls (ours: a redraw per ~second on CPU)
 # What opens a call in any syntax toolparse reads (a name followed by "(" is added per request).
+log = logging.getLogger(__name__)
+MAX_KEPT_EPISODES = 64  # episodes whose KV cache is kept between turns (a study's --batch-size is below it)
 CALL_OPENINGS = ("{", "<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "Calling tools", "Action:", "<function")
 
 
@@ -54,12 +68,17 @@ class TransformersChat(OneByOne):
     ``stop_check_every``: decode and parse every N new tokens.
     ``no_call_tokens``: stop a row after this many new tokens without a call opening (None = never;
     see the module docstring).
+    ``seed`` (sampling in :meth:`complete_batch`): None = torch's global generator; an int = each row
+    draws from its own generator seeded with ``seed`` and the CRC-32 of its prompt's token ids, so a
+    row's sample does not depend on the other rows of its batch or their order (a resumed study draws
+    the same). ``max_kept_episodes``: episode caches kept for prefix reuse (0 = no reuse).
     """
 
     kind = "transformers"
 
     def __init__(self, loaded, *, stop_at_call: bool | None = None, stop_names: Sequence[str] | None = None,
-                 stop_check_every: int = 4, call_prefix: str = "call", no_call_tokens: int | None = None):
+                 stop_check_every: int = 4, call_prefix: str = "call", no_call_tokens: int | None = None,
+                 seed: int | None = None, max_kept_episodes: int = MAX_KEPT_EPISODES):
         self.loaded = loaded
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -70,12 +89,20 @@ class TransformersChat(OneByOne):
         if no_call_tokens is not None and int(no_call_tokens) < 1:
             raise ValueError(f"no_call_tokens must be >= 1 or None (off); got {no_call_tokens}")
         self.no_call_tokens = None if no_call_tokens is None else int(no_call_tokens)
+        if int(max_kept_episodes) < 0:
+            raise ValueError(f"max_kept_episodes must be >= 0; got {max_kept_episodes}")
+        self.seed = None if seed is None else int(seed)
+        self.max_kept_episodes = int(max_kept_episodes)
+        self._kept: OrderedDict[str, tuple[list[int], Any]] = OrderedDict()  # episode -> (ids, per-layer KV)
+        self.stats = {"calls": 0, "requests": 0, "sent": 0, "prefilled": 0, "generated": 0}
+        self.last_stats = dict(self.stats)
 
     def configured(self, **changes) -> TransformersChat:
         """A chat on the same loaded model with some options changed (its own call numbering)."""
         opts = {"stop_at_call": self.stop_at_call, "stop_names": self.stop_names,
                 "stop_check_every": self.stop_check_every, "call_prefix": self.call_prefix,
-                "no_call_tokens": self.no_call_tokens}
+                "no_call_tokens": self.no_call_tokens, "seed": self.seed,
+                "max_kept_episodes": self.max_kept_episodes}
         opts.update(changes)
         return TransformersChat(self.loaded, **opts)
 
@@ -227,6 +254,72 @@ class TransformersChat(OneByOne):
                 new = new[: new.index(eos) + 1]
             replies.append(self._reply(prompt, new, tools, max_tokens, messages, no_call=reason.get(r) == "no_call"))
         return replies
+
+    def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
+        """One reply per request, in order, from one batch (see the module docstring and
+        :mod:`attnprobe.generation.decode`). A model whose cache cannot be cropped and stitched (not a
+        per-layer key/value cache) answers one request after another, without reuse."""
+        import torch
+
+        import attnprobe.generation.decode as dec
+
+        requests = list(requests)
+        if not requests:
+            return []
+        for r in requests:
+            if int(r.max_tokens) < 1:
+                raise ValueError(f"max_tokens must be >= 1; got {r.max_tokens}")
+        prompts = [self.prompt(r.messages, r.tools) for r in requests]
+        rows = []
+        for req, p in zip(requests, prompts):
+            kept = self._kept.pop(req.episode, None) if req.episode is not None else None
+            state = dec.token_constraint(self.tokenizer, req.actions).start() if req.actions is not None else None
+            gen = None
+            if req.temperature > 0 and self.seed is not None:
+                gen = torch.Generator(device=self._device() or "cpu")
+                gen.manual_seed((self.seed * 1_000_003 + zlib.crc32(bytes(str(p.ids), "ascii"))) % 2**63)
+            rows.append(dec.Row(ids=p.ids, max_tokens=int(req.max_tokens), temperature=float(req.temperature),
+                                stop_names=self._active_stop_names(req.tools) or [], state=state, generator=gen,
+                                kept=kept[1] if kept else None, kept_ids=kept[0] if kept else []))
+        eos = getattr(getattr(self.loaded.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        rules = dec.StopRules(self.tokenizer, self.stop_check_every, self.no_call_tokens, eos_ids, opens_call)
+        keep = [self.max_kept_episodes > 0 and r.episode is not None for r in requests]
+        try:
+            with torch.inference_mode():
+                results = dec.decode(self.loaded.model, rows, rules, keep=keep)
+        except dec.Unsupported as e:
+            if any(r.actions is not None for r in requests):
+                raise ValueError(f"structured actions need a per-layer key/value cache: {e}") from None
+            log.info("generation batch: %s; one request after another", e)
+            return OneByOne.complete_batch(self, requests)
+        replies = []
+        for req, p, res in zip(requests, prompts, results):
+            reply = self._reply(p, res.new, req.tools, int(req.max_tokens), req.messages,
+                                no_call=res.reason == "no_call")
+            if res.reason == "grammar":
+                reply.stopped_by = "grammar"
+            replies.append(reply)
+            if res.cache is not None:
+                self._kept[req.episode] = (res.cache_ids, res.cache)
+                self._kept.move_to_end(req.episode)
+        while len(self._kept) > self.max_kept_episodes:
+            self._kept.popitem(last=False)
+        sent = sum(len(p.ids) for p in prompts)
+        call = {"calls": 1, "requests": len(requests), "sent": sent,
+                "prefilled": sum(r.prefilled for r in results), "generated": sum(len(r.new) for r in results)}
+        self.last_stats = call
+        self.stats = {k: self.stats[k] + v for k, v in call.items()}
+        log.info("generation batch: %d requests; sent %s tokens, prefilled %s (reused %s); generated %s",
+                 call["requests"], f"{sent:,}", f"{call['prefilled']:,}", f"{sent - call['prefilled']:,}",
+                 f"{call['generated']:,}")
+        return replies
+
+    def end_episode(self, episode: str) -> None:
+        """Free the episode's kept cache."""
+        self._kept.pop(episode, None)
 
     def _cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
         """The shortest prefix of ``new`` whose text holds a complete call (the row's own stop point)."""
