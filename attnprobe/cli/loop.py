@@ -234,8 +234,7 @@ def _register_attention(studies) -> None:
 
 def cmd_attention(args) -> int:
     from attnprobe.agents.policy_specs import canonical_settings
-    from attnprobe.cli.capture import capture_options
-    from attnprobe.cli.options import executor, model_options
+    from attnprobe.cli.options import capture_options, executor, from_args, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
@@ -245,9 +244,7 @@ def cmd_attention(args) -> int:
     if args.policies:
         args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
-    opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                      chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
-                      progress=not args.no_progress)
+    opts = from_args(RunOptions, args, progress=not args.no_progress)  # the capture group's fields
     with hold_dir_lock(out, "study folder"):  # not while the study itself runs
         choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
         args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
