@@ -26,6 +26,7 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
     from_args,
     non_negative_float,
     non_negative_int,
+    option_values,
     parse_int_list,
     parse_layers,
     positive_int,

@@ -70,8 +70,12 @@ def add_options(group, record: type, names: tuple[str, ...] | None = None, *,
 def from_args(record: type, args: argparse.Namespace, **extra):
     """``record`` built from the parsed ``args``: every option field the command declared (the others
     keep the record's default), then ``extra`` (values that are not options, or are derived)."""
-    values = {n: getattr(args, n) for n in cli_fields(record) if hasattr(args, n)}
-    return record(**{**values, **extra})
+    return record(**{**option_values(record, args), **extra})
+
+
+def option_values(record: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The values of ``record``'s option fields that the command declared, by field name."""
+    return {n: getattr(args, n) for n in cli_fields(record) if hasattr(args, n)}
 
 
 # ------------------------------------------------------------------ argparse types
