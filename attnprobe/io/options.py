@@ -64,7 +64,8 @@ def add_options(group, record: type, names: tuple[str, ...] | None = None, *,
             meta["default"] = default
         elif default != (meta["action"] == "store_false"):
             raise ValueError(f"{record.__name__}.{name}: a flag's default is fixed by its action")
-        group.add_argument(flag, dest=name, help=text.format(default=default), **meta)
+        action = group.add_argument(flag, dest=name, help=text.format(default=default), **meta)
+        action.option_of = (record, name)  # which field declared it (tests/unit/test_option_defaults.py)
 
 
 def from_args(record: type, args: argparse.Namespace, **extra):
