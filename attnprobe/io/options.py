@@ -45,6 +45,11 @@ def cli_fields(record) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(record) if CLI in f.metadata}
 
 
+def option_flags(record) -> dict[str, str]:
+    """How each option field of ``record`` is spelled on the command line (for messages), by field name."""
+    return {n: f.metadata[CLI]["flag"] for n, f in cli_fields(record).items()}
+
+
 def field_default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 

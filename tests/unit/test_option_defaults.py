@@ -182,3 +182,12 @@ def test_add_options_machinery():
     assert from_args(Toy, p.parse_args(["--no-sharing", "--size", "2"]), other="y") == Toy(2, False, "y")
     with pytest.raises(ValueError, match="fixed by its action"):
         add_options(argparse.ArgumentParser(), Toy, ("sharing",), defaults={"sharing": False})
+
+
+def test_settings_messages_spell_the_declared_flags():
+    """A refused counterfactual rerun names options as the records declare them (no second spelling)."""
+    from attnprobe.counterfactual.job import OPTION_NAMES
+
+    assert {k: OPTION_NAMES[k] for k in ("spec", "max_tokens", "max_new_tokens", "chunk_size", "share_prefixes")} == {
+        "spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
+        "chunk_size": "--chunk-size", "share_prefixes": "--no-prefix-sharing"}
