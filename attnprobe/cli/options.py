@@ -1,11 +1,15 @@
 """Option groups shared by several commands, declared once (same names, help, choices and defaults everywhere).
+An option that sets a record's field is declared on that field (``attnprobe.io.options.option``) and
+added here with ``add_options``; the others are declared below.
 
 Groups (each an argparse argument group, so ``--help`` shows them under their own title):
 
 - :func:`add_model_options` ("model"): ``--model``, ``--dtype``, ``--device``; with ``backends`` also the
   capture ``--backend`` and ``--tensor-parallel-size``.
 - :func:`add_capture_options` ("capture"): ``--chunk-size`` and, for trajectory capture, ``--queries``,
-  ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``.
+  ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``, ``--no-prefix-sharing``:
+  the fields of :class:`~attnprobe.capture.job.CaptureOptions`, which declares them
+  (:mod:`attnprobe.io.options`); :func:`capture_options` reads them back.
 - :func:`add_generation_options` ("generation"): ``--generator`` (old name on ``ibis run``: ``--backend``),
   ``--base-url``, ``--served-model``, ``--api-key-env``, ``--max-new-tokens``, optionally ``--temperature``.
 - :func:`add_output_options` ("output"): ``--out``, ``--force``, ``--no-progress``.
