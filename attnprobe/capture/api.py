@@ -300,14 +300,14 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
                  layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
                  max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
                  batch_size: int | None = None, progress: bool = False,
-                 share_prefixes: bool = False) -> list[CaptureResult]:
+                 share_prefixes: bool = True) -> list[CaptureResult]:
     """Capture several trajectories; one :class:`CaptureResult` per trajectory, in order.
 
     Every trajectory is rendered and checked first, then handed to the backend in batches of
     ``batch_size`` (default: all at once). The vLLM backend runs a batch in one ``generate`` call
     (the requests are sliced apart inside the hooks); the transformers backend runs them one after
     the other. Results are identical to calling :func:`capture` on each. ``chunk_size`` defaults to
-    the model's (512, or the chunk a vLLM engine was built with). ``capture_seconds`` is the
+    the model's (``DEFAULT_CHUNK_SIZE``, 512, or the chunk a vLLM engine was built with). ``capture_seconds`` is the
     batch's wall time divided by its size.
 
     ``progress=True`` shows a bar over the trajectories (when there are several) and the backend's
@@ -315,7 +315,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     elsewhere. ``False`` (the default, as callers such as ``attnprobe capture`` draw their own bar)
     writes nothing.
 
-    ``share_prefixes``: the backend prefills a prefix common to several trajectories of a batch once
+    ``share_prefixes`` (default on, as in every command: ``CaptureOptions.share_prefixes``): the backend prefills a prefix common to several trajectories of a batch once
     (transformers: one cache cropped between plans; vLLM: its prefix cache, with what a hit skips taken from
     the plan that computed it; equal to independent captures within 1e-5, docs/prefix_sharing.md).
     """
@@ -344,7 +344,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
 
 
 def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[int] = "reasoning",
-            layers: Sequence[int] | str | None = None, *, chunk_size: int = 512, rendering: str = "auto",
+            layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
             max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
             progress: bool = False) -> CaptureResult:
     """Capture attention at the query positions of one trajectory.
@@ -353,12 +353,10 @@ def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[
     "reasoning+decision", or a list of token positions. layers: model layer indices to score
     (default all attention layers), or ``"full"``: only the full-attention layers of a hybrid model
     (seed 002 E.1; :func:`full_attention_layers`). The forward pass is a chunked prefill with ``chunk_size``
-    tokens per step; no token is generated. (A vLLM engine's chunk is fixed when it is built; the
+    tokens per step (default: the model's, as for :func:`capture_many`); no token is generated. (A vLLM engine's chunk is fixed when it is built; the
     metadata records the one used.) ``progress=True``: the prefill's per-chunk bar (``tqdm.auto``,
     so a widget in a notebook).
     """
-    if chunk_size < 1:
-        raise ValueError("chunk_size must be >= 1")
     return capture_many(model, [trajectory], queries, layers, chunk_size=chunk_size, rendering=rendering,
                         max_tokens=max_tokens, truncate=truncate, save_qk_layers=save_qk_layers,
                         progress=progress)[0]

@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ from attnprobe.capture.api import capture_many, weights_hash
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
 from attnprobe.io import load_json, recover_atomic_dirs, safe_name, safetensors_problem
+from attnprobe.io.options import option, parse_int_list, parse_layers, parse_queries, positive_int
 from attnprobe.results.result import META_FILE, QK_FILE, SCORES_FILE
 from attnprobe.trajectory.schema import Trajectory
+from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +59,40 @@ def sharing_groups(trajectories: Sequence[Trajectory]) -> list[tuple[Trajectory,
     return out
 
 
+RENDERINGS = ("auto", "native", "native+reasoning-in-content", "text")
+
+
 @dataclass(frozen=True)
 class CaptureOptions:
     """What a capture is made with (besides the model); recorded in every meta.json as ``cli_settings``
-    together with the model, backend and dtype, and compared on resume."""
+    together with the model, backend and dtype, and compared on resume. Each field is also the
+    command-line option of the "capture" group (``attnprobe.cli.options.add_capture_options``): one
+    declaration, one default."""
 
-    queries: str | list[int] = "reasoning"
-    layers: list[int] | str | None = None  # "full": the full-attention layers (seed 002 E.1)
-    chunk_size: int | None = None
-    rendering: str = "auto"
-    save_qk_layers: list[int] = field(default_factory=list)
-    max_tokens: int | None = None
-    truncate: bool = False
-    share_prefixes: bool = True  # trajectories of one backend call share the prefill of common prefixes
+    queries: str | list[int] = option(
+        "reasoning", flag="--queries", type=parse_queries,
+        help="reasoning | decision | reasoning+decision | positions:10,20,300 (default {default})")
+    layers: list[int] | str | None = option(  # "full": the full-attention layers (seed 002 E.1)
+        None, flag="--layers", type=parse_layers,
+        help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "
+             "seed 002 E.1) or 'all' (default)")
+    chunk_size: int = option(DEFAULT_CHUNK_SIZE, flag="--chunk-size", type=positive_int,
+                             help="prefill chunk size in tokens (default {default})")
+    rendering: str = option("auto", flag="--rendering", choices=RENDERINGS,
+                            help="how the trajectory is rendered (default auto: the richest the chat template "
+                                 "supports)")
+    save_qk_layers: list[int] = option(default_factory=list, flag="--save-qk-layers", type=parse_int_list,
+                                       help="also save q/k of these layers")
+    max_tokens: int | None = option(None, flag="--max-tokens", type=positive_int,
+                                    help="refuse longer trajectories (default: the model's max_position_embeddings)")
+    truncate: bool = option(False, flag="--truncate", action="store_true",
+                            help="truncate over-long trajectories instead of refusing")
+    # trajectories of one backend call share the prefill of common prefixes (exact within 1e-5); the
+    # API's capture_many defaults the same way
+    share_prefixes: bool = option(
+        True, flag="--no-prefix-sharing", action="store_false",
+        help="prefill every context from token 0 (default: contexts of one backend call share the prefill of a "
+             "common prefix, exactly; on vLLM through its prefix cache; docs/prefix_sharing.md)")
 
 
 @dataclass

@@ -10,22 +10,13 @@ from attnprobe.cli.options import (
     add_cluster_options,
     add_model_options,
     add_output_options,
+    capture_options,
     executor,
     model_options,
 )
 from attnprobe.errors import AttnprobeError
 
 log = logging.getLogger(__name__)
-
-
-def capture_options(args):
-    """The capture group's values (:class:`~attnprobe.capture.job.CaptureOptions`)."""
-    from attnprobe.capture.job import CaptureOptions
-
-    return CaptureOptions(queries=args.queries, layers=args.layers, chunk_size=args.chunk_size,
-                          rendering=args.rendering, save_qk_layers=list(args.save_qk_layers or []),
-                          max_tokens=args.max_tokens, truncate=args.truncate,
-                          share_prefixes=not args.no_prefix_sharing)
 
 
 def run_capture_files(args, files: list[Path], out: Path) -> int:

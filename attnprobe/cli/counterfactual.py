@@ -9,8 +9,10 @@ from attnprobe.cli.options import (
     add_capture_options,
     add_cluster_options,
     add_model_options,
+    add_options,
     add_output_options,
     executor,
+    from_args,
     non_negative_int,
     parse_int_list,
     positive_int,
@@ -28,7 +30,10 @@ POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking
 
 
 def add_counterfactual_options(p) -> None:
-    """Policies, steps and capture options of a counterfactual run (also used by ``study masking``)."""
+    """Policies, steps and capture options of a counterfactual run (also used by ``study masking``);
+    the run's own options are :class:`~attnprobe.counterfactual.run.RunOptions` fields."""
+    from attnprobe.counterfactual.run import RunOptions
+
     g = p.add_argument_group("counterfactual")
     g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
     g.add_argument("--min-past", type=non_negative_int, default=None,
@@ -38,26 +43,18 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
     g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
-    g.add_argument("--actions", action="store_true",
-                   help="also generate the next action (greedy) in both contexts and compare (transformers)")
-    g.add_argument("--max-new-tokens", type=positive_int, default=96, help="generation limit for --actions (default 96)")
-    g.add_argument("--logprob", action="store_true",
-                   help="also the teacher-forced log-probability of the recorded step in both contexts "
-                        "(one forward pass each; transformers)")
+    add_options(g, RunOptions, ("actions", "max_new_tokens", "logprob"))
     g.add_argument("--batch-size", type=positive_int, default=1,
                    help="trajectories per backend call; the steps of one trajectory always share one call, which "
                         "prefills their common prefixes once (vLLM batches all their contexts in one generate)")
-    add_capture_options(p, only=("layers", "rendering", "max_tokens", "no_prefix_sharing"))
+    add_capture_options(p, only=("layers", "rendering", "max_tokens", "share_prefixes"))
 
 
 def run_options(args, progress: bool = True):
     """The counterfactual group's values (:class:`~attnprobe.counterfactual.run.RunOptions`)."""
     from attnprobe.counterfactual.run import RunOptions
 
-    return RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                      chunk_size=args.chunk_size, actions=args.actions, max_new_tokens=args.max_new_tokens,
-                      logprob=args.logprob, share_prefixes=not args.no_prefix_sharing,
-                      progress=progress and not args.no_progress)
+    return from_args(RunOptions, args, progress=progress and not args.no_progress)
 
 
 def model_record(args) -> dict:

@@ -73,7 +73,7 @@ def _add_generation(p):
 
 
 def _add_capture(p, *, force_capture: bool):
-    g = add_capture_options(p, only=("no_prefix_sharing",))
+    g = add_capture_options(p, only=("share_prefixes",))
     if force_capture:
         g.add_argument("--force-capture", action="store_true", help="recapture finished items (capture stage only)")
 
@@ -278,7 +278,7 @@ def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = Tru
                                                    "chunk_size": args.chunk_size}, force=force)
     inv = ex.call(invariants, items, args.protocol, args.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=args.chunk_size, protocol=args.protocol,
-                       force=force, reminder=args.reminder, share_prefixes=not args.no_prefix_sharing)
+                       force=force, reminder=args.reminder, share_prefixes=args.share_prefixes)
     counts = ex.run(job)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
     index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder) if aggregate_now else None

@@ -21,8 +21,10 @@ from attnprobe.cli.options import (
     add_cluster_options,
     add_generation_options,
     add_model_options,
+    add_options,
     add_output_options,
     cluster_free,
+    from_args,
     non_negative_int,
     positive_int,
 )
@@ -51,42 +53,29 @@ MuSiQue, Bamboogle, FlashRAG, BrowseComp-Plus).
 
 def register(studies) -> None:
     """Add ``interference`` to the ``study`` subcommands."""
+    from attnprobe.studies.loop.agents import LoopConfig
+
     p = studies.add_parser("interference", help="seeds 002/004: agents with context policies in the loop, "
                                                 "settings side by side (EM, ART, tokens, fixed/broken)",
                            description=textwrap.fill(__doc__.split("\n\n")[1], 100), epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("questions", help="JSONL question set (default fields: question, golden_answers / answer)")
     g = p.add_argument_group("study")
-    g.add_argument("--scaffold", choices=("ircot", "seed002"), default="ircot",
-                   help="ircot: seed 004's tag agent (default); seed002: seed 002's search/open/find agent")
+    add_options(g, LoopConfig, ("scaffold",))
     g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
                    help="a setting to run; repeat it for more settings, side by side; compose policies within one "
                         "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "
                         "settings")
     g.add_argument("--baseline", default=None, help="the setting the others are compared with (default: the first)")
-    g.add_argument("--max-turns", type=positive_int, default=None,
-                   help="model calls per question before giving up (default: ircot 4, seed002 10)")
-    g.add_argument("--top-k", type=positive_int, default=None,
-                   help="passages (ircot, default 3) or results (seed002, default 15) per search")
-    g.add_argument("--open-lines", type=positive_int, default=50, help="seed002: lines 'open' shows (default 50)")
-    g.add_argument("--judge", default="exact",
-                   help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
-    g.add_argument("--search", choices=("bm25", "http"), default="bm25",
-                   help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
-    g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+    add_options(g, LoopConfig, ("max_turns", "top_k", "open_lines", "judge", "search", "corpus"))
     g.add_argument("--limit", type=positive_int, help="only the first N questions")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     g.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                    help="episodes (setting x question) in flight, stepped together: one batched model call per "
                         "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
-    g.add_argument("--structured-actions", action="store_true",
-                   help="constrain every reply to the scaffold's action grammar (ircot: <think> then <search> or "
-                        "<answer>; seed002: tool calls or an 'Exact Answer:' reply). Off by default: the seeds "
-                        "decode freely, so results with it are another experiment (recorded in study.json)")
+    add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
-    g.add_argument("--preset", choices=("cpu",), default=None,
-                   help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a seed's "
-                        "setting); explicit --max-new-tokens / --temperature win")
+    add_options(g, LoopConfig, ("preset",))
     add_generation_options(p, max_new_tokens=None, temperature=True,
                            max_new_tokens_help="generation limit per model call (default: seed002 8192, seed 002 "
                                                "appendix C; ircot 128, ours: seed 004 gives none; --preset cpu "
@@ -159,10 +148,7 @@ def cmd_interference(args) -> int:
         raise ValueError(f"--baseline {args.baseline!r} is not one of the settings ({', '.join(settings)})")
     Scorer(args.judge)  # a bad --judge fails here
     questions = read_questions(args.questions)[: args.limit]
-    config = LoopConfig(scaffold=args.scaffold, max_turns=args.max_turns, top_k=args.top_k,
-                        open_lines=args.open_lines, max_tokens=args.max_new_tokens, temperature=args.temperature,
-                        judge=args.judge, search=args.search, corpus=args.corpus, preset=args.preset,
-                        structured_actions=args.structured_actions)
+    config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
@@ -234,8 +220,7 @@ def _register_attention(studies) -> None:
 
 def cmd_attention(args) -> int:
     from attnprobe.agents.policy_specs import canonical_settings
-    from attnprobe.cli.capture import capture_options
-    from attnprobe.cli.options import executor, model_options
+    from attnprobe.cli.options import capture_options, executor, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
@@ -245,9 +230,7 @@ def cmd_attention(args) -> int:
     if args.policies:
         args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
-    opts = RunOptions(rendering=args.rendering, max_tokens=args.max_tokens, layers=args.layers,
-                      chunk_size=args.chunk_size, share_prefixes=not args.no_prefix_sharing,
-                      progress=not args.no_progress)
+    opts = from_args(RunOptions, args, progress=not args.no_progress)  # the capture group's fields
     with hold_dir_lock(out, "study folder"):  # not while the study itself runs
         choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
         args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"

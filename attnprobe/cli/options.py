@@ -1,11 +1,15 @@
 """Option groups shared by several commands, declared once (same names, help, choices and defaults everywhere).
+An option that sets a record's field is declared on that field (``attnprobe.io.options.option``) and
+added here with ``add_options``; the others are declared below.
 
 Groups (each an argparse argument group, so ``--help`` shows them under their own title):
 
 - :func:`add_model_options` ("model"): ``--model``, ``--dtype``, ``--device``; with ``backends`` also the
   capture ``--backend`` and ``--tensor-parallel-size``.
 - :func:`add_capture_options` ("capture"): ``--chunk-size`` and, for trajectory capture, ``--queries``,
-  ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``.
+  ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``, ``--no-prefix-sharing``:
+  the fields of :class:`~attnprobe.capture.job.CaptureOptions`, which declares them
+  (:mod:`attnprobe.io.options`); :func:`capture_options` reads them back.
 - :func:`add_generation_options` ("generation"): ``--generator`` (old name on ``ibis run``: ``--backend``),
   ``--base-url``, ``--served-model``, ``--api-key-env``, ``--max-new-tokens``, optionally ``--temperature``.
 - :func:`add_output_options` ("output"): ``--out``, ``--force``, ``--no-progress``.
@@ -19,8 +23,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-import re
+
+from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
+    MAX_LIST_ITEMS,
+    add_options,
+    from_args,
+    non_negative_float,
+    non_negative_int,
+    option_values,
+    parse_int_list,
+    parse_layers,
+    positive_int,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,81 +52,11 @@ def _generators() -> list[str]:
 
     return backend_kinds()
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (refused while parsing, before any model is loaded)."""
-    v = _int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0 (step and rewrite budgets, where 0 means none)."""
-    v = _int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0 (temperatures: 'nan' and 'inf' are refused while parsing,
-    so they never reach a results file, where a NaN would fail every later resume)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return v
-
-
 def port_number(text: str) -> int:
     """argparse type: a TCP port 0-65535 (the one check of ``serve`` and ``app``)."""
     from attnprobe.generation.server.options import port_number as check
 
     return check(text)
-
-
-MAX_LIST_ITEMS = 1 << 20  # an integer list (layers, positions) may name at most this many values
-_DIGITS = re.compile(r"\s*[0-9]{1,18}\s*")
-
-
-def parse_int_list(text: str | None) -> list[int] | None:
-    """'0,3,5-8' -> [0, 3, 5, 6, 7, 8]; None/'all' -> None.
-
-    Values must be >= 0 and ranges ascending; the size of every range is checked before it is expanded,
-    so '0-1000000000' is refused at once (more than :data:`MAX_LIST_ITEMS` values) instead of filling
-    memory. Whether the values fit the model (its layer count, the prompt length) is checked later."""
-    if text is None or text == "all":
-        return None
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        a, sep, b = part.partition("-")
-        if not _DIGITS.fullmatch(a) or (sep and not _DIGITS.fullmatch(b)):
-            raise argparse.ArgumentTypeError(f"not a list of integers >= 0 or ranges a-b: {text!r} (at {part!r})")
-        lo, hi = int(a), int(b) if sep else int(a)
-        if hi < lo:
-            raise argparse.ArgumentTypeError(f"range {part!r} runs backwards (write {hi}-{lo})")
-        if len(out) + (hi - lo + 1) > MAX_LIST_ITEMS:
-            raise argparse.ArgumentTypeError(f"{text!r} names more than {MAX_LIST_ITEMS} values")
-        out.extend(range(lo, hi + 1))
-    return out
-
-
-def parse_layers(text: str | None):
-    """--layers: ``all`` (None: every layer), ``full`` (the full-attention layers of a hybrid model,
-    seed 002 E.1; every layer of a model without a mix) or a list of integers (:func:`parse_int_list`)."""
-    return "full" if text == "full" else parse_int_list(text)
 
 
 class OnceAction(argparse.Action):
@@ -134,12 +78,6 @@ QUERIES_WHY = {"reasoning": "seed 002's per-step convention; 'study attention' d
                             "because its tables report both positions",
                "reasoning+decision": "its tables report the decision and the reasoning start; 'capture' "
                                      "defaults to reasoning, seed 002's per-step convention"}
-
-
-def _queries(text: str):
-    if text.startswith("positions:"):
-        return parse_int_list(text.split(":", 1)[1])
-    return text
 
 
 def add_dtype_option(group, help: str = DTYPE_HELP) -> None:
@@ -170,43 +108,34 @@ def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, dev
     return g
 
 
-CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "save_qk_layers",
-                   "no_prefix_sharing")
+# The capture group's options besides --chunk-size (fields of CaptureOptions, which declares them).
+CAPTURE_OPTIONS = ("queries", "layers", "rendering", "max_tokens", "truncate", "save_qk_layers", "share_prefixes")
 
 
 def add_capture_options(p: argparse.ArgumentParser, *, trajectories: bool = True,
                         only: tuple[str, ...] | None = None, queries: str = "reasoning"):
-    """The "capture" group: --chunk-size and, for trajectory capture, --queries, --layers, --rendering,
-    --max-tokens, --truncate, --save-qk-layers. ``trajectories=False`` (IBIS, whose query is fixed: the
-    decision token) keeps only --chunk-size; ``only`` keeps --chunk-size and the named ones (the
-    counterfactual run chooses its own queries); ``queries``: the default of --queries."""
+    """The "capture" group, built from :class:`~attnprobe.capture.job.CaptureOptions`: --chunk-size and,
+    for trajectory capture, --queries, --layers, --rendering, --max-tokens, --truncate, --save-qk-layers,
+    --no-prefix-sharing. ``trajectories=False`` (IBIS, whose query is fixed: the decision token) keeps only
+    --chunk-size; ``only`` keeps --chunk-size and the named fields (the counterfactual run chooses its own
+    queries); ``queries``: the default of --queries, one of :data:`QUERIES_WHY` (the reason it differs)."""
+    from attnprobe.capture.job import CaptureOptions
+
     g = p.add_argument_group("capture")
-    g.add_argument("--chunk-size", type=positive_int, default=512, help="prefill chunk size in tokens (default 512)")
     wanted = set(CAPTURE_OPTIONS if only is None else only) if trajectories else set()
-    if "queries" in wanted:
-        modes = [queries] + [m for m in ("reasoning", "decision", "reasoning+decision") if m != queries]
-        g.add_argument("--queries", default=queries, type=_queries,
-                       help=f"{modes[0]} (default: {QUERIES_WHY[queries]}) | {' | '.join(modes[1:])} "
-                            "| positions:10,20,300")
-    if "layers" in wanted:
-        g.add_argument("--layers", default=None, type=parse_layers,
-                       help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "
-                            "seed 002 E.1) or 'all' (default)")
-    if "rendering" in wanted:
-        g.add_argument("--rendering", default="auto", choices=["auto", "native", "native+reasoning-in-content", "text"],
-                       help="how the trajectory is rendered (default auto: the richest the chat template supports)")
-    if "max_tokens" in wanted:
-        g.add_argument("--max-tokens", type=positive_int, default=None,
-                       help="refuse longer trajectories (default: the model's max_position_embeddings)")
-    if "truncate" in wanted:
-        g.add_argument("--truncate", action="store_true", help="truncate over-long trajectories instead of refusing")
-    if "save_qk_layers" in wanted:
-        g.add_argument("--save-qk-layers", type=parse_int_list, default=[], help="also save q/k of these layers")
-    if "no_prefix_sharing" in wanted:
-        g.add_argument("--no-prefix-sharing", action="store_true",
-                       help="prefill every context from token 0 (default: contexts of one backend call share the "
-                            "prefill of a common prefix, exactly; on vLLM through its prefix cache; docs/prefix_sharing.md)")
+    modes = [queries] + [m for m in ("reasoning", "decision", "reasoning+decision") if m != queries]
+    add_options(g, CaptureOptions, ("chunk_size",) + tuple(n for n in CAPTURE_OPTIONS if n in wanted),
+                defaults={"queries": queries},
+                helps={"queries": f"{modes[0]} (default: {QUERIES_WHY[queries]}) | {' | '.join(modes[1:])} "
+                                  "| positions:10,20,300"})
     return g
+
+
+def capture_options(args):
+    """The capture group's values (:class:`~attnprobe.capture.job.CaptureOptions`)."""
+    from attnprobe.capture.job import CaptureOptions
+
+    return from_args(CaptureOptions, args, save_qk_layers=list(getattr(args, "save_qk_layers", None) or []))
 
 
 def _seconds(text: str) -> float:

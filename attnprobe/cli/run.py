@@ -16,8 +16,9 @@ from attnprobe.cli.options import (
     add_generation_options,
     add_hidden_alias,
     add_model_options,
+    add_options,
     add_output_options,
-    non_negative_int,
+    option_values,
     positive_int,
 )
 from attnprobe.errors import AttnprobeError
@@ -66,24 +67,15 @@ def register(sub) -> None:
     g.add_argument("--search", choices=("bm25", "http"), default="bm25",
                    help="bm25 = offline corpus (default); http = web search API (ATTNPROBE_SEARCH_* variables)")
     g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
-    g.add_argument("--manager-steps", type=non_negative_int, default=3, help="manager tool calls before it must answer (default 3)")
-    g.add_argument("--worker-steps", type=non_negative_int, default=3, help="worker tool calls per delegated sub-task (default 3)")
-    g.add_argument("--max-rewrites", type=non_negative_int, default=1, help="query rewrites the filter may trigger per web_search (default 1)")
-    g.add_argument("--validation-extra-steps", type=non_negative_int, default=3,
-                   help="manager steps added after a validation that does not accept the answer (default 3)")
-    g.add_argument("--max-validation-steps", type=positive_int, default=8,
-                   help="stage-2 checks per validation; the answer step is always checked (default 8)")
+    add_options(g, RunSettings, ("manager_steps", "worker_steps", "max_rewrites", "validation_extra_steps",
+                                 "max_validation_steps"))
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
     g.add_argument("--context-policy", action=OnceAction, default=None, metavar="SETTING",
                    help="the context policy applied to what the search worker sees at each step: mask:K "
                         "(seed 002's released rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, "
                         "refine:bm25[:N], refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). "
                         "Given once: a run is one setting (default none: the worker sees its whole history)")
-    g.add_argument("--final-check", action="store_true",
-                   help="ours, not in the seeds: a third, task-aware validation gate after stage 2 (default off)")
-    g.add_argument("--structured-actions", action="store_true",
-                   help="constrain decoding to the runner's call format (issue 30; default off: the seed decodes "
-                        "freely). Changes the agent's behaviour; recorded in every call's settings and the summary")
+    add_options(g, RunSettings, ("final_check", "structured_actions"))
     g.add_argument("--batch-size", type=positive_int, default=1,
                    help="questions per executor batch (default 1); each batch's questions still generate one "
                         "call at a time, the manager/worker nesting does not step questions together "
@@ -156,12 +148,12 @@ def cmd_run(args) -> int:
     if args.resume:
         log.warning("--resume is deprecated: a run continues OUT by default (--force starts again)")
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
+    options = option_values(RunSettings, args)
+    if not options["final_check"]:
+        del options["final_check"]  # not given: the preset's value
     settings = RunSettings.preset(
-        args.preset, **overrides, manager_steps=args.manager_steps, worker_steps=args.worker_steps,
-        max_rewrites=args.max_rewrites, max_tokens=args.max_new_tokens, temperature=args.temperature,
-        validation_extra_steps=args.validation_extra_steps, max_validation_steps=args.max_validation_steps,
-        **({"final_check": True} if args.final_check else {}),
-        context_policy=args.context_policy or "none", structured_actions=args.structured_actions,
+        args.preset, **overrides, **options, max_tokens=args.max_new_tokens, temperature=args.temperature,
+        context_policy=args.context_policy or "none",
         name=args.name or setting_name(args.preset if not overrides else "custom", args.context_policy))
     if args.questions is None:
         from attnprobe.resources import data_path

@@ -22,13 +22,13 @@ from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summa
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import inside, recover_atomic_dirs
+from attnprobe.io.options import option_flags
 from attnprobe.io.settings import check_settings
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
-OPTION_NAMES = {"spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
-                "chunk_size": "--chunk-size", "backend": "--backend", "dtype": "--dtype"}
+OPTION_NAMES = {"spec": "--model", "backend": "--backend", "dtype": "--dtype", **option_flags(RunOptions)}
 
 
 @dataclass

@@ -44,6 +44,7 @@ from attnprobe._version import __version__
 from attnprobe.agents.policies import Counterfactual, Policy, policy_name
 from attnprobe.agents.tagtext import apply_policy
 from attnprobe.capture.api import Prepared, check_layers, run_prepared, weights_hash
+from attnprobe.capture.job import CaptureOptions
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.actions import classify_action, tool_vocabulary
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS, step_analysis
@@ -52,6 +53,7 @@ from attnprobe.counterfactual.extras import extra_fields
 from attnprobe.counterfactual.steps import Step
 from attnprobe.counterfactual.store import step_dir, step_done, write_step
 from attnprobe.errors import AttnprobeError
+from attnprobe.io.options import option, positive_int, same_as
 from attnprobe.render.rendering import message_turns
 from attnprobe.render.segments import QueryPoint
 from attnprobe.results.result import CaptureResult
@@ -126,14 +128,22 @@ def actions_chat(model: LoadedModel):
 # ------------------------------------------------------------------ the run
 @dataclass
 class RunOptions:
-    rendering: str = "auto"
-    max_tokens: int | None = None
-    layers: Sequence[int] | None = None
-    chunk_size: int | None = None
-    actions: bool = False
-    max_new_tokens: int = 96
-    logprob: bool = False  # teacher-forced log p of the recorded step in both contexts (one forward each)
-    share_prefixes: bool = True  # the batch's contexts share the prefill of their common prefixes (exact)
+    """A counterfactual run's options; the capture ones are :class:`CaptureOptions`' own fields (one
+    declaration, one default), the others the "counterfactual" group's (``attnprobe counterfactual``)."""
+
+    rendering: str = same_as(CaptureOptions, "rendering")
+    max_tokens: int | None = same_as(CaptureOptions, "max_tokens")
+    layers: Sequence[int] | None = same_as(CaptureOptions, "layers")
+    chunk_size: int | None = same_as(CaptureOptions, "chunk_size")  # None: the model's own chunk
+    actions: bool = option(False, flag="--actions", action="store_true",
+                           help="also generate the next action (greedy) in both contexts and compare (transformers)")
+    max_new_tokens: int = option(96, flag="--max-new-tokens", type=positive_int,
+                                 help="generation limit for --actions (default {default})")
+    logprob: bool = option(  # teacher-forced log p of the recorded step in both contexts (one forward each)
+        False, flag="--logprob", action="store_true",
+        help="also the teacher-forced log-probability of the recorded step in both contexts "
+             "(one forward pass each; transformers)")
+    share_prefixes: bool = same_as(CaptureOptions, "share_prefixes")  # the batch's contexts share prefills (exact)
     progress: bool = False
 
 

@@ -34,7 +34,7 @@ import torch
 
 from attnprobe.errors import AttnprobeError, ModelNotFoundError
 from attnprobe.model_files import DTYPES, canonical_dtype, display_name, resolve_spec
-from attnprobe_hooks.backend import BackendOutput, BackendOutputs, CapturePlan, LoadedModel
+from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE, BackendOutput, BackendOutputs, CapturePlan, LoadedModel
 from attnprobe_hooks.scoring import QueryScorer
 from attnprobe_hooks.sharing import SharingStats, trie_size
 
@@ -397,7 +397,7 @@ class VllmBackend:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._bind_set
 
     def load(self, spec: str | os.PathLike = "default", *, dtype: str = "float32", tensor_parallel_size: int = 1,
-             chunk_size: int = 512, max_model_len: int | None = None, kv_cache_gib: float | None = None,
+             chunk_size: int = DEFAULT_CHUNK_SIZE, max_model_len: int | None = None, kv_cache_gib: float | None = None,
              gpu_memory_utilization: float | None = None, max_num_seqs: int | None = None,
              seed: int = 0, progress: bool = True, engine_kwargs: dict | None = None, **kwargs: Any) -> VllmModel:
         """Build a vLLM engine in capture mode.

@@ -237,7 +237,7 @@ def test_a_replica_killed_mid_run_loses_nothing_and_writes_nothing_twice(pool, t
     assert run["written"] + run["written_before_a_retry"] == 4
     assert sorted(p.name for p in out.iterdir()) == sorted([RUN_FILE] + [safe_name(t.id) for t in trajectories])
 
-    for w in capture_many(smol, trajectories, **OPTS):  # the single-process capture, saved the same way
+    for w in capture_many(smol, trajectories, **OPTS, share_prefixes=False):  # the single-process capture, saved the same way
         single = w.save(tmp_path / "single" / safe_name(w.trajectory_id))
         _assert_same(CaptureResult.load(out / safe_name(w.trajectory_id)), CaptureResult.load(single))
 

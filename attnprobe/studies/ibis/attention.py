@@ -27,6 +27,7 @@ from attnprobe.results.result import META_FILE, CaptureResult
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob, capture_dir
+from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
 def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
@@ -48,7 +49,7 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
     return out
 
 
-def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = 512,
+def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = DEFAULT_CHUNK_SIZE,
                   force: bool = False, progress: bool = True, protocol: str = "paper",
                   reminder: str | None = None, batch_size: int = CAPTURE_BATCH,
                   share_prefixes: bool = True) -> dict[str, int]:

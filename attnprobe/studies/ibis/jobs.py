@@ -29,6 +29,7 @@ from attnprobe.studies.ibis.behaviour import (
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.position import SHIFTED, shifted_observer
+from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
 def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
@@ -132,7 +133,7 @@ class AttentionJob(JobBase):
     folder: Path
     ibis_items: Sequence[IbisItem]
     framings: Sequence[str] = FRAMINGS
-    chunk_size: int = 512
+    chunk_size: int = DEFAULT_CHUNK_SIZE
     protocol: str = "paper"
     reminder: str | None = None
     force: bool = False

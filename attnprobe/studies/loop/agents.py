@@ -43,6 +43,7 @@ from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
+from attnprobe.io.options import option, positive_int
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
@@ -75,20 +76,37 @@ class LoopConfig:
     ``max_tokens`` / ``temperature`` left None take the ``preset``'s values, else the scaffold's
     (:data:`GENERATION`); explicit values win over both."""
 
-    scaffold: str = "ircot"
-    max_turns: int | None = None
-    top_k: int | None = None
-    open_lines: int = 50          # seed 002 appendix C: "default open lines is 50"
-    max_tokens: int | None = None
-    temperature: float | None = None
-    judge: str = "exact"
+    scaffold: str = option("ircot", flag="--scaffold", choices=SCAFFOLDS,
+                           help="ircot: seed 004's tag agent (default); seed002: seed 002's search/open/find agent")
+    max_turns: int | None = option(  # None: the scaffold's (DEFAULTS)
+        None, flag="--max-turns", type=positive_int,
+        help="model calls per question before giving up (default: "
+             + ", ".join(f"{k} {v[0]}" for k, v in DEFAULTS.items()) + ")")
+    top_k: int | None = option(  # None: the scaffold's (DEFAULTS)
+        None, flag="--top-k", type=positive_int,
+        help=f"passages (ircot, default {DEFAULTS['ircot'][1]}) or results (seed002, default "
+             f"{DEFAULTS['seed002'][1]}) per search")
+    open_lines: int = option(50, flag="--open-lines", type=positive_int,  # seed 002 appendix C: "default open lines is 50"
+                             help="seed002: lines 'open' shows (default {default})")
+    max_tokens: int | None = None  # the generation group's --max-new-tokens (default None: see above)
+    temperature: float | None = None  # the generation group's --temperature (default None: see above)
+    judge: str = option("exact", flag="--judge",
+                        help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
-    search: str = "bm25"
-    corpus: str | None = None
-    preset: str | None = None
+    search: str = option("bm25", flag="--search", choices=("bm25", "http"),
+                         help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
+    corpus: str | None = option(None, flag="--corpus",
+                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+    preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
+                                help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
+                                     "seed's setting); explicit --max-new-tokens / --temperature win")
     # --structured-actions: replies constrained to the scaffold's action grammar (the seeds decode freely,
     # so it is another experiment); in the stamp only when on, so free-decoding stamps stay as they were
-    structured_actions: bool = False
+    structured_actions: bool = option(
+        False, flag="--structured-actions", action="store_true",
+        help="constrain every reply to the scaffold's action grammar (ircot: <think> then <search> or "
+             "<answer>; seed002: tool calls or an 'Exact Answer:' reply). Off by default: the seeds "
+             "decode freely, so results with it are another experiment (recorded in study.json)")
 
     def __post_init__(self):
         if self.scaffold not in SCAFFOLDS:

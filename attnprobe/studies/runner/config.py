@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from attnprobe.agents.context import parse_setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
+from attnprobe.io.options import non_negative_int, option, positive_int
 
 FILTER_MODES = ("none", "in-context", "isolated")
 VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2 (seed 000, 4.2)
@@ -29,31 +30,47 @@ PRESETS = {
 
 @dataclass
 class RunSettings:
+    """One runner configuration; the fields declared with :func:`~attnprobe.io.options.option` are also
+    ``attnprobe run``'s options (one declaration, one default). ``max_tokens`` and ``temperature`` are the
+    generation group's --max-new-tokens and --temperature (same defaults; tests/unit/test_option_defaults.py)."""
+
     filter: str = "isolated"
     validation: str = "full"
-    manager_steps: int = 3        # ours: manager tool calls before it must answer
-    worker_steps: int = 3         # ours: worker tool calls per delegated sub-task
-    max_rewrites: int = 1         # ours: query rewrites the filter may trigger per web_search
+    manager_steps: int = option(3, flag="--manager-steps", type=non_negative_int,  # ours
+                                help="manager tool calls before it must answer (default {default})")
+    worker_steps: int = option(3, flag="--worker-steps", type=non_negative_int,  # ours
+                               help="worker tool calls per delegated sub-task (default {default})")
+    max_rewrites: int = option(1, flag="--max-rewrites", type=non_negative_int,  # ours
+                               help="query rewrites the filter may trigger per web_search (default {default})")
     # Ours (a cost cap, not in the seeds): stage-2 checks per validation, the first N-1 steps and the
     # answer step, which is always checked; the unchecked labels are logged and recorded in the results.
-    max_validation_steps: int = 8
+    max_validation_steps: int = option(
+        8, flag="--max-validation-steps", type=positive_int,
+        help="stage-2 checks per validation; the answer step is always checked (default {default})")
     # Ours: manager steps added when a validation does not accept the answer (seed 000, 4.2, only says
     # the manager "re-evaluates the provided suggestions with full context").
-    validation_extra_steps: int = 3
+    validation_extra_steps: int = option(
+        3, flag="--validation-extra-steps", type=non_negative_int,
+        help="manager steps added after a validation that does not accept the answer (default {default})")
     top_k: int = 4                # ours: search results per query
     page_chars: int = 1200        # ours: visit_page output is cut to this many characters
     max_tokens: int = DEFAULT_MAX_TOKENS  # per model call (seed 000, C.3)
     temperature: float = 0.0      # greedy (seed 000, C.3: "we set the temperature of all models to 0.0")
     # Ours, off by default: a third, task-aware check after stage 2 (agent ``validator_final``) that sees
     # only the task, the steps' claims and the answer. Seed 000 has two stages.
-    final_check: bool = False
+    final_check: bool = option(False, flag="--final-check", action="store_true",
+                               help="ours, not in the seeds: a third, task-aware validation gate after stage 2 "
+                                    "(default off)")
     # The context policy applied to what the search worker sees at each of its steps (``none``, or policies
     # joined by ``+``: mask:K, mask-obs:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
     context_policy: str = "none"
     # Issue 30, off by default (the seeds decode freely): decoding constrained to the runner's call format.
     # It changes the agent's behaviour, so it is part of every stamp, but only when on: runs without it
     # record exactly what they recorded before.
-    structured_actions: bool = False
+    structured_actions: bool = option(
+        False, flag="--structured-actions", action="store_true",
+        help="constrain decoding to the runner's call format (issue 30; default off: the seed decodes "
+             "freely). Changes the agent's behaviour; recorded in every call's settings and the summary")
     name: str = "custom"
     extra: dict = field(default_factory=dict)
 

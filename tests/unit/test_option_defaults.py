@@ -1,0 +1,193 @@
+"""One declaration and one default per option (issue 28).
+
+Every subcommand's parser is walked: each option that is a field of a record the command builds
+(``CaptureOptions``, ``RunOptions``, ``RunSettings``, ``LoopConfig``) must be declared from that field
+(``attnprobe.io.options.add_options``) and default to the field's default, unless the difference is
+declared below with its reason. The public API functions that take the same options default the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+
+from attnprobe.capture.api import capture, capture_many
+from attnprobe.capture.job import CaptureOptions
+from attnprobe.cli.main import build_parser
+from attnprobe.counterfactual.run import RunOptions
+from attnprobe.studies.ibis.attention import run_attention
+from attnprobe.studies.ibis.jobs import AttentionJob
+from attnprobe.studies.loop.agents import LoopConfig
+from attnprobe.studies.runner.config import RunSettings
+from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE, LoadedModel
+
+# The records each command builds from its options.
+COMMAND_RECORDS = {
+    "capture": (CaptureOptions,), "demo": (CaptureOptions,), "counterfactual": (RunOptions,),
+    "study masking": (RunOptions, CaptureOptions), "study attention": (CaptureOptions, RunOptions),
+    "ibis all": (CaptureOptions,), "ibis capture": (CaptureOptions,),
+    "run": (RunSettings,), "study interference": (LoopConfig,),
+}
+# Commands that build none of these records (a new command must be listed in one of the two).
+NO_RECORDS = {"report", "import", "serve", "convert", "ibis run", "ibis report", "ibis check", "compare", "app"}
+# Defaults that differ on purpose, each with its reason in the code (QUERIES_WHY says it in --help too).
+DIFFERENCES = {("study attention", "queries"): "reasoning+decision"}
+# Record fields that the generation group declares under another name (branch vgen owns that group).
+RENAMED = {RunSettings: {"max_tokens": "max_new_tokens", "temperature": "temperature"},
+           LoopConfig: {"max_tokens": "max_new_tokens", "temperature": "temperature"}}
+# Record fields that are not options, though ``run`` has an option of that name: they override the
+# preset's value (None: the preset's, or a name made from the preset and the policy; cli/run.py).
+PRESET_OVERRIDES = {("run", "filter"), ("run", "validation"), ("run", "name"), ("run", "context_policy")}
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command name, parser) of every leaf subcommand."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs and path:
+        yield " ".join(path), parser
+    for sub in subs:
+        for name, p in sub.choices.items():
+            yield from commands(p, path + (name,))
+
+
+def field_defaults(record) -> dict:
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(record)}
+
+
+PARSERS = dict(commands(build_parser()))
+
+
+def test_every_command_is_classified():
+    assert set(PARSERS) == set(COMMAND_RECORDS) | NO_RECORDS
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_RECORDS))
+def test_parser_defaults_are_the_records_defaults(name):
+    """Each option of a record field comes from the field, with the field's default (or a declared
+    difference); run's --max-new-tokens 4096 and interference's None are the records' own defaults."""
+    from attnprobe.io.options import cli_fields
+
+    actions = {a.dest: a for a in PARSERS[name]._actions if a.default is not argparse.SUPPRESS}  # not hidden aliases
+    checked = 0
+    for record in COMMAND_RECORDS[name]:
+        options, renamed = cli_fields(record), RENAMED.get(record, {})
+        for field, default in field_defaults(record).items():
+            dest = renamed.get(field, field)
+            if dest not in actions:
+                continue
+            if field not in options and field not in renamed:
+                assert (name, field) in PRESET_OVERRIDES, f"{name}: --{dest} is declared by hand"
+                continue
+            action = actions[dest]
+            want = DIFFERENCES.get((name, field), default)
+            assert action.default == want, f"{name} {action.option_strings}: {action.default!r} != {want!r}"
+            if field not in renamed:  # declared from this field (not by hand)
+                assert action.option_of == (record, field) or (
+                    action.option_of[1] == field and field_defaults(action.option_of[0])[field] == default), field
+            checked += 1
+    assert checked >= {"capture": 8, "counterfactual": 8, "run": 9, "study interference": 11}.get(name, 2)
+
+
+@pytest.mark.parametrize("name", sorted(NO_RECORDS))
+def test_commands_without_records_declare_no_record_option(name):
+    assert not [a.dest for a in PARSERS[name]._actions if hasattr(a, "option_of")]
+
+
+def test_declared_differences_have_their_reason():
+    from attnprobe.cli.options import QUERIES_WHY
+
+    assert set(QUERIES_WHY) == {CaptureOptions().queries, DIFFERENCES[("study attention", "queries")]}
+    assert PARSERS["capture"]._option_string_actions["--queries"].default == "reasoning"
+
+
+def test_chunk_size_has_one_default():
+    """512 is written once (attnprobe_hooks.backend.DEFAULT_CHUNK_SIZE): the record, every parser, the
+    counterfactual record, IBIS's job and the model's default chunk agree."""
+    assert DEFAULT_CHUNK_SIZE == 512
+    assert CaptureOptions().chunk_size == RunOptions().chunk_size == DEFAULT_CHUNK_SIZE
+    assert {PARSERS[c]._option_string_actions["--chunk-size"].default for c in COMMAND_RECORDS
+            if "--chunk-size" in PARSERS[c]._option_string_actions} == {DEFAULT_CHUNK_SIZE}
+    assert field_defaults(AttentionJob)["chunk_size"] == DEFAULT_CHUNK_SIZE
+    assert inspect.signature(run_attention).parameters["chunk_size"].default == DEFAULT_CHUNK_SIZE
+    # the vLLM engine's chunk, read from the source (importing the module imports torch)
+    source = Path(importlib.util.find_spec("attnprobe_hooks.vllm").submodule_search_locations[0]) / "backend.py"
+    load = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef) and n.name == "load")
+    args = load.args.kwonlyargs
+    assert ast.unparse(load.args.kw_defaults[[a.arg for a in args].index("chunk_size")]) == "DEFAULT_CHUNK_SIZE"
+    plain = LoadedModel(None, None, "spec", "name", "transformers", "float32", "hf-folder")
+    assert plain.default_chunk_size == DEFAULT_CHUNK_SIZE
+
+
+def test_api_functions_default_like_the_cli():
+    """capture_many / capture share prefixes like every command (on: exact within 1e-5) and take the
+    model's chunk (None -> DEFAULT_CHUNK_SIZE, or the chunk a vLLM engine was built with)."""
+    many = inspect.signature(capture_many).parameters
+    one = inspect.signature(capture).parameters
+    assert many["share_prefixes"].default is CaptureOptions().share_prefixes is True
+    assert RunOptions().share_prefixes is field_defaults(AttentionJob)["share_prefixes"] is True
+    assert many["chunk_size"].default is None and one["chunk_size"].default is None
+    for name in ("queries", "layers", "rendering", "max_tokens", "truncate"):
+        assert many[name].default == one[name].default == getattr(CaptureOptions(), name), name
+    assert list(many["save_qk_layers"].default) == CaptureOptions().save_qk_layers == []
+
+
+def test_cli_builds_the_default_records():
+    """With no options given, the records the CLI builds equal the records' defaults; the negated
+    flag turns sharing off in one place."""
+    from attnprobe.cli.counterfactual import run_options
+    from attnprobe.cli.options import capture_options
+
+    parse = build_parser().parse_args
+    args = parse(["capture", "t.jsonl", "--out", "o"])
+    assert capture_options(args) == CaptureOptions()
+    args = parse(["capture", "t.jsonl", "--out", "o", "--no-prefix-sharing", "--chunk-size", "256", "--layers", "0-2"])
+    assert capture_options(args) == CaptureOptions(share_prefixes=False, chunk_size=256, layers=[0, 1, 2])
+    args = parse(["counterfactual", "t.jsonl", "--out", "o", "--no-progress"])
+    assert run_options(args) == RunOptions()
+    args = parse(["counterfactual", "t.jsonl", "--out", "o", "--no-progress", "--actions", "--no-prefix-sharing"])
+    assert run_options(args) == RunOptions(actions=True, share_prefixes=False)
+
+
+def test_loop_config_from_args():
+    from attnprobe.io.options import from_args
+
+    args = build_parser().parse_args(["study", "interference", "q.jsonl", "--out", "o", "--top-k", "7",
+                                      "--scaffold", "seed002", "--structured-actions"])
+    config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
+    assert config == LoopConfig(scaffold="seed002", top_k=7, structured_actions=True)
+    assert (config.max_turns, config.max_tokens, config.temperature) == (10, 8192, 1.0)  # seed002's
+
+
+def test_add_options_machinery():
+    """The field's default fills ``{default}`` in the help; a flag's default is its action's; a
+    per-command default is taken; from_args keeps the record's default for options not declared."""
+    from attnprobe.io.options import add_options, from_args, option
+
+    @dataclasses.dataclass
+    class Toy:
+        size: int = option(3, flag="--size", type=int, help="size (default {default})")
+        sharing: bool = option(True, flag="--no-sharing", action="store_false", help="off")
+        other: str = option("x", flag="--other", help="other")
+
+    p = argparse.ArgumentParser()
+    add_options(p, Toy, ("size", "sharing"), defaults={"size": 5})
+    assert p._option_string_actions["--size"].help == "size (default 5)"
+    assert from_args(Toy, p.parse_args([])) == Toy(size=5)
+    assert from_args(Toy, p.parse_args(["--no-sharing", "--size", "2"]), other="y") == Toy(2, False, "y")
+    with pytest.raises(ValueError, match="fixed by its action"):
+        add_options(argparse.ArgumentParser(), Toy, ("sharing",), defaults={"sharing": False})
+
+
+def test_settings_messages_spell_the_declared_flags():
+    """A refused counterfactual rerun names options as the records declare them (no second spelling)."""
+    from attnprobe.counterfactual.job import OPTION_NAMES
+
+    assert {k: OPTION_NAMES[k] for k in ("spec", "max_tokens", "max_new_tokens", "chunk_size", "share_prefixes")} == {
+        "spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
+        "chunk_size": "--chunk-size", "share_prefixes": "--no-prefix-sharing"}
