@@ -58,11 +58,15 @@ class ActionFormat:
     into a grammar for each backend). ``scaffold``: "ircot" (``<think>`` then ``<search>`` or ``<answer>``),
     "seed002" (tool calls of ``tools`` or a final response with an ``Exact Answer:`` line), or the
     NIS-Agent runner's formats; ``tools``: the offered tool schemas as one JSON text (hashable, so a
-    backend can cache the compiled grammar); ``final``: only an answer is allowed (IRCoT's final call)."""
+    backend can cache the compiled grammar); ``final``: only an answer is allowed (IRCoT's final call);
+    ``max_tokens``: the reply's token budget, so that the free-text fields get token caps and an action
+    always closes within it (0: character bounds only; token caps apply in process, where llguidance
+    counts tokens)."""
 
     scaffold: str
     tools: str = ""
     final: bool = False
+    max_tokens: int = 0
 
 
 @dataclass

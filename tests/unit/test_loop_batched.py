@@ -266,7 +266,9 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     chat = ScriptedChat(ircot_script, actions=True)
     _study(tmp_path / "ircot", chat, "ircot", 2, settings=["none"], structured_actions=True)
     finals = [r for r in chat.requests if r.actions.final]
-    assert {r.actions for r in chat.requests} == {ActionFormat("ircot"), ActionFormat("ircot", final=True)}
+    budget = chat.requests[0].max_tokens  # the grammar caps its free text to the reply's budget
+    assert {r.actions for r in chat.requests} == {ActionFormat("ircot", max_tokens=budget),
+                                                  ActionFormat("ircot", final=True, max_tokens=budget)}
     study = json.loads((tmp_path / "ircot" / "study.json").read_text())
     assert study["config"]["structured_actions"] is True
     calls = [json.loads(x) for x in (tmp_path / "ircot" / "none" / "calls.jsonl").read_text().splitlines()]
@@ -276,7 +278,8 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     assert res["config"]["structured_actions"] is True
     chat2 = ScriptedChat(seed002_script, actions=True)
     _study(tmp_path / "s2", chat2, "seed002", 2, settings=["none"], structured_actions=True)
-    assert {r.actions for r in chat2.requests} == {ActionFormat("seed002", tools=json.dumps(TOOLS))}
+    assert {r.actions for r in chat2.requests} == {ActionFormat("seed002", tools=json.dumps(TOOLS),
+                                                                max_tokens=chat2.requests[0].max_tokens)}
     # off: nothing asked for, nothing recorded
     chat3 = ScriptedChat(ircot_script)
     _study(tmp_path / "off", chat3, "ircot", 2, settings=["none"])

@@ -59,7 +59,7 @@ class Scripted(OneByOne):
 
 def run(tmp_path, structured: bool):
     s = RunSettings.preset("baseline", manager_steps=2, worker_steps=1)
-    if structured:  # the field branch runjob adds to RunSettings; read with getattr until then
+    if structured:
         s.structured_actions = True
     chat = Scripted()
     run_questions(chat, [QUESTION], s, tmp_path / "r.jsonl", search=OneSearch())
@@ -69,7 +69,7 @@ def run(tmp_path, structured: bool):
 def test_structured_runner_calls_carry_their_action_grammar(tmp_path):
     chat, trajs = run(tmp_path, True)
     assert chat.plain == 0
-    manager, worker, forced = (ActionFormat(s, json.dumps(t)) for s, t in (
+    manager, worker, forced = (ActionFormat(s, json.dumps(t), max_tokens=RunSettings().max_tokens) for s, t in (
         ("nis-manager", MANAGER_TOOLS), ("nis-worker", WORKER_TOOLS), ("nis-worker", [FINAL_ANSWER])))
     # manager delegates; worker searches, runs out of its one step and is forced; manager answers
     assert [r.actions for r in chat.requests] == [manager, worker, forced, manager]

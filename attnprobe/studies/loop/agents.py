@@ -173,8 +173,8 @@ class Loop:
         if not self.config.structured_actions:
             return None
         if self.config.scaffold == "ircot":
-            return ActionFormat("ircot", final=final)
-        return ActionFormat("seed002", tools=json.dumps(TOOLS))
+            return ActionFormat("ircot", final=final, max_tokens=self.config.max_tokens)
+        return ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=self.config.max_tokens)
 
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None, *,
               final: bool = False):
