@@ -343,12 +343,26 @@ def attention_query_label(query: str) -> str:
     return QUERY_LABELS.get(query, query)
 
 
-def study_caveats(root: Path, study: Study) -> list[str]:
-    """The caveats of the study and of its attention.json (:mod:`attnprobe.results.caveats`), computed from
-    the data as study.md and attention.md print them; an unreadable attention.json adds none (the page
-    reports it where it shows the tables)."""
+def setting_calls(root: Path, study: Study, setting: str) -> list[dict]:
+    """The recorded calls of one setting: its ``calls.jsonl`` (the study's current results), else every
+    ``calls/<qid>.jsonl``; unreadable files and lines add none."""
+    folder = Path(study.setting_rel(setting))
     try:
-        out = study_caveats_of(study.data)
+        if D.resolve_inside(root, folder / "calls.jsonl").is_file():
+            return D.read_jsonl(root, folder / "calls.jsonl")[0]
+        calls_dir = D.resolve_inside(root, folder / "calls")
+        paths = sorted(calls_dir.glob("*.jsonl")) if calls_dir.is_dir() else []
+        return [r for p in paths for r in D.read_jsonl(root, folder / "calls" / p.name)[0]]
+    except D.DataError:
+        return []
+
+
+def study_caveats(root: Path, study: Study) -> list[str]:
+    """The caveats of the study (a setting that retrieved nothing decided from its recorded calls,
+    :func:`setting_calls`) and of its attention.json (:mod:`attnprobe.results.caveats`), computed from the
+    data; an unreadable attention.json adds none (the page reports it where it shows the tables)."""
+    try:
+        out = study_caveats_of(study.data, {s: setting_calls(root, study, s) for s in study.settings})
     except (TypeError, ValueError, AttributeError):  # a study.json the page still shows, with odd values
         out = []
     try:

@@ -49,7 +49,7 @@ def render(root, inv) -> None:
                f"{', '.join(map(str, d.get('models') or [])) or '?'} · scorer {d.get('scorer', '?')} · "
                f"{len(d.get('questions') or {})} of {d.get('questions_total', '?')} questions finished · "
                f"brackets: 95% bootstrap CI over questions ({boot.get('resamples', '?')} resamples)")
-    for caveat in SD.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
+    for caveat in C.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
         st.warning(f"Caveat: {caveat}")
 
     st.subheader("Settings side by side")
