@@ -80,6 +80,7 @@ class Step:
     capture: str | None = None     # capture folder relative to the data directory, when one exists
     capture_note: str = "no capture"
     num_turns: int | None = None   # turns of the capture (its meta.json), when captured
+    model: str | None = None       # the agent's model, as the call record names it
 
     @property
     def policy(self) -> str:
@@ -249,7 +250,15 @@ def _step(rec: dict, index: int) -> Step:
     return Step(step=int(step) if isinstance(step, int) else index + 1, call_id=str(rec.get("id", "")),
                 sent=max(len(messages) - 1, 0), history_messages=hist.get("messages"), changes=changes,
                 reply=reply, tool_calls=calls, input_tokens=usage.get("input_tokens"),
-                output_tokens=usage.get("output_tokens"))
+                output_tokens=usage.get("output_tokens"), model=str(rec["model"]) if rec.get("model") else None)
+
+
+def call_models_label(capture_model, agent_model) -> str | None:
+    """"capture model X, agent model Y" for one call whose capture (its meta.json ``model``) was made with
+    another model than the agent's (the call record's ``model``), as study attention's tables say it; None
+    when they agree or either is unknown."""
+    c, a = (str(m) if m else None for m in (capture_model, agent_model))
+    return f"capture model {c}, agent model {a}" if c and a and c != a else None
 
 
 def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
