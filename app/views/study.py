@@ -118,7 +118,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
             st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
                        f"out {s.output_tokens} · call `{s.call_id}`")
             if s.tool_calls:
-                st.code("\n".join(s.tool_calls), language=None)
+                st.text("\n".join(s.tool_calls))  # st.code would load the 1.5 MB syntax highlighter: a third of the first draw
             if s.reply:
                 st.text(s.reply)
             if s.step in draw:
