@@ -160,8 +160,12 @@ def render(root, inv) -> None:
     # ---------------------------------------------------------- steps + turn text
     if steps:
         st.subheader("Where each step's attention goes")
-        st.plotly_chart(F.step_breakdown_figure(step_breakdown(res, layer, head)["steps"]), key="steps",
-                        config={"displaylogo": False})
+        # drawn on request: a fourth figure below the fold costs the page's first draw about a third (docs/app.md)
+        if st.toggle("draw the per-step breakdown", value=False, key="traj_steps",
+                     help="each reasoning step's attention split into system, task, past reasoning, tool calls, "
+                          "observations, the current step and template tokens"):
+            st.plotly_chart(F.step_breakdown_figure(step_breakdown(res, layer, head)["steps"]), key="steps",
+                            config={"displaylogo": False})
     with st.expander("Turn text"):
         t = st.number_input("turn", min_value=0, max_value=res.num_turns - 1, value=int(q.turn), key=f"turn:{rel}")
         tt = views["turn_texts"]
