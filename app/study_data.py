@@ -253,6 +253,33 @@ def _step(rec: dict, index: int) -> Step:
                 output_tokens=usage.get("output_tokens"), model=str(rec["model"]) if rec.get("model") else None)
 
 
+def capture_agent_model(root: Path, rel: str, trajectory_id: str, meta: dict) -> str | None:
+    """The agent model of a study's per-call capture (``<setting>/capture/<id>`` of the call with id
+    ``trajectory_id``): the ``model`` of that call's record in ``<setting>/calls/<qid>.jsonl`` (the question
+    from the capture's ``trajectory_meta``), else in ``<setting>/calls.jsonl`` or any ``calls/*.jsonl``; None
+    for any other capture."""
+    parts = Path(rel).parts
+    tm = meta.get("trajectory_meta") if isinstance(meta.get("trajectory_meta"), dict) else {}
+    if len(parts) < 3 or parts[-2] != CAPTURE_DIR:
+        return None
+    folder = Path(*parts[:-2])
+    paths = [folder / "calls" / f"{tm['question_id']}.jsonl"] if tm.get("question_id") else []
+    try:
+        calls_dir = D.resolve_inside(root, folder / "calls")
+        paths += [folder / "calls.jsonl", *(folder / "calls" / p.name for p in sorted(calls_dir.glob("*.jsonl")))]
+    except D.DataError:
+        return None
+    for path in paths:
+        try:
+            records = D.read_jsonl(root, path)[0]
+        except D.DataError:
+            continue
+        rec = next((r for r in records if r.get("id") == trajectory_id), None)
+        if rec is not None:
+            return str(rec["model"]) if rec.get("model") else None
+    return None
+
+
 def call_models_label(capture_model, agent_model) -> str | None:
     """"capture model X, agent model Y" for one call whose capture (its meta.json ``model``) was made with
     another model than the agent's (the call record's ``model``), as study attention's tables say it; None

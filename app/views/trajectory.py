@@ -73,6 +73,9 @@ def render(root, inv) -> None:
     st.caption(f"**{res.trajectory_id}** · model `{m.get('model', '?')}` · backend {m.get('backend', '?')} · "
                f"{m.get('dtype', '?')} · rendering {m.get('rendering', '?')} · {res.num_turns} turns · "
                f"{len(res.input_ids)} tokens · {len(res.queries)} queries · folder `{rel}`")
+    label = SD.call_models_label(m.get("model"), SD.capture_agent_model(root, rel, res.trajectory_id, m))
+    if label:  # a study's call captured with another model than the agent's: every view below is that model's
+        st.warning(f"{label}: the attention shown is another model's reading of the agent's context")
     n_heads = int(res.layer_head_attention.shape[2])
     c1, c2, c3 = st.columns([1, 1, 2])
     layer = c1.selectbox("layer", [MEAN] + list(res.layers), key=f"layer:{rel}")
