@@ -106,6 +106,19 @@ def study_steps(root: Path, study: SD.Study, setting: str, qid: str) -> SD.Steps
     return _steps(str(root), study, study.rel, setting, qid, mt)
 
 
+@st.cache_resource(max_entries=32, show_spinner=False)  # keyed by the files' times: no ttl needed
+def _study_caveats(root: str, _study: SD.Study, rel: str, mtimes: tuple) -> list[str]:
+    return SD.study_caveats(Path(root), _study)
+
+
+def study_caveats(root: Path, study: SD.Study) -> list[str]:
+    """The study's caveats (:func:`SD.study_caveats`: reads every setting's calls), cached per file times."""
+    base = Path(root) / study.rel
+    mt = (_mtime(base / SD.STUDY_FILE), _mtime(base / SD.ATTENTION_FILE),
+          *(_mtime(Path(root) / study.setting_rel(s) / n) for s in study.settings for n in ("calls.jsonl", "calls")))
+    return _study_caveats(str(root), study, study.rel, mt)
+
+
 def paginate(df, key: str, page_size: int = PAGE_SIZE):
     """Show a DataFrame one page at a time (big tables stay fast)."""
     n = len(df)

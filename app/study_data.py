@@ -80,6 +80,7 @@ class Step:
     capture: str | None = None     # capture folder relative to the data directory, when one exists
     capture_note: str = "no capture"
     num_turns: int | None = None   # turns of the capture (its meta.json), when captured
+    model: str | None = None       # the agent's model, as the call record names it
 
     @property
     def policy(self) -> str:
@@ -249,7 +250,42 @@ def _step(rec: dict, index: int) -> Step:
     return Step(step=int(step) if isinstance(step, int) else index + 1, call_id=str(rec.get("id", "")),
                 sent=max(len(messages) - 1, 0), history_messages=hist.get("messages"), changes=changes,
                 reply=reply, tool_calls=calls, input_tokens=usage.get("input_tokens"),
-                output_tokens=usage.get("output_tokens"))
+                output_tokens=usage.get("output_tokens"), model=str(rec["model"]) if rec.get("model") else None)
+
+
+def capture_agent_model(root: Path, rel: str, trajectory_id: str, meta: dict) -> str | None:
+    """The agent model of a study's per-call capture (``<setting>/capture/<id>`` of the call with id
+    ``trajectory_id``): the ``model`` of that call's record in ``<setting>/calls/<qid>.jsonl`` (the question
+    from the capture's ``trajectory_meta``), else in ``<setting>/calls.jsonl`` or any ``calls/*.jsonl``; None
+    for any other capture."""
+    parts = Path(rel).parts
+    tm = meta.get("trajectory_meta") if isinstance(meta.get("trajectory_meta"), dict) else {}
+    if len(parts) < 3 or parts[-2] != CAPTURE_DIR:
+        return None
+    folder = Path(*parts[:-2])
+    paths = [folder / "calls" / f"{tm['question_id']}.jsonl"] if tm.get("question_id") else []
+    try:
+        calls_dir = D.resolve_inside(root, folder / "calls")
+        paths += [folder / "calls.jsonl", *(folder / "calls" / p.name for p in sorted(calls_dir.glob("*.jsonl")))]
+    except D.DataError:
+        return None
+    for path in paths:
+        try:
+            records = D.read_jsonl(root, path)[0]
+        except D.DataError:
+            continue
+        rec = next((r for r in records if r.get("id") == trajectory_id), None)
+        if rec is not None:
+            return str(rec["model"]) if rec.get("model") else None
+    return None
+
+
+def call_models_label(capture_model, agent_model) -> str | None:
+    """"capture model X, agent model Y" for one call whose capture (its meta.json ``model``) was made with
+    another model than the agent's (the call record's ``model``), as study attention's tables say it; None
+    when they agree or either is unknown."""
+    c, a = (str(m) if m else None for m in (capture_model, agent_model))
+    return f"capture model {c}, agent model {a}" if c and a and c != a else None
 
 
 def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
@@ -343,12 +379,26 @@ def attention_query_label(query: str) -> str:
     return QUERY_LABELS.get(query, query)
 
 
-def study_caveats(root: Path, study: Study) -> list[str]:
-    """The caveats of the study and of its attention.json (:mod:`attnprobe.results.caveats`), computed from
-    the data as study.md and attention.md print them; an unreadable attention.json adds none (the page
-    reports it where it shows the tables)."""
+def setting_calls(root: Path, study: Study, setting: str) -> list[dict]:
+    """The recorded calls of one setting: its ``calls.jsonl`` (the study's current results), else every
+    ``calls/<qid>.jsonl``; unreadable files and lines add none."""
+    folder = Path(study.setting_rel(setting))
     try:
-        out = study_caveats_of(study.data)
+        if D.resolve_inside(root, folder / "calls.jsonl").is_file():
+            return D.read_jsonl(root, folder / "calls.jsonl")[0]
+        calls_dir = D.resolve_inside(root, folder / "calls")
+        paths = sorted(calls_dir.glob("*.jsonl")) if calls_dir.is_dir() else []
+        return [r for p in paths for r in D.read_jsonl(root, folder / "calls" / p.name)[0]]
+    except D.DataError:
+        return []
+
+
+def study_caveats(root: Path, study: Study) -> list[str]:
+    """The caveats of the study (a setting that retrieved nothing decided from its recorded calls,
+    :func:`setting_calls`) and of its attention.json (:mod:`attnprobe.results.caveats`), computed from the
+    data; an unreadable attention.json adds none (the page reports it where it shows the tables)."""
+    try:
+        out = study_caveats_of(study.data, {s: setting_calls(root, study, s) for s in study.settings})
     except (TypeError, ValueError, AttributeError):  # a study.json the page still shows, with odd values
         out = []
     try:

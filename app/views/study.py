@@ -49,7 +49,7 @@ def render(root, inv) -> None:
                f"{', '.join(map(str, d.get('models') or [])) or '?'} · scorer {d.get('scorer', '?')} · "
                f"{len(d.get('questions') or {})} of {d.get('questions_total', '?')} questions finished · "
                f"brackets: 95% bootstrap CI over questions ({boot.get('resamples', '?')} resamples)")
-    for caveat in SD.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
+    for caveat in C.study_caveats(root, study):  # computed from the data (docs/loop.md, "Caveats")
         st.warning(f"Caveat: {caveat}")
 
     st.subheader("Settings side by side")
@@ -118,7 +118,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
             st.caption(f"sent {s.sent} messages (full history: {s.history_messages}) · tokens in {s.input_tokens}, "
                        f"out {s.output_tokens} · call `{s.call_id}`")
             if s.tool_calls:
-                st.code("\n".join(s.tool_calls), language=None)
+                st.text("\n".join(s.tool_calls))  # st.code would load the 1.5 MB syntax highlighter: a third of the first draw
             if s.reply:
                 st.text(s.reply)
             if s.step in draw:
@@ -172,11 +172,13 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
         st.error(f"Cannot show the capture of step {s.step}: {exc}")
         return
     status = SD.turn_status(res.segments, res.meta)
+    label = SD.call_models_label(res.meta.get("model"), s.model)  # another model read the agent's context: say so
+    whose = f"; {label}" if label else ""
     if not heatmap:
         st.caption(f"No turn heatmap: {SD.past_turns(res.num_turns)} past turn(s), fewer than "
                    f"{SD.HEATMAP_MIN_PAST}.")
     elif any(q.kind == "reasoning" for q in res.queries):
-        st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns)")
+        st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns{whose})")
         st.plotly_chart(heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"], status),
                         key=f"study_hm:{key}", config={"displaylogo": False})
         st.caption("Lower triangle (blue): step t (row) → turn j's reasoning; upper (orange): step t (column) → "
@@ -187,7 +189,7 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
         q = res.queries[k]
         st.plotly_chart(C.role_bars(res.attention()[k], res), key=f"study_seg:{key}", config={"displaylogo": False})
         st.caption(f"Attention of the call's {q.kind} query (token {q.position}, turn {q.turn}) per turn and role, "
-                   f"mean of layers and heads. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
+                   f"mean of layers and heads{whose}. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
                    f"&q={k})")
         if status or SD.removed_count(res.meta):
             st.caption(SD.ROLE_LEGEND)

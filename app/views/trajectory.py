@@ -73,6 +73,9 @@ def render(root, inv) -> None:
     st.caption(f"**{res.trajectory_id}** · model `{m.get('model', '?')}` · backend {m.get('backend', '?')} · "
                f"{m.get('dtype', '?')} · rendering {m.get('rendering', '?')} · {res.num_turns} turns · "
                f"{len(res.input_ids)} tokens · {len(res.queries)} queries · folder `{rel}`")
+    label = SD.call_models_label(m.get("model"), SD.capture_agent_model(root, rel, res.trajectory_id, m))
+    if label:  # a study's call captured with another model than the agent's: every view below is that model's
+        st.warning(f"{label}: the attention shown is another model's reading of the agent's context")
     n_heads = int(res.layer_head_attention.shape[2])
     c1, c2, c3 = st.columns([1, 1, 2])
     layer = c1.selectbox("layer", [MEAN] + list(res.layers), key=f"layer:{rel}")
@@ -160,8 +163,12 @@ def render(root, inv) -> None:
     # ---------------------------------------------------------- steps + turn text
     if steps:
         st.subheader("Where each step's attention goes")
-        st.plotly_chart(F.step_breakdown_figure(step_breakdown(res, layer, head)["steps"]), key="steps",
-                        config={"displaylogo": False})
+        # drawn on request: a fourth figure below the fold costs the page's first draw about a third (docs/app.md)
+        if st.toggle("draw the per-step breakdown", value=False, key="traj_steps",
+                     help="each reasoning step's attention split into system, task, past reasoning, tool calls, "
+                          "observations, the current step and template tokens"):
+            st.plotly_chart(F.step_breakdown_figure(step_breakdown(res, layer, head)["steps"]), key="steps",
+                            config={"displaylogo": False})
     with st.expander("Turn text"):
         t = st.number_input("turn", min_value=0, max_value=res.num_turns - 1, value=int(q.turn), key=f"turn:{rel}")
         tt = views["turn_texts"]

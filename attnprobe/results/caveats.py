@@ -5,10 +5,11 @@ runner's results (:func:`runner_caveats`); each returns one sentence per caveat 
 does). study.md, attention.md, the runner's summary and the app's Study page print them (docs/loop.md,
 "Caveats"; definitions in docs/methods.md, "Caveats"):
 
-- **retrieved nothing** (:func:`retrieved_nothing`): a setting other than the baseline whose finished
-  questions made no retrieval at all (ART 0). Its context never held a retrieved document, so no context
-  policy had anything to act on; with greedy decoding its calls are the baseline's, so its row equals the
-  baseline's by construction (with sampling, it differs only by the draw);
+- **retrieved nothing** (:func:`retrieved_nothing`): a setting other than the baseline none of whose recorded
+  calls held an observation (:func:`has_observation`; decided from ART 0 only where no call is at hand).
+  No context policy had anything to act on, whether no retrieval ran or every retrieval returned nothing;
+  with greedy decoding its calls are the baseline's, so its row equals the baseline's by construction (with
+  sampling, it differs only by the draw);
 - **few questions** (:func:`few_questions`): a table whose CIs are over fewer than :data:`MIN_QUESTIONS`
   questions (a percentile bootstrap over 3 questions has at most 10 distinct means);
 - **injected system text** (:func:`injected_system`): calls sent without a system message whose chat
@@ -29,18 +30,73 @@ def _span(values: Iterable[int]) -> str:
     return str(v[0]) if len(v) == 1 else f"{v[0]} to {v[-1]}"
 
 
-def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, temperature: float | None = None) -> list[str]:
-    """One caveat per setting (not the baseline, not ``none``) with finished questions and ART 0 (mean
-    retrievals per question, study.json ``settings[S].art``). ``temperature``: the study's (config); with
-    sampling (> 0) the row equals the baseline's only in distribution."""
+# Tool results that carry nothing a policy treats as retrieved text: an empty search (the seed002 browser's
+# "No results for 'q'.", studies/loop/pool.py) and a failed call ("Error..."; masking never archives errors).
+_EMPTY_RESULTS = ("No results for ", "Error")
+
+
+def _observation_text(msg: Mapping) -> str:
+    text = msg.get("content")
+    if not isinstance(text, str):  # OpenAI text parts
+        text = "".join(p.get("text", "") for p in text or [] if isinstance(p, Mapping))
+    if msg.get("role") == "tool":
+        return text.strip()
+    spans = [a for a in msg.get("annotations") or [] if isinstance(a, Mapping) and a.get("role") == "observation"]
+    inner = "".join(text[int(a.get("start", 0)):int(a.get("end", 0))] for a in spans)
+    return inner.replace("<information>", "").replace("</information>", "").strip()  # IRCoT's document block
+
+
+def has_observation(call: Mapping) -> bool:
+    """Whether a recorded call gave its policy something to act on: a sent message (all but the recorded
+    reply, the last) that is a tool result or an ``observation``-labelled span (IRCoT's ``<information>``
+    block) with text that is not an empty search or an error, or a history the policy changed
+    (``meta.history.changes``/``refined``: it acted, e.g. removed every observation it was sent)."""
+    hist = (call.get("meta") or {}).get("history") or {}
+    if isinstance(hist, Mapping) and (hist.get("changes") or hist.get("refined")):
+        return True
+    sent = (call.get("messages") or [])[:-1]
+    return any(isinstance(m, Mapping) and (t := _observation_text(m)) and not t.startswith(_EMPTY_RESULTS)
+               for m in sent)
+
+
+def observed_calls(calls: Iterable[Mapping]) -> tuple[int, int]:
+    """(calls with an observation, calls) over one setting's recorded calls (its calls.jsonl)."""
+    calls = [c for c in calls if isinstance(c, Mapping)]
+    return sum(map(has_observation, calls)), len(calls)
+
+
+def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, temperature: float | None = None,
+                      calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
+    """One caveat per setting (not the baseline, not ``none``) with finished questions whose recorded calls
+    (``calls``: setting -> its calls.jsonl records) held no observation (:func:`has_observation`); a setting
+    without recorded calls is decided from ART 0 (mean retrievals per question, study.json
+    ``settings[S].art``). The text keeps the retrieval count (ART x questions). ``temperature``: the
+    study's (config); with sampling (> 0) the row equals the baseline's only in distribution."""
     out = []
     for s, m in settings.items():
-        if s == baseline or s == "none" or not m.get("questions") or m.get("art") is None or m["art"] != 0:
+        n_q = m.get("questions") or 0
+        if s == baseline or s == "none" or not n_q:
+            continue
+        art = m.get("art")
+        retrievals = f"{round(art * n_q)} retrieval{'' if round(art * n_q) == 1 else 's'}" if _num(art) else \
+            "retrievals unknown"
+        seen, n_calls = observed_calls((calls or {}).get(s) or [])
+        if n_calls:
+            if seen:
+                continue
+            why = f"no observation in any of its {n_calls} recorded calls; {retrievals} over {n_q} questions"
+        elif _num(art) and art == 0:
+            why = f"{retrievals} over {n_q} questions"
+        else:
             continue
         same = ("its row equals the baseline by construction" if not temperature else
                 f"its row differs from the baseline only by sampling (temperature {temperature:g})")
-        out.append(f"setting {s} retrieved nothing: no policy acted; {same}")
+        out.append(f"setting {s} retrieved nothing: no policy acted ({why}); {same}")
     return out
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
 def few_questions(ns: Iterable[int], *, threshold: int = MIN_QUESTIONS) -> list[str]:
@@ -53,15 +109,17 @@ def few_questions(ns: Iterable[int], *, threshold: int = MIN_QUESTIONS) -> list[
             "questions)"]
 
 
-def study_caveats(study: Mapping) -> list[str]:
-    """study.json's caveats: settings that retrieved nothing, and too few questions for the CIs."""
+def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
+    """study.json's caveats: settings that retrieved nothing (from ``calls``, setting -> its recorded calls,
+    where given; else from ART), and too few questions for the CIs."""
     settings = study.get("settings") or {}
     if not isinstance(settings, Mapping):
         return []
     settings = {s: m for s, m in settings.items() if isinstance(m, Mapping)}  # a malformed entry says nothing
     config = study.get("config")
     temp = config.get("temperature") if isinstance(config, Mapping) else None
-    return [*retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp),
+    return [*retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp,
+                               calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 
 

@@ -123,6 +123,30 @@ def test_token_strip_follows_the_chosen_query(monkeypatch, app_data):
     assert at.number_input(key=f"toppage:{rel}").value == 1
 
 
+def test_step_breakdown_is_drawn_on_request_with_the_analysis_numbers(monkeypatch, app_data):
+    """The per-step breakdown is a fourth figure below the fold: off at first draw (the page opens faster),
+    drawn by its toggle with analysis.step_breakdown's shares."""
+    from attnprobe.results.analysis import step_breakdown
+    from attnprobe.results.figures import STEP_PARTS
+
+    at = run_app(monkeypatch, app_data)
+    folder = max(capture_dirs(app_data), key=lambda f: CaptureResult.load(f).num_turns)
+    select_capture(at, app_data, folder)
+    is_steps = lambda c: c["data"] and c["data"][0].get("hovertemplate", "").startswith("step %{x}")  # noqa: E731
+    assert not [c for c in charts_of(at) if is_steps(c)]
+    at.toggle(key="traj_steps").set_value(True).run()
+    assert not at.exception
+    chart = find_chart(at, is_steps)
+    expect = step_breakdown(CaptureResult.load(folder))["steps"]
+    assert [t["name"] for t in chart["data"]] == [p.replace("_", " ") for p in STEP_PARTS]
+    for t, part in zip(chart["data"], STEP_PARTS):
+        np.testing.assert_allclose(decode(t["y"]), [s[part] for s in expect], rtol=1e-9)
+
+
+def charts_of(at) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
 # ------------------------------------------------------------------ decay
 def test_decay_page_overlays_runs(monkeypatch, app_data):
     at = run_app(monkeypatch, app_data, page="Decay")

@@ -189,6 +189,48 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
 
 
+def test_per_call_views_name_both_models_when_the_capture_model_is_not_the_agents(monkeypatch, data):
+    """Step 3 of q1 under the other setting was captured by toy-model (its meta.json). Recorded by toy-model:
+    the heatmap title and the bars' caption name no model; recorded by another agent model: both name the two
+    models, as study attention's tables do."""
+    pytest.importorskip("streamlit")
+    assert SD.call_models_label("toy-model", "toy-model") is None and SD.call_models_label("toy-model", None) is None
+    assert SD.call_models_label("SmolLM2-135M", "Qwen2.5-7B") == "capture model SmolLM2-135M, agent model Qwen2.5-7B"
+
+    def titles(at):
+        return [m.value for m in at.markdown if "Turn heatmap of step" in m.value] + \
+            [c.value for c in at.caption if c.value.startswith("Attention of the call's")]
+
+    at = _page(monkeypatch, data, "Study")
+    assert titles(at) and not any("capture model" in t for t in titles(at))
+    calls = data / OTHER_DIR / "calls" / "q1.jsonl"
+    recs = [json.loads(line) for line in calls.read_text().splitlines()]
+    calls.write_text("".join(json.dumps({**r, "model": "agent-7b"}) + "\n" for r in recs))
+    at = _page(monkeypatch, data, "Study")
+    got = titles(at)
+    assert got[0] == "**Turn heatmap of step 3** (2 past turns; capture model toy-model, agent model agent-7b)"
+    assert len(got) == 2 and "heads; capture model toy-model, agent model agent-7b. [Open in Trajectory]" in got[1]
+    # the Trajectory page, opened on that capture (the Study page's link), says it too; a capture outside a
+    # study, or of a call recorded by the capture model, does not
+    from streamlit.testing.v1 import AppTest
+    from support.appdata import APP_FILE
+
+    rel = f"{OTHER_DIR}/capture/{safe_name(call_id(OTHER, 'q1', 3))}"
+
+    def trajectory_warnings():
+        at = AppTest.from_file(APP_FILE, default_timeout=60)
+        at.query_params.update(page="Trajectory", run=rel)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        return [w.value for w in at.warning]
+
+    assert trajectory_warnings() == ["capture model toy-model, agent model agent-7b: the attention shown is another "
+                                     "model's reading of the agent's context"]
+    calls.write_text("".join(json.dumps(r) + "\n" for r in recs))  # recorded by toy-model again
+    assert trajectory_warnings() == []
+    assert SD.capture_agent_model(data, "captures/x", "t", {"trajectory_meta": {"question_id": "q1"}}) is None
+
+
 N_CAVEAT = "n = 2: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
 
 

@@ -17,21 +17,95 @@ from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.results import caveats as CV
 from attnprobe.results.result import CaptureResult
 from attnprobe.studies.loop.attention import call_record, injected_system_tokens, setting_attention
+from attnprobe.studies.loop.job import setting_dir
 
 GREEDY = "its row equals the baseline by construction"
 
 
 # ------------------------------------------------------------------ retrieved nothing
 def test_retrieved_nothing_names_exactly_the_settings_with_art_zero():
+    """Without recorded calls the caveat falls back to ART 0, with the retrieval count in the text."""
     settings = {"none": {"questions": 3, "art": 0.0}, "mask:5": {"questions": 3, "art": 0.0},
                 "ircot:o": {"questions": 3, "art": 1.5}, "mask:1": {"questions": 0, "art": None}}
     assert CV.retrieved_nothing(settings, "none", temperature=0.0) == [
-        f"setting mask:5 retrieved nothing: no policy acted; {GREEDY}"]  # not the baseline, not unrun mask:1
+        f"setting mask:5 retrieved nothing: no policy acted (0 retrievals over 3 questions); {GREEDY}"]
     assert CV.retrieved_nothing(settings, "none", temperature=1.0) == [
-        "setting mask:5 retrieved nothing: no policy acted; its row differs from the baseline only by sampling "
-        "(temperature 1)"]
-    settings["mask:5"]["art"] = 0.3  # one retrieval on one of 3 questions: the policy could act
+        "setting mask:5 retrieved nothing: no policy acted (0 retrievals over 3 questions); its row differs from "
+        "the baseline only by sampling (temperature 1)"]  # not the baseline, not unrun mask:1
+    settings["mask:5"]["art"] = 1 / 3  # one retrieval on one of 3 questions: the policy could act
     assert CV.retrieved_nothing(settings, "none", temperature=0.0) == []
+
+
+SYS, USER = {"role": "system", "content": "sys"}, {"role": "user", "content": "question?"}
+REPLY = {"role": "assistant", "content": "Exact Answer: Paris"}
+SEARCH = {"role": "assistant", "content": "", "tool_calls": [{"id": "call1", "type": "function",
+                                                              "function": {"name": "search", "arguments": "{}"}}]}
+
+
+def _tool(text: str) -> dict:
+    return {"role": "tool", "tool_call_id": "call1", "name": "search", "content": text}
+
+
+def _info(inner: str) -> dict:  # IRCoT's documents: a user message labelled observation, tags included
+    block = f"<information>{inner}</information>"
+    return {"role": "user", "content": block, "annotations": [{"start": 0, "end": len(block), "role": "observation",
+                                                               "author": "external"}]}
+
+
+def _rec(*sent: dict, history: dict | None = None) -> dict:
+    return {"id": "c", "messages": [*sent, REPLY], "meta": {"history": history or {"changes": {}, "refined": []}}}
+
+
+def test_has_observation_reads_what_the_policy_could_act_on():
+    assert CV.has_observation(_rec(SYS, USER, SEARCH, _tool("[0] Paris (https://p)\nParis is the capital.")))
+    assert CV.has_observation(_rec(USER, _info("Doc 1(Title: Paris) Paris is the capital.")))
+    # a retrieval that returned nothing, a failed call, an empty IRCoT block: nothing to act on
+    assert not CV.has_observation(_rec(SYS, USER, SEARCH, _tool("No results for 'capital'.")))
+    assert not CV.has_observation(_rec(SYS, USER, SEARCH, _tool("Error: search needs a non-empty 'query'.")))
+    assert not CV.has_observation(_rec(USER, _info("  \n")))
+    assert not CV.has_observation(_rec(USER, {"role": "user", "content": "<information>x</information>"}))  # unlabelled
+    # the reply (last message) is not sent; a history the policy changed means it acted
+    assert not CV.has_observation({"messages": [USER, _tool("Paris is the capital.")]})
+    assert CV.has_observation(_rec(SYS, USER, history={"changes": {"3": "removed"}, "refined": []}))
+    assert CV.observed_calls([_rec(USER), _rec(USER, _info("doc")), "junk"]) == (1, 2)
+
+
+def _write_calls(root, setting: str, records: list[dict]) -> None:
+    folder = setting_dir(root, setting)
+    for f in (folder / "calls").glob("*.jsonl"):
+        f.unlink()
+    (folder / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_retrieved_nothing_from_the_recorded_calls_of_a_hand_built_study(tmp_path):
+    """The setting mask:1+refine:bm25 made retrievals (ART 1 over 2 questions) but every search returned nothing:
+    no call held an observation, so the caveat holds (with the retrieval count); one call with a document and
+    it does not. The app's reading of the folder (calls.jsonl, else calls/*.jsonl) decides the same."""
+    from support.studydir import BASE, OTHER
+
+    from attnprobe_app import data as D
+    from attnprobe_app import study_data as SD
+
+    root = (tmp_path / "data").resolve()
+    make_study(root / "study")
+    study = json.loads((root / "study" / "study.json").read_text())
+    [loaded], _ = SD.load_studies(root, D.discover(root).studies)
+    n_caveat = "n = 2: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
+    assert SD.study_caveats(root, loaded) == [n_caveat]  # calls/q1.jsonl: step 3 masked an observation
+    empty = [_rec(SYS, USER), _rec(SYS, USER, SEARCH, _tool("No results for 'capital'."))]
+    _write_calls(root / "study", OTHER, empty)
+    caveat = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 2 recorded calls; "
+              f"2 retrievals over 2 questions); {GREEDY}")
+    assert CV.study_caveats(study, {OTHER: empty}) == [caveat, n_caveat]
+    assert SD.study_caveats(root, loaded) == [caveat, n_caveat]
+    found = [*empty, _rec(SYS, USER, SEARCH, _tool("[0] Paris (https://p)\nParis is the capital."))]
+    _write_calls(root / "study", OTHER, found)
+    assert CV.study_caveats(study, {OTHER: found}) == [n_caveat]
+    assert SD.study_caveats(root, loaded) == [n_caveat]
+    # ART 0 but a setting whose calls held an observation (an open without a search): the policy could act
+    study["settings"][OTHER]["art"] = 0.0
+    assert CV.study_caveats(study, {OTHER: found, BASE: empty}) == [n_caveat]  # the baseline never gets it
+    assert CV.study_caveats(study)[0].startswith(f"setting {OTHER} retrieved nothing")  # no calls: ART decides
 
 
 def test_study_caveats_on_the_hand_built_study(tmp_path):
@@ -41,7 +115,8 @@ def test_study_caveats_on_the_hand_built_study(tmp_path):
                                        "10 questions)"]
     study["settings"]["mask:1+refine:bm25"]["art"] = 0.0
     study["config"]["temperature"] = 0.0
-    assert CV.study_caveats(study)[0] == f"setting mask:1+refine:bm25 retrieved nothing: no policy acted; {GREEDY}"
+    assert CV.study_caveats(study)[0] == ("setting mask:1+refine:bm25 retrieved nothing: no policy acted (0 "
+                                          f"retrievals over 2 questions); {GREEDY}")
     for m in study["settings"].values():
         m["questions"] = 12
     assert CV.study_caveats(study) == [CV.study_caveats(study)[0]]
@@ -65,7 +140,8 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
         return ("<search>holmium</search>" if messages[-1]["content"].startswith("Answer the given question")
                 else "<answer>1</answer>")
 
-    for name, script, first in (("quiet", answers, f"setting ircot:o retrieved nothing: no policy acted; {GREEDY}"),
+    quiet = f"setting ircot:o retrieved nothing: no policy acted (0 retrievals over 3 questions); {GREEDY}"
+    for name, script, first in (("quiet", answers, quiet),
                                 ("busy", searches, None)):
         out = tmp_path / name
         _, study = run_study(LocalExecutor(lambda s=script: ScriptedChat(s), progress=False), out, qs,
@@ -254,5 +330,6 @@ def test_injected_system_tokens_of_smollm2s_template(bundled_folder):
 
 def test_malformed_study_json_gives_no_caveat_and_no_crash():
     assert CV.study_caveats({"settings": {"a": 3, "b": {"questions": 12, "art": 0.0}}, "config": [1],
-                             "baseline": "x"}) == ["setting b retrieved nothing: no policy acted; " + GREEDY]
+                             "baseline": "x"}) == ["setting b retrieved nothing: no policy acted (0 retrievals over 12 questions); "
+                                                 + GREEDY]
     assert CV.study_caveats({"settings": [1, 2]}) == []
