@@ -140,7 +140,8 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
         return ("<search>holmium</search>" if messages[-1]["content"].startswith("Answer the given question")
                 else "<answer>1</answer>")
 
-    quiet = f"setting ircot:o retrieved nothing: no policy acted (0 retrievals over 3 questions); {GREEDY}"
+    quiet = ("setting ircot:o retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
+             f"0 retrievals over 3 questions); {GREEDY}")  # study.json decides from the calls since issue 29
     for name, script, first in (("quiet", answers, quiet),
                                 ("busy", searches, None)):
         out = tmp_path / name

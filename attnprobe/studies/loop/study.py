@@ -46,7 +46,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
              "scorer": label,
              "questions_total": len(questions), **summary, "results": stamps}
-    study["caveats"] = study_caveats(study)
+    calls = {s: current_calls(out, s, by[s]) for s in settings}
+    study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
@@ -54,12 +55,18 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     atomic_write_text(out / "study.md", with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
     for s in settings:
         folder = setting_dir(out, s)
-        calls = [c for r in by[s] if not (folder / "calls" / f"{r['question_id']}.jsonl").is_symlink()
-                 for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)
-                 if (c.get("meta") or {}).get("inputs") == r["inputs"]]
-        if calls or (folder / "calls.jsonl").exists():  # never an old file beside new results
-            write_jsonl(folder / "calls.jsonl", calls)
+        if calls[s] or (folder / "calls.jsonl").exists():  # never an old file beside new results
+            write_jsonl(folder / "calls.jsonl", calls[s])
     return study
+
+
+def current_calls(out: Path, setting: str, results: Sequence[dict]) -> list[dict]:
+    """The recorded calls of ``results`` (one setting's current results), in question order: only calls
+    stamped with their result's inputs, never through a symlinked file."""
+    folder = setting_dir(out, setting)
+    return [c for r in results if not (folder / "calls" / f"{r['question_id']}.jsonl").is_symlink()
+            for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)
+            if (c.get("meta") or {}).get("inputs") == r["inputs"]]
 
 
 def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
