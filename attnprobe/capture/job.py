@@ -211,3 +211,35 @@ class CaptureJob(JobBase):
 
     def finish(self) -> list[str]:
         return recover_atomic_dirs(self.out) if self.out.is_dir() else []
+
+
+def capture_files(files: Sequence[Path], out: Path, options: CaptureOptions, model, open_executor, *,
+                  force: bool = False, progress: bool = True) -> dict[str, int]:
+    """Capture every trajectory of ``files`` into ``out/<safe id>/`` (resumable): the one body of
+    ``attnprobe capture`` and of the studies that capture. ``model``: the
+    :class:`~attnprobe.capture.models.ModelSpec` of the resume check; ``open_executor()``: the executor's
+    context manager, entered only after the inputs are read, ``out`` is locked and cleaned and no
+    finished capture conflicts (a mismatch is refused unless ``force``). The executor's counts."""
+    from attnprobe.io import ensure_writable_dir, hold_dir_lock
+    from attnprobe.trajectory.schema import load_files
+
+    trajs = load_files(files)  # validate everything before the slow part
+    ensure_writable_dir(out)
+    with hold_dir_lock(out):  # one run per output folder: a second is refused, naming the first's PID
+        recover_atomic_dirs(out)
+        job = CaptureJob(out, trajs, options, model=model.spec, backend=model.backend, dtype=model.dtype,
+                         force=force, progress=progress)
+        conflicts = [] if force else job.conflicts()
+        if conflicts:
+            more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+            raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
+                                 "use --force to redo or another --out")
+        # The model loads only if something is left to do; a missing model is exit code 3 for the whole
+        # command, not a per-trajectory failure (it is not in the job's catch).
+        with open_executor() as ex:
+            counts = ex.run(job)
+    if counts["done_before"]:
+        log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
+    log.info("captured %d trajectories into %s%s", counts["done"], out,
+             f"; {counts['failed']} failed (see {out / 'errors.jsonl'})" if counts["failed"] else "")
+    return counts

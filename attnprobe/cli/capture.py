@@ -14,7 +14,6 @@ from attnprobe.cli.options import (
     executor,
     model_options,
 )
-from attnprobe.errors import AttnprobeError
 
 log = logging.getLogger(__name__)
 
@@ -25,40 +24,13 @@ def run_capture_files(args, files: list[Path], out: Path) -> int:
     Before any model is loaded: all inputs are validated (ids unique across files), the output
     folder is proven writable and cleaned of work folders an interrupted run left, and every
     existing result is checked against this run's settings and weights (a mismatch is refused
-    unless --force, so variants are never mixed in one folder).
+    unless --force, so variants are never mixed in one folder): :func:`attnprobe.capture.job.capture_files`.
     """
-    from attnprobe.io import ensure_writable_dir, hold_dir_lock
-    from attnprobe.trajectory.schema import load_files
-
-    trajs = load_files(files)  # validate everything before the slow part
-    ensure_writable_dir(out)
-    with hold_dir_lock(out):  # one run per output folder: a second is refused, naming the first's PID
-        return _capture_locked(args, trajs, out)
-
-
-def _capture_locked(args, trajs, out: Path) -> int:
-    from attnprobe.capture.job import CaptureJob
-    from attnprobe.io import recover_atomic_dirs
-
-    recover_atomic_dirs(out)
-    model = model_options(args)
-    job = CaptureJob(out, trajs, capture_options(args), model=model.spec, backend=model.backend, dtype=model.dtype,
-                     force=args.force, progress=not args.no_progress)
-    conflicts = [] if args.force else job.conflicts()
-    if conflicts:
-        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                             "use --force to redo or another --out")
-    # The model loads only if something is left to do; a missing model is exit code 3 for the whole
-    # command, not a per-trajectory failure (it is not in the job's catch).
-    with executor(args) as ex:
-        counts = ex.run(job)
-    if counts["done_before"]:
-        log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
-    log.info("captured %d trajectories into %s%s", counts["done"], out,
-             f"; {counts['failed']} failed (see {out / 'errors.jsonl'})" if counts["failed"] else "")
+    from attnprobe.capture.job import capture_files
     from attnprobe.execution.counts import RunCounts
 
+    counts = capture_files(files, out, capture_options(args), model_options(args), lambda: executor(args),
+                           force=args.force, progress=not args.no_progress)
     return RunCounts.of(counts).exit_code
 
 

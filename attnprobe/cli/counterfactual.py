@@ -63,43 +63,25 @@ def model_record(args) -> dict:
             "dtype": getattr(args, "dtype", None)}
 
 
-def plan(args, files: list[Path]) -> tuple[list[str], int, list[str], list]:
-    """(policy specs, min_past, policy names, steps) of a run: the trajectories read and every policy and
-    step option checked, with no model (``study masking`` calls it before its capture stage too)."""
-    from attnprobe.agents.policies import default_min_past
-    from attnprobe.agents.policy_specs import canonical_policy
-    from attnprobe.counterfactual.steps import plan_steps
-    from attnprobe.trajectory.schema import load_files
+def step_choice(args):
+    """The policy and step options (:class:`~attnprobe.counterfactual.job.StepChoice`)."""
+    from attnprobe.counterfactual.job import StepChoice
 
-    specs = [canonical_policy(s) for s in args.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
-    trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
-    min_past = args.min_past if args.min_past is not None else default_min_past(specs)
-    names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=args.include_actions,
-                              turns=args.turns, max_steps=args.max_steps)
-    return specs, min_past, names, steps
+    return StepChoice(tuple(args.policies or ["mask:5"]), args.min_past, args.include_actions, args.turns,
+                      args.max_steps)
 
 
 def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
     """Plan, run resumably on the executor the options choose (the stage writes OUT/summary.json and
     OUT/summary.md); (exit code, summary)."""
-    from attnprobe.counterfactual.job import run_steps
-    from attnprobe.io import ensure_writable_dir, hold_dir_lock
-
-    specs, min_past, names, steps = plan(args, files)  # refused here, before the model loads
-    log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
-             "" if args.min_past is not None else " (the default for these policies)")
-    ensure_writable_dir(out)
-    with hold_dir_lock(out), executor(args) as ex:
-        report = run_steps(ex, out, steps, names, specs, run_options(args), batch_size=args.batch_size,
-                           force=args.force, model=model_record(args), min_past=min_past)
-    counts = report["counts"]
-    log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
-             counts["done"], counts["done_before"], counts["failed"], out / "summary.md")
-    if not getattr(args, "quiet", False):
-        print(report["markdown"]["decision"])
+    from attnprobe.counterfactual.job import run_files
     from attnprobe.execution.counts import RunCounts
 
-    return RunCounts.of(counts).exit_code, report["summary"]
+    report = run_files(files, out, step_choice(args), run_options(args), lambda: executor(args),
+                       batch_size=args.batch_size, force=args.force, model=model_record(args))
+    if not getattr(args, "quiet", False):
+        print(report["markdown"]["decision"])
+    return RunCounts.of(report["counts"]).exit_code, report["summary"]
 
 
 def cmd_counterfactual(args) -> int:

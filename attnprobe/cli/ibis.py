@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from attnprobe.cli.options import (
@@ -24,9 +23,7 @@ from attnprobe.cli.options import (
 )
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
-
-DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
-DEFAULT_RESULTS = Path("results") / "ibis"
+from attnprobe.studies.ibis.pipeline import DEFAULT_ITEMS_NAME, DEFAULT_RESULTS
 
 
 def _add_items(p: argparse.ArgumentParser) -> None:
@@ -166,59 +163,21 @@ def register(subparsers) -> None:
 
 
 # ------------------------------------------------------------------ helpers
-def _items(args):
-    """The items the options select (--items, --ids, --limit)."""
-    from attnprobe.studies.ibis.items import ItemError, load_items
+def ibis_options(args):
+    """The options record of the pipeline (:class:`~attnprobe.studies.ibis.pipeline.IbisOptions`); a
+    command without a stage's options keeps that stage's defaults."""
+    from attnprobe.studies.ibis.pipeline import IbisOptions
 
-    items = load_items(_items_path(args))
-    if args.ids:
-        known = {it.id for it in items}
-        bad = [i for i in args.ids if i not in known]
-        if bad:
-            raise ItemError(f"unknown item ids: {', '.join(bad)}", path=str(_items_path(args)), field="id")
-        items = [it for it in items if it.id in set(args.ids)]
-    if args.limit is not None:
-        items = items[: args.limit]
-    return items
+    a = vars(args)
+    keep = {k: a[k] for k in ("items", "ids", "limit", "results", "folder", "base_url", "served_model", "model",
+                              "dtype", "protocol", "reminder", "framings", "max_new_tokens", "batch_size",
+                              "no_call_tokens", "chunk_size", "force", "force_capture") if a.get(k) is not None}
+    return IbisOptions(**keep, generator=a.get("backend") or "transformers",
+                       share_prefixes=a.get("share_prefixes", True))
 
 
-def _items_path(args) -> Path:
-    if args.items is not None:
-        return args.items
-    from attnprobe.resources import data_path
-
-    return data_path(DEFAULT_ITEMS_NAME)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where an IBIS command writes (the model folder) and the model it names."""
-
-    name: str
-    folder: Path
-
-
-def _target(args) -> Target:
-    from attnprobe.studies.ibis.folder import model_folder, model_name
-
-    generator = getattr(args, "backend", "transformers")  # `ibis report`/`capture` have no generator
-    if generator == "openai" and not (args.served_model and args.base_url):
-        raise ValueError("--generator openai needs --base-url and --served-model")
-    name = model_name(getattr(args, "model", "default"), served_model=args.served_model if generator == "openai"
-                      else None)
-    folder = args.folder or model_folder(args.results, name, dtype=getattr(args, "dtype", "float32"),
-                                         protocol=getattr(args, "protocol", "paper"))
-    return Target(name, folder)
-
-
-def _prepare(args, target: Target, items, generator: str) -> None:
-    from attnprobe.studies.ibis.folder import prepare_folder, variant
-
-    endpoint = generator == "openai"
-    v = variant(dtype=args.dtype, model=args.model, endpoint=args.base_url if endpoint else None,
-                served_model=args.served_model if endpoint else None)
-    prepare_folder(target.folder, items, name=target.name, protocol=args.protocol, this_variant=v,
-                   items_source=str(_items_path(args)), reminder=args.reminder)
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _generation_executor(args):
@@ -236,87 +195,40 @@ def _generation_executor(args):
     return executor(args, load=load)
 
 
-def _stage_run(args, target: Target, items, ex) -> int:
-    from attnprobe.studies.ibis.folder import invariants, update_run
-    from attnprobe.studies.ibis.framings import resolve_reminder
-    from attnprobe.studies.ibis.jobs import BehaviourJob
-
-    _prepare(args, target, items, args.backend)
-    # built before the model loads: it refuses a resume with other generation settings
-    job = BehaviourJob(target.folder, items, framings=args.framings, max_tokens=args.max_new_tokens,
-                       protocol=args.protocol, batch_size=args.batch_size, force=args.force, reminder=args.reminder,
-                       no_call_tokens=(args.no_call_tokens or None) if args.backend != "openai" else None)
-    inv = ex.call(invariants, items, args.protocol, args.reminder)
-    counts = ex.run(job)
-    counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
-    update_run(target.folder, "behaviour", {"backend": args.backend, "base_url": args.base_url,
-                                            "model_spec": args.model, "max_new_tokens": args.max_new_tokens,
-                                            "reminder": resolve_reminder(args.protocol, args.reminder),
-                                            "no_call_tokens": job.no_call_tokens,
-                                            "decoding": "greedy", "batch_size": args.batch_size,
-                                            "framings": args.framings, "invariants": inv, **counts})
-    from attnprobe.execution.counts import RunCounts
-
-    done = RunCounts(counts["done_before"], counts["decided"], counts["failed"])
-    print(done.line("ibis run", done="decided", to=target.folder / "decisions.jsonl"), file=sys.stderr)
-    return done.exit_code
-
-
-def _stage_capture(args, target: Target, items, ex, *, aggregate_now: bool = True) -> int:
-    from attnprobe.io.settings import check_settings
-    from attnprobe.studies.ibis.attention import aggregate
-    from attnprobe.studies.ibis.folder import invariants, update_run
-    from attnprobe.studies.ibis.framings import resolve_reminder
-    from attnprobe.studies.ibis.jobs import AttentionJob
-
-    if not (target.folder / "items.jsonl").is_file():
-        _prepare(args, target, items, "transformers")
-    force = args.force or getattr(args, "force_capture", False)
-    # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
-    check_settings(target.folder, "ibis capture", {"model": args.model, "dtype": args.dtype, "protocol": args.protocol,
-                                                   "reminder": resolve_reminder(args.protocol, args.reminder),
-                                                   "chunk_size": args.chunk_size}, force=force)
-    inv = ex.call(invariants, items, args.protocol, args.reminder)
-    job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=args.chunk_size, protocol=args.protocol,
-                       force=force, reminder=args.reminder, share_prefixes=args.share_prefixes)
-    counts = ex.run(job)
-    counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
-    index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder) if aggregate_now else None
-    update_run(target.folder, "attention", {"model_spec": args.model, "chunk_size": args.chunk_size,
-                                            "invariants": inv, **counts,
-                                            "aggregated_items": len(index["items"]) if index else None})
-    from attnprobe.execution.counts import RunCounts
-
-    done = RunCounts(counts["done_before"], counts["captured"], counts["failed"])
-    print(done.line("ibis capture", done="captured", to=target.folder / "attention.safetensors"), file=sys.stderr)
-    return done.exit_code
-
-
 # ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
     from attnprobe.io import hold_dir_lock
+    from attnprobe.studies.ibis.pipeline import run_line, select_items, stage_run, target
 
-    items, target = _items(args), _target(args)
+    opts = ibis_options(args)
+    items, where = select_items(opts), target(opts)
     if args.backend == "openai":  # an endpoint already serves many requests: no replicas to run
         cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
                            "the generation (drop --ray, or scale the server)")
-    with hold_dir_lock(target.folder, "IBIS model folder"), _generation_executor(args) as ex:
-        return _stage_run(args, target, items, ex)
+    with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args) as ex:
+        done = stage_run(opts, where, items, ex)
+    _say(run_line(done, where))
+    return done.exit_code
 
 
 def cmd_capture(args) -> int:
     from attnprobe.cli.options import executor
     from attnprobe.io import hold_dir_lock
+    from attnprobe.studies.ibis.pipeline import capture_line, select_items, stage_capture, target
 
-    items, target = _items(args), _target(args)
-    with hold_dir_lock(target.folder, "IBIS model folder"), executor(args) as ex:
-        return _stage_capture(args, target, items, ex)
+    opts = ibis_options(args)
+    items, where = select_items(opts), target(opts)
+    with hold_dir_lock(where.folder, "IBIS model folder"), executor(args) as ex:
+        done = stage_capture(opts, where, items, ex)
+    _say(capture_line(done, where))
+    return done.exit_code
 
 
 def cmd_report(args) -> int:
+    from attnprobe.studies.ibis.pipeline import target
     from attnprobe.studies.ibis.report import markdown_report, write_report
 
-    folder = _target(args).folder
+    folder = target(ibis_options(args)).folder
     m = write_report(folder, n_boot=args.bootstrap, seed=args.seed, n_perm=args.permutations,
                      plotlyjs=True if args.plotlyjs == "inline" else "cdn")
     print(markdown_report(m))
@@ -325,45 +237,30 @@ def cmd_report(args) -> int:
 
 
 def cmd_all(args) -> int:
-    """Behaviour and capture item group by item group (so an interrupted run has both for every
-    finished item), then aggregate and report. One executor per stage for the whole command, so a
-    model (or each Ray replica) loads once."""
-    from attnprobe.io import hold_dir_lock
-
-    items, target = _items(args), _target(args)
-    with hold_dir_lock(target.folder, "IBIS model folder"):
-        return _all_locked(args, items, target)
-
-
-def _all_locked(args, items, target: Target) -> int:
+    """Behaviour and capture item group by item group, then aggregate and report
+    (:func:`~attnprobe.studies.ibis.pipeline.run_all`). One executor per stage for the whole command, so
+    a model (or each Ray replica) loads once."""
     from attnprobe.cli.options import executor
-    from attnprobe.studies.ibis.attention import aggregate
-    from attnprobe.studies.ibis.folder import update_run
+    from attnprobe.io import hold_dir_lock
+    from attnprobe.studies.ibis.pipeline import run_all, select_items, target
 
-    if args.backend == "openai":
-        print("ibis all: generating through the endpoint, capturing with the in-process model given by --model",
-              file=sys.stderr)
-    # A group is what one generation batch holds; an executor that shards (Ray) gets the whole set.
-    rc = 0
-    with _generation_executor(args) as gen, executor(args) as cap:
-        per = len(items) if getattr(gen, "shards", False) or getattr(cap, "shards", False) else \
-            max(1, args.batch_size // max(1, len(args.framings)))
-        for start in range(0, len(items), per):
-            group = items[start:start + per]
-            rc = max(rc, _stage_run(args, target, group, gen))
-            rc = max(rc, _stage_capture(args, target, group, cap, aggregate_now=False))
-            print(f"ibis all: {min(start + per, len(items))}/{len(items)} items done", file=sys.stderr)
-    index = aggregate(items, target.folder, protocol=args.protocol, reminder=args.reminder)
-    update_run(target.folder, "aggregate", {"items": len(index["items"]) if index else 0})
-    cmd_report(args)
+    opts = ibis_options(args)
+    items, where = select_items(opts), target(opts)
+    with hold_dir_lock(where.folder, "IBIS model folder"):
+        if args.backend == "openai":
+            _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
+        with _generation_executor(args) as gen, executor(args) as cap:
+            rc = run_all(opts, where, items, gen, cap, say=_say)
+        cmd_report(args)
     return rc
 
 
 def cmd_check(args) -> int:
     from attnprobe.capture.models import load_model
     from attnprobe.studies.ibis.framings import check_invariants
+    from attnprobe.studies.ibis.pipeline import select_items
 
-    items = _items(args)
+    items = select_items(ibis_options(args))
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     bad = 0
     for it in items:

@@ -10,8 +10,8 @@ observation-masking release with ``attnprobe import --format masking``).
 
 from __future__ import annotations
 
-import json
 import logging
+import sys
 from pathlib import Path
 
 from attnprobe.cli.counterfactual import add_counterfactual_options
@@ -19,61 +19,38 @@ from attnprobe.cli.options import add_model_options, add_output_options
 
 log = logging.getLogger(__name__)
 
-# Seed 002, section 5.3.1: (label, headline key, the seed's value)
-SEED002 = (
-    ("past reasoning share of per-step attention", "past_reasoning_share", 0.537),
-    ("past observation share of per-step attention", "past_observation_share", 0.256),
-    ("observation attention within the newest 10% of past turns", "recent10_observation_share", 0.65),
-    ("observation attention by the midpoint (newest half)", "midpoint_observation_share", 0.80),
-    ("reasoning attention by the midpoint (newest half)", "midpoint_reasoning_share", 0.68),
-)
 
+def masking_options(args):
+    """The study's options record (:class:`~attnprobe.studies.masking.MaskingOptions`) from the parsed ones."""
+    from attnprobe.capture.job import CaptureOptions
+    from attnprobe.cli.counterfactual import model_record, run_options, step_choice
+    from attnprobe.cli.options import model_options
+    from attnprobe.studies.masking import MaskingOptions
 
-def study_markdown(head: dict, summary: dict) -> str:
-    """The study's tables: seed 002's numbers beside ours, then the counterfactual summary."""
-    from attnprobe.counterfactual.summary import markdown_table
-
-    def pct(v):
-        return "n/a" if v is None or v != v else f"{100 * v:.1f}%"
-
-    lines = ["# Seed 002 masking study", "",
-             f"Steps: {head.get('steps', 0)} reasoning steps with >= {head.get('min_past', 5)} past turns.", "",
-             "| measure | seed 002 | measured |", "|---|---|---|"]
-    lines += [f"| {label} | {pct(seed)} | {pct(head.get(key))} |" for label, key, seed in SEED002]
-    lines += ["", "## Counterfactuals (decision position)", "", markdown_table(summary, "decision"),
-              "## Counterfactuals (reasoning start)", "", markdown_table(summary, "reasoning")]
-    return "\n".join(lines)
+    capture = CaptureOptions(layers=args.layers, chunk_size=args.chunk_size, rendering=args.rendering,
+                             max_tokens=args.max_tokens, share_prefixes=args.share_prefixes)
+    return MaskingOptions([Path(p) for p in args.trajectories], Path(args.out), model_options(args),
+                          capture=capture, choice=step_choice(args), counterfactual=run_options(args),
+                          model_record=model_record(args), batch_size=args.batch_size, force=args.force,
+                          progress=not args.no_progress, quiet=getattr(args, "quiet", False))
 
 
 def cmd_study_masking(args) -> int:
-    from attnprobe.cli.capture import run_capture_files
-    from attnprobe.cli.counterfactual import execute, plan
-    from attnprobe.io import atomic_write_text, finite_json
-    from attnprobe.results.analysis import decay_curves, headline
-    from attnprobe.results.report import find_results
-    from attnprobe.results.result import CaptureResult
+    from attnprobe.cli.options import executor
+    from attnprobe.studies.masking import run_masking_study
 
-    out = Path(args.out)
-    files = [Path(p) for p in args.trajectories]
-    args.policies = args.policies or ["mask:5"]
-    plan(args, files)  # bad policies, no qualifying step, bad trajectories: refused now, not after the capture stage
-    for k, v in {"queries": "reasoning", "save_qk_layers": [], "truncate": False}.items():
-        setattr(args, k, v)
-    code = run_capture_files(args, files, out / "captures")
-    results = [CaptureResult.load(p) for p in find_results(out / "captures")]
-    head = headline(results)
-    curves = decay_curves(results)
-    code2, summary = execute(args, files, out / "counterfactual")
-    study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002},
-             "decay": {k: (v.tolist() if hasattr(v, "tolist") else
-                           {r: x.tolist() for r, x in v.items()} if isinstance(v, dict) else v)
-                       for k, v in curves.items()},
-             "counterfactual": summary}
-    atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, default=float))
-    md = study_markdown(head, summary)
-    atomic_write_text(out / "study.md", md)
-    print(md)
-    return max(code, code2)
+    opts = masking_options(args)
+
+    def tables(report: dict) -> None:
+        if not opts.quiet:
+            print(report["markdown"]["decision"])
+
+    run = run_masking_study(opts, lambda: executor(args), on_counterfactual=tables)
+    print(run.markdown)
+    print(run.captured.line("study masking: capture", done="captured", to=opts.out / "captures"), file=sys.stderr)
+    print(run.counterfactual.line("study masking: counterfactual", done="steps done", to=opts.out / "counterfactual"),
+          file=sys.stderr)
+    return run.exit_code
 
 
 def register(sub) -> None:

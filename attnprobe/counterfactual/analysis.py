@@ -26,7 +26,7 @@ import numpy as np
 from attnprobe.agents.policies import Counterfactual
 from attnprobe.counterfactual.steps import Step
 from attnprobe.render.segments import ROLES
-from attnprobe.results.analysis import token_owners
+from attnprobe.results.analysis import category_shares, token_owners
 from attnprobe.results.result import CaptureResult
 
 CF_ROLES = (*ROLES, "placeholder", "refined")
@@ -107,16 +107,7 @@ def turn_role_mass(rows: np.ndarray, turn: np.ndarray, role: np.ndarray, num_tur
 def groups(mass: np.ndarray, turn: int) -> dict[str, float]:
     """Coarse destinations of one [T, R] table for step ``turn`` (seed 002's headline split, plus
     placeholder and refined text)."""
-    past = mass[:turn]
-    return {
-        "system": float(mass[:, RI["system"]].sum()), "task": float(mass[:, RI["task"]].sum()),
-        "past_reasoning": float(past[:, RI["reasoning"]].sum()),
-        "past_tool_call": float(past[:, RI["tool_call"]].sum()),
-        "past_observation": float(past[:, RI["observation"]].sum()),
-        "placeholder": float(mass[:, RI["placeholder"]].sum()), "refined": float(mass[:, RI["refined"]].sum()),
-        "current_step": float(mass[turn:, [RI["reasoning"], RI["tool_call"], RI["observation"],
-                                           RI["template"]]].sum()),
-    }
+    return category_shares(mass, turn, CF_ROLES, own=("placeholder", "refined"))
 
 
 def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Counterfactual, step: Step,

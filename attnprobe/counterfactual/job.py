@@ -167,3 +167,48 @@ def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory
     return {"steps": len(steps), "min_past": min_past,
             **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model,
                         min_past=min_past, models=models)}
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """Which steps a counterfactual run takes, and under which policies (``attnprobe counterfactual``'s
+    and ``study masking``'s options): ``min_past`` None = the first step at which the policies can act."""
+
+    policies: Sequence[str] = ("mask:5",)
+    min_past: int | None = None
+    include_actions: bool = False
+    turns: Sequence[int] | None = None
+    max_steps: int | None = None
+
+    def plan(self, files: Sequence[Path]) -> tuple[list[str], int, list[str], list[Step]]:
+        """(policy specs, min_past, policy names, steps): the trajectories read and every policy and step
+        option checked, with no model (a study calls it before its first stage too)."""
+        from attnprobe.agents.policies import default_min_past
+        from attnprobe.agents.policy_specs import canonical_policy
+        from attnprobe.trajectory.schema import load_files
+
+        specs = [canonical_policy(s) for s in self.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
+        trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
+        min_past = self.min_past if self.min_past is not None else default_min_past(specs)
+        names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=self.include_actions,
+                                  turns=self.turns, max_steps=self.max_steps)
+        return specs, min_past, names, steps
+
+
+def run_files(files: Sequence[Path], out: Path, choice: StepChoice, opts: RunOptions, open_executor, *,
+              batch_size: int = 1, force: bool = False, model: dict | None = None) -> dict:
+    """The steps ``choice`` takes from ``files`` (refused before any model loads), run resumably into
+    ``out`` under its lock on the executor ``open_executor()`` opens; :func:`run_steps`'s report."""
+    from attnprobe.io import ensure_writable_dir, hold_dir_lock
+
+    specs, min_past, names, steps = choice.plan(files)
+    log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
+             "" if choice.min_past is not None else " (the default for these policies)")
+    ensure_writable_dir(out)
+    with hold_dir_lock(out), open_executor() as ex:
+        report = run_steps(ex, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model,
+                           min_past=min_past)
+    counts = report["counts"]
+    log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
+             counts["done"], counts["done_before"], counts["failed"], Path(out) / "summary.md")
+    return report

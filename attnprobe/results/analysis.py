@@ -29,6 +29,8 @@ from attnprobe.results.result import CaptureResult
 
 R = {r: i for i, r in enumerate(ROLES)}
 CONVENTIONS = ("seed002", "separate")
+STEP_PARTS = ("system", "task", "past_reasoning", "past_tool_call", "past_observation", "current_step", "template")
+"""A step's categories as :func:`step_breakdown` lists them (:func:`category_shares` with ``template`` its own)."""
 STEP_KINDS = ("reasoning",)
 # End-of-message markers of the common chat templates (ChatML, Llama 3, Gemma, Mistral, DeepSeek).
 END_MARKER = re.compile(r"^\s*(<\|?(im_end|eot_id|eom_id|end_of_turn|end|endoftext|eos)\|?>|</s>|<end_of_turn>"
@@ -98,6 +100,45 @@ def step_masses(result: CaptureResult, *, convention: str = "seed002", kinds: Se
     for k in range(len(idx)):
         out[k] = np.bincount(keys, weights=rows[k], minlength=T * len(ROLES))[: T * len(ROLES)]
     return turns, out.reshape(len(idx), T, len(ROLES))
+
+
+PAST = {"past_reasoning": "reasoning", "past_tool_call": "tool_call", "past_observation": "observation"}
+"""The past-turn categories and the role each takes from turns before the step's."""
+STEP_ROLES = ("reasoning", "tool_call", "observation", "template")
+"""Roles whose tokens at the step's own turn (or later) are the current step, unless a category of their own."""
+
+
+def category_masks(turn: np.ndarray, role: np.ndarray, step_turn: int, roles: Sequence[str] = ROLES, *,
+                   own: Sequence[str] = ("template",)) -> dict[str, np.ndarray]:
+    """Seed 002's split of what a step attends to (section 5.3.1, E.3), the one grouping every study uses:
+    per category a boolean over the cells (tokens, or (turn, role) cells) given by ``turn`` and ``role``
+    (indices into ``roles``): system, task, past reasoning / tool calls / observations (turns before
+    ``step_turn``), every role in ``own`` as its own category (all turns: ``template`` under the
+    "separate" convention; ``placeholder`` and ``refined`` in counterfactual contexts), and the current
+    step (the other :data:`STEP_ROLES` at ``step_turn`` and after). The categories are disjoint."""
+    ix = {r: i for i, r in enumerate(roles)}
+    past = turn < step_turn
+    out = {"system": role == ix["system"], "task": role == ix["task"]}
+    out.update({name: past & (role == ix[r]) for name, r in PAST.items()})
+    out.update({r: role == ix[r] for r in own})
+    now = [ix[r] for r in STEP_ROLES if r in ix and r not in own]
+    out["current_step"] = ~past & np.isin(role, now)
+    return out
+
+
+def category_shares(mass: np.ndarray, step_turn: int, roles: Sequence[str] = ROLES, *,
+                    own: Sequence[str] = ("template",)) -> dict[str, float]:
+    """:func:`category_masks`' categories summed over one step's ``mass[turn, role]`` table (columns in
+    ``roles`` order): the attention share of each, float."""
+    mass = np.asarray(mass)
+    ix = {r: i for i, r in enumerate(roles)}
+    past = mass[:step_turn]
+    out = {"system": float(mass[:, ix["system"]].sum()), "task": float(mass[:, ix["task"]].sum())}
+    out.update({name: float(past[:, ix[r]].sum()) for name, r in PAST.items()})
+    out.update({r: float(mass[:, ix[r]].sum()) for r in own})
+    now = [ix[r] for r in STEP_ROLES if r in ix and r not in own]
+    out["current_step"] = float(mass[step_turn:, now].sum())
+    return out
 
 
 @dataclass
@@ -241,13 +282,9 @@ def headline(results: CaptureResult | Iterable[CaptureResult], *, convention: st
             t = int(t)
             if t < min_past:
                 continue
-            per["system"].append(row[:, R["system"]].sum())
-            per["user"].append(row[:, R["task"]].sum())
-            per["past_reasoning"].append(row[:t, R["reasoning"]].sum())
-            per["past_tool_call"].append(row[:t, R["tool_call"]].sum())
-            per["past_observation"].append(row[:t, R["observation"]].sum())
-            per["current_step"].append(row[t:, [R["reasoning"], R["tool_call"], R["observation"]]].sum())
-            per["template"].append(row[:, R["template"]].sum())
+            shares = category_shares(row, t)
+            for k in keys:
+                per[k].append(shares["task" if k == "user" else k])
             for name, (role, _) in RECENCY.items():
                 past = np.asarray(row[:t, R[role]], dtype=np.float64)
                 old = _bins_window(t, bins, max(1, math.ceil(fracs[name] * bins)))
@@ -292,15 +329,6 @@ def step_breakdown(result: CaptureResult, layer: int | None = None, head: int | 
     turns, tr = step_masses(result, convention=convention, kinds=kinds, layer=layer, head=head)
     rows = []
     for t, row in zip(turns, tr):
-        past = row[:t]
-        rows.append({
-            "turn": int(t),
-            "system": float(row[:, R["system"]].sum()),
-            "task": float(row[:, R["task"]].sum()),
-            "past_reasoning": float(past[:, R["reasoning"]].sum()),
-            "past_tool_call": float(past[:, R["tool_call"]].sum()),
-            "past_observation": float(past[:, R["observation"]].sum()),
-            "current_step": float(row[t:, [R["reasoning"], R["tool_call"], R["observation"]]].sum()),
-            "template": float(row[:, R["template"]].sum()),
-        })
+        shares = category_shares(row, int(t))
+        rows.append({"turn": int(t), **{k: shares[k] for k in STEP_PARTS}})
     return {"steps": rows, "convention": convention}

@@ -100,13 +100,13 @@ def test_run_suggests_force_not_the_old_option(tmp_path, capsys):
 def test_counterfactual_specs_are_planned_in_their_one_spelling():
     from pathlib import Path
 
-    from attnprobe.cli.counterfactual import plan
+    from attnprobe.cli.counterfactual import step_choice
     from attnprobe.cli.main import build_parser
 
     args = build_parser().parse_args(["counterfactual", TRAJ, "--out", "o", "--policy", "mask:03",
                                       "--policy", "refine:bm25"])
-    specs, min_past, names, _ = plan(args, [Path(TRAJ)])
+    specs, min_past, names, _ = step_choice(args).plan([Path(TRAJ)])
     assert specs == names == ["mask:3", "refine:bm25:3"] and min_past == 1
     args.policies = ["mask:3", "mask:03"]
     with pytest.raises(ValueError, match="policy names must be distinct"):
-        plan(args, [Path(TRAJ)])
+        step_choice(args).plan([Path(TRAJ)])

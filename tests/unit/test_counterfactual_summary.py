@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnprobe.cli.study import study_markdown
 from attnprobe.counterfactual.analysis import GROUPS
 from attnprobe.counterfactual.summary import markdown_table, summarize
+from attnprobe.studies.masking import study_markdown
 
 
 def record(policy, traj, removed, obs, saved, changed, red):

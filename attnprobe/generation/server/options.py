@@ -16,6 +16,7 @@ from attnprobe.generation.server.protocol import (
     DEFAULT_REQUEST_TIMEOUT,
     Limits,
 )
+from attnprobe.model_files import DTYPES, canonical_dtype
 
 
 def add_server_options(p: argparse.ArgumentParser, *, default_port: int):
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m attnprobe.generation.server",
                                 description="Serve a transformers model on an OpenAI-compatible endpoint.")
     p.add_argument("--model", default="default", help="model spec (default: the bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", type=canonical_dtype, choices=DTYPES)  # the one table, as `serve`
     p.add_argument("--device", default=None, help="torch device (default cpu)")
     add_server_options(p, default_port=0)
     args = p.parse_args(argv)

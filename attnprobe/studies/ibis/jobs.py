@@ -101,7 +101,9 @@ class BehaviourJob(JobBase):
     def prepare(self, model) -> BehaviourBackend:
         if isinstance(model, BehaviourBackend):
             return model
-        if not hasattr(model, "complete"):  # a loaded model (a Ray replica's): chat with it in process
+        from attnprobe.capture.models import LoadedModel
+
+        if isinstance(model, LoadedModel):  # a loaded model (a Ray replica's): chat with it in process
             from attnprobe.generation.transformers_chat import TransformersChat
 
             model = TransformersChat(model)

@@ -55,7 +55,8 @@ from attnprobe.counterfactual.job import run_on_executor
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
-from attnprobe.results.analysis import R, token_owners
+from attnprobe.render.segments import ROLES
+from attnprobe.results.analysis import R, category_masks, token_owners
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
@@ -150,6 +151,9 @@ def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | 
 
 
 # ------------------------------------------------------------------ the numbers of one recorded call
+LOOP_ROLES = (*ROLES, "placeholder", "refined")  # a call's tokens shown as a placeholder or refined: their own roles
+
+
 def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tuple[int, dict[str, np.ndarray]]]]:
     """(reply message index, the reply's kind, {query name: (row index, category -> token mask)}).
 
@@ -167,22 +171,15 @@ def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tupl
     if len(source) == reply:  # one source per message sent (the reply is the last message)
         per_msg = np.asarray([changes.get(str(src), "") for src in source] + [""], dtype=object)
         status = np.where((msg >= 0) & (msg < len(source)), per_msg[np.clip(msg, 0, len(source))], "")
-    ph, rf = status == "placeholder", status == "refined"
-    other = ~(ph | rf)
+    role = np.select([status == "placeholder", status == "refined"], [LOOP_ROLES.index("placeholder"),
+                                                                     LOOP_ROLES.index("refined")], role)
     out: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
     for k, q in enumerate(result.queries):
         name = "decision" if q.kind == "decision" else \
             "reasoning" if q.kind == "reasoning" and q.message_index == reply else None
         if name is None or name in out:
             continue
-        t = q.turn
-        past, now = other & (turn < t), other & (turn >= t)
-        out[name] = (k, {
-            "system": other & (role == R["system"]), "task": other & (role == R["task"]),
-            "past_reasoning": past & (role == R["reasoning"]), "past_tool_call": past & (role == R["tool_call"]),
-            "past_observation": past & (role == R["observation"]), "placeholder": ph, "refined": rf,
-            "current_step": now & np.isin(role, [R["reasoning"], R["tool_call"], R["observation"], R["template"]]),
-        })
+        out[name] = (k, category_masks(turn, role, q.turn, LOOP_ROLES, own=("placeholder", "refined")))
     return reply, kind, out
 
 

@@ -1,0 +1,178 @@
+"""The IBIS stages as one pipeline: options (:class:`IbisOptions`) -> the model folder (:func:`target`) ->
+behaviour (:func:`stage_run`), capture (:func:`stage_capture`), both item group by item group
+(:func:`run_all`), aggregate. ``attnprobe ibis`` only parses, opens the executors and prints; each stage
+returns its :class:`~attnprobe.execution.counts.RunCounts` and writes its ``run.json`` entry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnprobe.execution.counts import RunCounts
+from attnprobe.studies.ibis.framings import FRAMINGS
+
+DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
+DEFAULT_RESULTS = Path("results") / "ibis"
+
+
+@dataclass(frozen=True)
+class IbisOptions:
+    """What the IBIS commands take (a command without a stage's options keeps their defaults).
+    ``generator``: ``transformers`` (in process or Ray replicas) or ``openai`` (an endpoint)."""
+
+    items: Path | None = None
+    ids: Sequence[str] | None = None
+    limit: int | None = None
+    results: Path = DEFAULT_RESULTS
+    folder: Path | None = None
+    generator: str = "transformers"
+    base_url: str | None = None
+    served_model: str | None = None
+    model: str = "default"
+    dtype: str = "float32"
+    protocol: str = "paper"
+    reminder: str | None = None
+    framings: Sequence[str] = FRAMINGS
+    max_new_tokens: int | None = None
+    batch_size: int = 1
+    no_call_tokens: int | None = None
+    chunk_size: int | None = None
+    share_prefixes: bool = True
+    force: bool = False
+    force_capture: bool = False
+
+    @property
+    def items_path(self) -> Path:
+        if self.items is not None:
+            return self.items
+        from attnprobe.resources import data_path
+
+        return data_path(DEFAULT_ITEMS_NAME)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an IBIS command writes (the model folder) and the model it names."""
+
+    name: str
+    folder: Path
+
+
+def select_items(opts: IbisOptions) -> list:
+    """The items the options select (``items``, ``ids``, ``limit``)."""
+    from attnprobe.studies.ibis.items import ItemError, load_items
+
+    items = load_items(opts.items_path)
+    if opts.ids:
+        known = {it.id for it in items}
+        bad = [i for i in opts.ids if i not in known]
+        if bad:
+            raise ItemError(f"unknown item ids: {', '.join(bad)}", path=str(opts.items_path), field="id")
+        items = [it for it in items if it.id in set(opts.ids)]
+    if opts.limit is not None:
+        items = items[: opts.limit]
+    return items
+
+
+def target(opts: IbisOptions) -> Target:
+    from attnprobe.studies.ibis.folder import model_folder, model_name
+
+    if opts.generator == "openai" and not (opts.served_model and opts.base_url):
+        raise ValueError("--generator openai needs --base-url and --served-model")
+    name = model_name(opts.model, served_model=opts.served_model if opts.generator == "openai" else None)
+    folder = opts.folder or model_folder(opts.results, name, dtype=opts.dtype, protocol=opts.protocol)
+    return Target(name, folder)
+
+
+def prepare(opts: IbisOptions, target: Target, items, generator: str) -> None:
+    from attnprobe.studies.ibis.folder import prepare_folder, variant
+
+    endpoint = generator == "openai"
+    v = variant(dtype=opts.dtype, model=opts.model, endpoint=opts.base_url if endpoint else None,
+                served_model=opts.served_model if endpoint else None)
+    prepare_folder(target.folder, items, name=target.name, protocol=opts.protocol, this_variant=v,
+                   items_source=str(opts.items_path), reminder=opts.reminder)
+
+
+def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
+    """Behaviour: one decision per (item, framing) into ``decisions.jsonl`` on executor ``ex``."""
+    from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.framings import resolve_reminder
+    from attnprobe.studies.ibis.jobs import BehaviourJob
+
+    prepare(opts, target, items, opts.generator)
+    # built before the model loads: it refuses a resume with other generation settings
+    job = BehaviourJob(target.folder, items, framings=opts.framings, max_tokens=opts.max_new_tokens,
+                       protocol=opts.protocol, batch_size=opts.batch_size, force=opts.force, reminder=opts.reminder,
+                       no_call_tokens=(opts.no_call_tokens or None) if opts.generator != "openai" else None)
+    inv = ex.call(invariants, items, opts.protocol, opts.reminder)
+    counts = ex.run(job)
+    counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
+    update_run(target.folder, "behaviour", {"backend": opts.generator, "base_url": opts.base_url,
+                                            "model_spec": opts.model, "max_new_tokens": opts.max_new_tokens,
+                                            "reminder": resolve_reminder(opts.protocol, opts.reminder),
+                                            "no_call_tokens": job.no_call_tokens,
+                                            "decoding": "greedy", "batch_size": opts.batch_size,
+                                            "framings": opts.framings, "invariants": inv, **counts})
+    return RunCounts(counts["done_before"], counts["decided"], counts["failed"])
+
+
+def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
+    """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
+    the folder's aggregate."""
+    from attnprobe.io.settings import check_settings
+    from attnprobe.studies.ibis.attention import aggregate
+    from attnprobe.studies.ibis.folder import invariants, update_run
+    from attnprobe.studies.ibis.framings import resolve_reminder
+    from attnprobe.studies.ibis.jobs import AttentionJob
+
+    if not (target.folder / "items.jsonl").is_file():
+        prepare(opts, target, items, "transformers")
+    force = opts.force or opts.force_capture
+    # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
+    check_settings(target.folder, "ibis capture", {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
+                                                   "reminder": resolve_reminder(opts.protocol, opts.reminder),
+                                                   "chunk_size": opts.chunk_size}, force=force)
+    inv = ex.call(invariants, items, opts.protocol, opts.reminder)
+    job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
+                       force=force, reminder=opts.reminder, share_prefixes=opts.share_prefixes)
+    counts = ex.run(job)
+    counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
+    index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder) if aggregate_now else None
+    update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": opts.chunk_size,
+                                            "invariants": inv, **counts,
+                                            "aggregated_items": len(index["items"]) if index else None})
+    return RunCounts(counts["done_before"], counts["captured"], counts["failed"])
+
+
+def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
+            say: Callable[[str], None] = lambda line: None) -> int:
+    """Behaviour and capture item group by item group (so an interrupted run has both for every finished
+    item), then aggregate. A group is what one generation batch holds; an executor that shards (Ray) gets
+    the whole set. ``say``: each stage's count line and the progress line; the exit code."""
+    from attnprobe.studies.ibis.attention import aggregate
+    from attnprobe.studies.ibis.folder import update_run
+
+    rc = 0
+    per = len(items) if getattr(gen, "shards", False) or getattr(cap, "shards", False) else \
+        max(1, opts.batch_size // max(1, len(opts.framings)))
+    for start in range(0, len(items), per):
+        group = items[start:start + per]
+        done = stage_run(opts, target, group, gen)
+        say(run_line(done, target))
+        captured = stage_capture(opts, target, group, cap, aggregate_now=False)
+        say(capture_line(captured, target))
+        rc = max(rc, done.exit_code, captured.exit_code)
+        say(f"ibis all: {min(start + per, len(items))}/{len(items)} items done")
+    index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder)
+    update_run(target.folder, "aggregate", {"items": len(index["items"]) if index else 0})
+    return rc
+
+
+def run_line(counts: RunCounts, target: Target) -> str:
+    return counts.line("ibis run", done="decided", to=target.folder / "decisions.jsonl")
+
+
+def capture_line(counts: RunCounts, target: Target) -> str:
+    return counts.line("ibis capture", done="captured", to=target.folder / "attention.safetensors")

@@ -1,0 +1,119 @@
+"""Seed 002's attention evidence and masking counterfactuals in one folder.
+
+For a set of trajectories: capture every reasoning step (``OUT/captures``), compute the headline shares
+and decay curves (:mod:`attnprobe.results.analysis`, the seed-002 convention), run the masking
+counterfactuals (``OUT/counterfactual``, default ``mask:5``), and write ``OUT/study.json`` and
+``OUT/study.md`` with the seed's numbers beside the measured ones. The steps are planned (bad policies,
+no qualifying step, bad trajectories refused) before the capture stage loads any model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from attnprobe.capture.job import CaptureOptions, capture_files
+from attnprobe.counterfactual.job import StepChoice, run_files
+from attnprobe.counterfactual.run import RunOptions
+from attnprobe.execution.counts import RunCounts
+
+# Seed 002, section 5.3.1: (label, headline key, the seed's value)
+SEED002 = (
+    ("past reasoning share of per-step attention", "past_reasoning_share", 0.537),
+    ("past observation share of per-step attention", "past_observation_share", 0.256),
+    ("observation attention within the newest 10% of past turns", "recent10_observation_share", 0.65),
+    ("observation attention by the midpoint (newest half)", "midpoint_observation_share", 0.80),
+    ("reasoning attention by the midpoint (newest half)", "midpoint_reasoning_share", 0.68),
+)
+
+
+@dataclass(frozen=True)
+class MaskingOptions:
+    """Everything the study is made with. ``capture``: the capture stage's options (the study always
+    captures the reasoning starts, no q/k, no truncation: :meth:`capture_options`); ``model``: the
+    :class:`~attnprobe.capture.models.ModelSpec` of the capture resume check; ``model_record``: the
+    model as the counterfactual settings record compares it."""
+
+    trajectories: Sequence[Path]
+    out: Path
+    model: Any
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    choice: StepChoice = field(default_factory=StepChoice)
+    counterfactual: RunOptions = field(default_factory=RunOptions)
+    model_record: dict | None = None
+    batch_size: int = 1
+    force: bool = False
+    progress: bool = True
+    quiet: bool = False
+
+    def capture_options(self) -> CaptureOptions:
+        return replace(self.capture, queries="reasoning", save_qk_layers=[], truncate=False)
+
+
+@dataclass(frozen=True)
+class MaskingRun:
+    """What the study did: each stage's counts, the study record (``study.json``) and its tables."""
+
+    captured: RunCounts
+    counterfactual: RunCounts
+    study: dict
+    markdown: str
+
+    @property
+    def exit_code(self) -> int:
+        return max(self.captured.exit_code, self.counterfactual.exit_code)
+
+
+def study_markdown(head: dict, summary: dict) -> str:
+    """The study's tables: seed 002's numbers beside ours, then the counterfactual summary."""
+    from attnprobe.counterfactual.summary import markdown_table
+
+    def pct(v):
+        return "n/a" if v is None or v != v else f"{100 * v:.1f}%"
+
+    lines = ["# Seed 002 masking study", "",
+             f"Steps: {head.get('steps', 0)} reasoning steps with >= {head.get('min_past', 5)} past turns.", "",
+             "| measure | seed 002 | measured |", "|---|---|---|"]
+    lines += [f"| {label} | {pct(seed)} | {pct(head.get(key))} |" for label, key, seed in SEED002]
+    lines += ["", "## Counterfactuals (decision position)", "", markdown_table(summary, "decision"),
+              "## Counterfactuals (reasoning start)", "", markdown_table(summary, "reasoning")]
+    return "\n".join(lines)
+
+
+def _decay_record(curves: dict) -> dict:
+    return {k: (v.tolist() if hasattr(v, "tolist") else
+                {r: x.tolist() for r, x in v.items()} if isinstance(v, dict) else v)
+            for k, v in curves.items()}
+
+
+def run_masking_study(opts: MaskingOptions, open_executor: Callable[[], Any],
+                      on_counterfactual: Callable[[dict], None] | None = None) -> MaskingRun:
+    """Run the study into ``opts.out`` (both stages resumable), each stage on the executor
+    ``open_executor()`` opens; write ``study.json`` and ``study.md``. ``on_counterfactual``: called with
+    the counterfactual stage's report when it ends (the CLI prints its decision table there)."""
+    from attnprobe.io import atomic_write_text, finite_json
+    from attnprobe.results.analysis import decay_curves, headline
+    from attnprobe.results.report import find_results
+    from attnprobe.results.result import CaptureResult
+
+    out, files = Path(opts.out), [Path(p) for p in opts.trajectories]
+    opts.choice.plan(files)  # refused now, not after the capture stage
+    captured = capture_files(files, out / "captures", opts.capture_options(), opts.model, open_executor,
+                             force=opts.force, progress=opts.progress)
+    results = [CaptureResult.load(p) for p in find_results(out / "captures")]
+    head = headline(results)
+    curves = decay_curves(results)
+    report = run_files(files, out / "counterfactual", opts.choice, opts.counterfactual, open_executor,
+                       batch_size=opts.batch_size, force=opts.force, model=opts.model_record)
+    if on_counterfactual is not None:
+        on_counterfactual(report)
+    summary = report["summary"]
+    study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002}, "decay": _decay_record(curves),
+             "counterfactual": summary}
+    atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, default=float))
+    md = study_markdown(head, summary)
+    atomic_write_text(out / "study.md", md)
+    return MaskingRun(RunCounts.of(captured), RunCounts.of(report["counts"]), study, md)
