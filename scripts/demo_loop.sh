@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The second demo: a small closed-loop study on the embedded default, then the Study page.
+#
+#   bash scripts/demo_loop.sh [OUT]        # default runs/demo-loop; about 6 min on 2 CPU cores
+#
+# The bundled SmolLM2-135M-Instruct runs IRCoT on the first 4 shipped questions under three settings
+# (none, mask:1, ircot:oq) with --structured-actions, so that it writes valid <search> and <answer> tags
+# (free decoding, as the seeds decode, gives 0 retrievals with this model: docs/loop.md). The episodes
+# are stepped together (--batch-size 12) with each episode's KV cache kept between turns. Then
+# `study attention` captures every recorded call and the app opens on the study (Ctrl-C stops it).
+# Structured actions change the agent's behaviour: these numbers are not comparable with the seeds'.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/demo-loop}
+AP=${ATTNPROBE:-.venv/bin/attnprobe}
+[ -x "$AP" ] || { echo "demo_loop: $AP not found; run scripts/install.sh (or scripts/demo.sh) first" >&2; exit 2; }
+mkdir -p "$OUT"
+head -n 4 trajectories/questions_loop.jsonl > "$OUT/questions.jsonl"
+echo "demo_loop: the study (12 episodes stepped together) -> $OUT/study"
+"$AP" study interference "$OUT/questions.jsonl" --scaffold ircot --policy none --policy mask:1 \
+    --policy ircot:oq --structured-actions --batch-size 12 --out "$OUT/study"
+echo "demo_loop: its attention side -> $OUT/study/attention.md"
+"$AP" study attention "$OUT/study" --layers 0,14,29
+if [ -n "${DEMO_NO_APP:-}" ]; then exit 0; fi
+echo "demo_loop: the app on $OUT (Study page); Ctrl-C to stop"
+exec "$AP" app --data "$OUT"
