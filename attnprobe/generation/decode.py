@@ -130,8 +130,16 @@ def _choose(logits, rows: list[Row], seen: list[list[int]], sampling: Sampling) 
     import torch
 
     out = []
-    greedy = [i for i, r in enumerate(rows) if r.temperature <= 0 and r.state is None]
-    if sampling.repetition_penalty is None and len(greedy) == len(rows):
+    constrained = [i for i, r in enumerate(rows) if r.state is not None]
+    if constrained and sampling.repetition_penalty is None:  # every constrained row masked in one operation
+        allowed = torch.from_numpy(_allowed_rows([rows[i].state for i in constrained], logits.shape[-1]))
+        idx = torch.as_tensor(constrained, device=logits.device)
+        logits = logits.clone()
+        logits[idx] = logits[idx].masked_fill(~allowed.to(logits.device), float("-inf"))
+        masked = set(constrained)
+    else:
+        masked = set()
+    if sampling.repetition_penalty is None and all(r.temperature <= 0 for r in rows):
         return logits.argmax(dim=-1).tolist()
     for i, row in enumerate(rows):
         x = logits[i]
@@ -139,7 +147,7 @@ def _choose(logits, rows: list[Row], seen: list[list[int]], sampling: Sampling) 
             idx = torch.as_tensor(seen[i], device=x.device)
             s = x.gather(0, idx)
             x = x.scatter(0, idx, torch.where(s < 0, s * sampling.repetition_penalty, s / sampling.repetition_penalty))
-        if row.state is not None:
+        if row.state is not None and i not in masked:
             allowed = row.state.allowed(x.shape[-1]).to(x.device)
             x = x.masked_fill(~allowed, float("-inf"))
         if row.temperature <= 0:
@@ -289,6 +297,18 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
         out = model(input_ids=torch.as_tensor(toks, device=dev)[:, None], attention_mask=mask, position_ids=pos, **kw)
         logits = out.logits[:, -1].float()
     return results  # type: ignore[return-value]
+
+
+def _allowed_rows(states, vocab_size: int):
+    """The allowed tokens of several grammar rows as one bool array (:func:`attnprobe.generation.structured.
+    allowed_rows`); a row state without it (a test's own) is asked row by row."""
+    import numpy as np
+
+    from attnprobe.generation.structured import RowState, allowed_rows
+
+    if all(isinstance(s, RowState) for s in states):
+        return allowed_rows(states, vocab_size)
+    return np.stack([np.asarray(s.allowed(vocab_size), dtype=bool) for s in states])
 
 
 def token_constraint(tokenizer, fmt):

@@ -353,3 +353,19 @@ def test_token_caps_close_an_ircot_action_within_its_budget(tok):
         assert taken == (limit if limit is not None else len(ramble))
     seed = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)
     assert token_caps(seed)["calls"] == 2 and "[max_tokens=26]" in grammar_text(seed)
+
+
+def test_allowed_rows_equals_each_rows_own_mask(tok):
+    """The decode loop masks a batch in one operation (allowed_rows); it must equal each row's own mask,
+    finished rows (EOS only) included."""
+    c = S.token_constraint(tok, ActionFormat("ircot", max_tokens=64))
+    rows = [c.start() for _ in range(3)]
+    for t in tok.encode("<think>", add_special_tokens=False):
+        rows[1].accept(t)
+    rows[2].finished = True
+    got = S.allowed_rows(rows, len(tok))
+    for i, r in enumerate(rows):
+        own = r.allowed(len(tok)).numpy()
+        assert (got[i] == own).all()
+    assert got[2].sum() == 1 and got[2][tok.eos_token_id]
+    assert got[0].sum() < got[1].sum()  # before "<think>" only its first token; inside it, almost any text
