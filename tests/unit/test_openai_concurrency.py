@@ -6,9 +6,7 @@ in the body of a structured request, and --concurrency through the CLI's generat
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-import types
 
 import pytest
 from support.scripted_server import default_reply, scripted_endpoint
@@ -99,16 +97,17 @@ def test_a_failing_request_gives_the_sequential_error_line():
 
 
 def test_a_structured_request_sends_the_guided_decoding_options(monkeypatch):
-    # Stand-in for branch struct's attnprobe.generation.structured (not merged yet): only the seam is tested
-    # here, that the options it returns reach the server in the request body.
+    # only the seam is tested here: the options the grammar module returns reach the server in the request
+    # body (tests/unit/test_structured.py pins the options themselves)
+    import attnprobe.generation.structured as structured
+
     seen = []
 
     def openai_extra_body(fmt):
         seen.append(fmt)
         return {"structured_outputs": {"grammar": f"root ::= \"{fmt.scaffold}\""}}
 
-    monkeypatch.setitem(sys.modules, "attnprobe.generation.structured",
-                        types.SimpleNamespace(openai_extra_body=openai_extra_body))
+    monkeypatch.setattr(structured, "openai_extra_body", openai_extra_body)
     fmt = ActionFormat("ircot", final=True)
     with scripted_endpoint() as ep:
         chat = OpenAIChat(ep.url, "m", max_retries=0, timeout=10, concurrency=2)

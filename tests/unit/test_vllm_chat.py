@@ -50,8 +50,10 @@ def fake_vllm(monkeypatch):
     inputs.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    monkeypatch.setitem(sys.modules, "attnprobe.generation.structured", types.SimpleNamespace(
-        vllm_sampling_params_kwargs=lambda fmt: {"structured_outputs": f"grammar for {fmt.scaffold}"}))
+    import attnprobe.generation.structured as structured
+
+    monkeypatch.setattr(structured, "vllm_sampling_params_kwargs",
+                        lambda fmt: {"structured_outputs": f"grammar for {fmt.scaffold}"})
 
 
 def _chat(tiny_smol, texts, max_model_len=8192):
