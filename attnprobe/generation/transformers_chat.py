@@ -123,7 +123,9 @@ class TransformersChat(OneByOne):
     def _device(self):
         return getattr(self.loaded.model, "device", None)
 
-    def _active_stop_names(self, tools: list[dict] | None) -> list[str] | None:
+    def stop_names_for(self, tools: list[dict] | None) -> list[str] | None:
+        """The tool names whose complete call ends a reply to a request offering ``tools`` (None: no stop at
+        a call). Public because every in-process backend stops and cuts the same way (vllm_chat)."""
         on = bool(tools) if self.stop_at_call is None else self.stop_at_call
         if not on:
             return None
@@ -205,7 +207,7 @@ class TransformersChat(OneByOne):
         whoever decodes the prompt another way (e.g. from a captured KV cache) passes these and hands
         the new tokens to :meth:`finish`, and gets the reply :meth:`complete` would give."""
         kw = self._gen_kwargs(max_tokens, temperature)
-        names = self._active_stop_names(tools) or []
+        names = self.stop_names_for(tools) or []
         stop = None
         if names or self.no_call_tokens is not None or on_progress is not None:
             stop = kw["stopping_criteria"] = self._stopping(n_prompt, names, on_progress)
@@ -215,7 +217,7 @@ class TransformersChat(OneByOne):
                messages: list[dict], stop: Any = None) -> ChatReply:
         """The reply for one prompt's ``new`` token ids, generated with :meth:`generation_settings`."""
         no_call = stop is not None and stop[0].reason.get(0) == "no_call"
-        return self._reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
+        return self.make_reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
 
     def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
                       temperature: float = 0.0, on_progress=None) -> list[ChatReply]:
@@ -234,7 +236,7 @@ class TransformersChat(OneByOne):
         if self._device() is not None:
             ids, mask = ids.to(self._device()), mask.to(self._device())
         kw = self._gen_kwargs(max_tokens, temperature)
-        name_sets = [self._active_stop_names(tools) for _, tools in requests]
+        name_sets = [self.stop_names_for(tools) for _, tools in requests]
         names = sorted(set.intersection(*(set(n or ()) for n in name_sets))) if all(name_sets) else []
         stop = None
         if names or self.no_call_tokens is not None or on_progress is not None:
@@ -247,12 +249,12 @@ class TransformersChat(OneByOne):
         for r, ((messages, tools), prompt, row) in enumerate(zip(requests, prompts, out)):
             new = row[width:].tolist()
             if reason.get(r) == "call":  # stopped at its call, then padded: cut at the call
-                new = self._cut_at_call(new, names)
+                new = self.cut_at_call(new, names)
             elif reason.get(r) == "no_call":  # stopped for want of a call, then padded: cut there
                 new = new[:stop[0].stopped_at[r]]
             elif eos is not None and eos in new:  # a finished row is padded up to the longest one
                 new = new[: new.index(eos) + 1]
-            replies.append(self._reply(prompt, new, tools, max_tokens, messages, no_call=reason.get(r) == "no_call"))
+            replies.append(self.make_reply(prompt, new, tools, max_tokens, messages, no_call=reason.get(r) == "no_call"))
         return replies
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
@@ -279,7 +281,7 @@ class TransformersChat(OneByOne):
                 gen = torch.Generator(device=self._device() or "cpu")
                 gen.manual_seed((self.seed * 1_000_003 + zlib.crc32(bytes(str(p.ids), "ascii"))) % 2**63)
             rows.append(dec.Row(ids=p.ids, max_tokens=int(req.max_tokens), temperature=float(req.temperature),
-                                stop_names=self._active_stop_names(req.tools) or [], state=state, generator=gen,
+                                stop_names=self.stop_names_for(req.tools) or [], state=state, generator=gen,
                                 kept=kept[1] if kept else None, kept_ids=kept[0] if kept else []))
         eos = getattr(getattr(self.loaded.model, "generation_config", None), "eos_token_id", None)
         if eos is None:
@@ -297,7 +299,7 @@ class TransformersChat(OneByOne):
             return OneByOne.complete_batch(self, requests)
         replies = []
         for req, p, res in zip(requests, prompts, results):
-            reply = self._reply(p, res.new, req.tools, int(req.max_tokens), req.messages,
+            reply = self.make_reply(p, res.new, req.tools, int(req.max_tokens), req.messages,
                                 no_call=res.reason == "no_call")
             if res.reason == "grammar":
                 reply.stopped_by = "grammar"
@@ -321,7 +323,7 @@ class TransformersChat(OneByOne):
         """Free the episode's kept cache."""
         self._kept.pop(episode, None)
 
-    def _cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
+    def cut_at_call(self, new: list[int], names: list[str]) -> list[int]:
         """The shortest prefix of ``new`` whose text holds a complete call (the row's own stop point)."""
         for n in range(1, len(new) + 1):
             if n % self.stop_check_every == 0:
@@ -330,8 +332,9 @@ class TransformersChat(OneByOne):
                     return new[:n]
         return new
 
-    def _reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
-               messages: list[dict], no_call: bool = False) -> ChatReply:
+    def make_reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
+                   messages: list[dict], no_call: bool = False) -> ChatReply:
+        """The :class:`ChatReply` of ``new`` token ids after ``prompt``: parsed calls, ids, stop reason."""
         tok = self.tokenizer
         text = tok.decode(new, skip_special_tokens=True)
         content, calls = parse_tool_calls(text, tool_names(tools))

@@ -124,10 +124,10 @@ class VllmChat(OneByOne):
         replies, batch = [], []
         for r, p, out in zip(requests, prompts, outputs):
             new = engine_new = [int(t) for t in out.outputs[0].token_ids]
-            names = self._text._active_stop_names(r.tools)
+            names = self._text.stop_names_for(r.tools)
             if names:
-                new = self._text._cut_at_call(new, names)
-            replies.append(self._text._reply(p, new, r.tools, r.max_tokens, r.messages))
+                new = self._text.cut_at_call(new, names)
+            replies.append(self._text.make_reply(p, new, r.tools, r.max_tokens, r.messages))
             cached = int(getattr(out, "num_cached_tokens", 0) or 0)
             batch.append({"sent": len(p.ids), "cached": cached, "prefilled": len(p.ids) - cached,
                           "generated": len(engine_new)})
