@@ -284,8 +284,10 @@ def test_vllm_sampling_params_by_version(monkeypatch):
 def short_fields(monkeypatch, tiny_smol):
     """Field bounds of 12 characters (and 2 calls), so a random model's rows end in a few dozen tokens;
     the compiled grammars are dropped before and after (llguidance's tokenizer is kept)."""
-    monkeypatch.setattr(S, "BOUNDS", {**S.BOUNDS, **{k: 12 for k in ("think", "query", "answer", "explanation",
-                                                                    "preamble", "argument")}, "calls": 2})
+    from attnprobe.generation import grammars  # the bounds the grammar builders read
+
+    monkeypatch.setattr(grammars, "BOUNDS", {**S.BOUNDS, **{k: 12 for k in ("think", "query", "answer", "explanation",
+                                                                           "preamble", "argument")}, "calls": 2})
     def clear():
         S.grammar_text.cache_clear()
         if tiny_smol.tokenizer in S._LL:
