@@ -14,8 +14,8 @@ import pytest
 from support.paths import ROOT, TRAJ_DIR
 
 import attnprobe
-from attnprobe.cli.main import build_parser, main
 from attnprobe.capture.models import MODEL_HELP
+from attnprobe.cli.main import build_parser, main
 from attnprobe.cli.options import NO_PROGRESS_HELP, finish_args
 from attnprobe.io import safe_name
 from attnprobe.model_files import DTYPES
