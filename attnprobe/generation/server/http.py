@@ -11,7 +11,9 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from attnprobe.generation.server.protocol import Limits, RequestError, context_length, parse_chat_request
 from attnprobe.generation.transformers_chat import TransformersChat
@@ -54,236 +56,260 @@ class _CancellableChat(TransformersChat):
         return kw
 
 
+@dataclass
+class _App:
+    """What every request of one server shares: the model's chat, one generation at a time (the model is
+    not re-entrant on CPU), the admission count and the limits."""
+
+    loaded: Any
+    limits: Limits
+    chat: _CancellableChat
+    context: int
+    max_prompt: int
+    api_key: bytes | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    admitted: threading.BoundedSemaphore | None = None  # generating or waiting for the lock
+
+    def __post_init__(self) -> None:
+        self.admitted = threading.BoundedSemaphore(self.limits.max_queue)
+
+
 def make_server(loaded, host: str = "127.0.0.1", port: int = 0, limits: Limits | None = None) -> ThreadingHTTPServer:
     """The HTTP server (not yet serving) for ``loaded`` under ``limits``; see the module docstring."""
     limits = limits or Limits()
-    chat = _CancellableChat(loaded, stop_at_call=False)
-    lock = threading.Lock()  # one generation at a time: the model is not re-entrant on CPU
-    admitted = threading.BoundedSemaphore(limits.max_queue)  # generating or waiting for the lock
     context = context_length(loaded)
-    max_prompt = limits.max_prompt_tokens or context
-    api_key = limits.api_key.encode() if limits.api_key else None
+    server = _Server((host, port), _Handler)
+    server.app = _App(loaded, limits, _CancellableChat(loaded, stop_at_call=False), context,
+                      limits.max_prompt_tokens or context, limits.api_key.encode() if limits.api_key else None)
+    return server
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = limits.read_timeout  # StreamRequestHandler sets it on the socket: no read waits forever
-        server_version = "attnprobe-serve"
 
-        def log_message(self, *args):  # keep test output clean
+class _Handler(BaseHTTPRequestHandler):
+    """One request of ``attnprobe serve``; what the server shares (model, lock, limits) is ``self.server.app``."""
+
+    server_version = "attnprobe-serve"
+
+    @property
+    def app(self) -> _App:
+        return self.server.app
+
+    @property
+    def timeout(self) -> float:  # StreamRequestHandler sets it on the socket: no read waits forever
+        return self.app.limits.read_timeout
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def setup(self):
+        """Start the whole-request clock: when it runs out before the request is read, the socket's
+        read side is shut, so the blocked read returns and the request is answered 408."""
+        super().setup()
+        self._late = self._answered = False
+        self._clock = threading.Timer(self.app.limits.request_timeout, self._expire)
+        self._clock.daemon = True
+        self._clock.start()
+
+    def _expire(self):
+        self._late = True
+        try:
+            self.connection.shutdown(socket.SHUT_RD)
+        except OSError:
             pass
 
-        def setup(self):
-            """Start the whole-request clock: when it runs out before the request is read, the socket's
-            read side is shut, so the blocked read returns and the request is answered 408."""
-            super().setup()
-            self._late = self._answered = False
-            self._clock = threading.Timer(limits.request_timeout, self._expire)
-            self._clock.daemon = True
-            self._clock.start()
+    def _received(self):
+        """The request is read in full: stop the clock (a generation is limited by --max-seconds)."""
+        self._clock.cancel()
+        if self._late:
+            raise RequestError(408, self._late_message())
 
-        def _expire(self):
-            self._late = True
-            try:
-                self.connection.shutdown(socket.SHUT_RD)
-            except OSError:
+    def handle_one_request(self):
+        super().handle_one_request()
+        if self._late and not self._answered:  # the clock ran out inside the request line or headers
+            self._refuse(RequestError(408, self._late_message()))
+
+    def _late_message(self) -> str:
+        return f"the request was not received within {self.app.limits.request_timeout:g} s (attnprobe serve --request-timeout)"
+
+    def finish(self):
+        self._clock.cancel()
+        super().finish()
+
+    def _send(self, code: int, payload: dict, headers: dict | None = None):
+        self._answered = True
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _refuse(self, err: RequestError):
+        self.close_connection = True
+        headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(err.status)
+        self._send(err.status, err.body(), headers)
+        if getattr(self, "_body_unread", False):
+            self._discard_input()
+
+    def _discard_input(self):
+        """Drop what the client still sends (for at most _DRAIN_S): a client that writes its whole body
+        before reading then gets our error instead of a connection reset."""
+        deadline = time.monotonic() + _DRAIN_S
+        try:
+            self.connection.settimeout(_CHECK_EVERY_S)
+            while time.monotonic() < deadline and self.connection.recv(1 << 20):
                 pass
+        except OSError:
+            pass
 
-        def _received(self):
-            """The request is read in full: stop the clock (a generation is limited by --max-seconds)."""
-            self._clock.cancel()
-            if self._late:
-                raise RequestError(408, self._late_message())
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own errors (bad request line, oversized headers, timeouts, unknown methods) as JSON."""
+        if self.request_version == "HTTP/0.9":  # answer with a status line, whatever the client sent
+            self.request_version = "HTTP/1.0"
+        self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]))
 
-        def handle_one_request(self):
-            super().handle_one_request()
-            if self._late and not self._answered:  # the clock ran out inside the request line or headers
-                self._refuse(RequestError(408, self._late_message()))
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self._late:  # headers cut short by the clock: do not act on half a request
+            self._refuse(RequestError(408, self._late_message()))
+            return False
+        if self.request_version == "HTTP/0.9":
+            self.send_error(400, "HTTP/0.9 requests are not supported")
+            return False
+        return True
 
-        @staticmethod
-        def _late_message() -> str:
-            return f"the request was not received within {limits.request_timeout:g} s (attnprobe serve --request-timeout)"
+    def _authorize(self):
+        if self.app.api_key is None or self.path.rstrip("/") in ("/health", "/v1/health"):
+            return
+        got = self.headers.get("Authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.app.api_key):
+            raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
 
-        def finish(self):
-            self._clock.cancel()
-            super().finish()
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            raise RequestError(411, "chunked request bodies are not supported: send a Content-Length")
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            raise RequestError(411, "a Content-Length header is required")
+        if len(set(values)) > 1 or not re.fullmatch(r"[0-9]{1,20}", values[0].strip()):
+            raise RequestError(400, f"Content-Length must be one non-negative integer, got {', '.join(values)!r}")
+        n = int(values[0])
+        if n > self.app.limits.max_body_bytes:
+            raise RequestError(413, f"body of {n} bytes is over the limit of {self.app.limits.max_body_bytes} bytes "
+                                    "(attnprobe serve --max-body-bytes)")
+        try:
+            body = self.rfile.read(n)
+            self._received()
+        except TimeoutError:
+            raise RequestError(408, f"no data for {self.app.limits.read_timeout:g} s while reading the body "
+                                    f"(Content-Length {n})") from None
+        if len(body) < n:
+            raise RequestError(400, f"body ended after {len(body)} of {n} bytes (Content-Length)")
+        return body
 
-        def _send(self, code: int, payload: dict, headers: dict | None = None):
-            self._answered = True
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
+    def do_GET(self):
+        try:
+            self._received()
+            self._authorize()
+        except RequestError as err:
+            self._refuse(err)
+            return
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._send(200, {"object": "list", "data": [{"id": self.app.loaded.name, "object": "model",
+                                                         "context_length": self.app.context}]})
+        elif self.path.rstrip("/") in ("/health", "/v1/health"):
+            self._send(200, {"status": "ok"})
+        else:
+            self._refuse(RequestError(404, f"no route {self.path}"))
 
-        def _refuse(self, err: RequestError):
+    def do_POST(self):
+        self._body_unread = True
+        try:
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                raise RequestError(404, f"no route {self.path}")
+            self._authorize()
+            body = self._read_body()
+            self._body_unread = False
+            req = parse_chat_request(body, max_tokens_cap=self.app.context)
+            reply = self._complete(req)
+        except RequestError as err:
+            self._refuse(err)
+            return
+        except _ClientGone as gone:
             self.close_connection = True
-            headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(err.status)
-            self._send(err.status, err.body(), headers)
-            if getattr(self, "_body_unread", False):
-                self._discard_input()
+            print(f"attnprobe serve: client disconnected; {gone}", file=sys.stderr, flush=True)
+            return
+        msg = {"role": "assistant", "content": reply.content if not reply.tool_calls else reply.content or None}
+        if reply.tool_calls:
+            msg["tool_calls"] = reply.tool_calls
+        self._send(200, {
+            "id": f"chatcmpl-{int(time.time() * 1000)}", "object": "chat.completion", "created": int(time.time()),
+            "model": req["model"] or self.app.loaded.name,
+            "choices": [{"index": 0, "message": msg, "finish_reason": reply.finish_reason}],
+            "usage": {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,
+                      "total_tokens": reply.input_tokens + reply.output_tokens},
+        })
 
-        def _discard_input(self):
-            """Drop what the client still sends (for at most _DRAIN_S): a client that writes its whole body
-            before reading then gets our error instead of a connection reset."""
-            deadline = time.monotonic() + _DRAIN_S
+    def _complete(self, req: dict):
+        """The reply, when fewer than --max-queue requests are admitted; else 503 at once (a flood is
+        answered, never left to the listen backlog to reset)."""
+        if not self.app.admitted.acquire(blocking=False):
+            raise RequestError(503, f"busy: {self.app.limits.max_queue} requests are generating or waiting (attnprobe "
+                                    "serve --max-queue); retry after the Retry-After seconds", code="busy")
+        try:
+            return self._complete_admitted(req)
+        finally:
+            self.app.admitted.release()
+
+    def _complete_admitted(self, req: dict):
+        sock = self.connection
+        while not self.app.lock.acquire(timeout=_CHECK_EVERY_S):  # wait our turn; give up if the client leaves
+            if client_gone(sock):
+                raise _ClientGone("it left while waiting for its turn; nothing generated")
+        try:
             try:
-                self.connection.settimeout(_CHECK_EVERY_S)
-                while time.monotonic() < deadline and self.connection.recv(1 << 20):
-                    pass
-            except OSError:
-                pass
+                n_prompt = len(self.app.chat.prompt(req["messages"], req["tools"]).ids)
+            except Exception as exc:  # the chat template refuses the conversation (e.g. role order)
+                raise RequestError(400, f"cannot render the messages: {type(exc).__name__}: {exc}") from None
+            if n_prompt > self.app.max_prompt:
+                raise RequestError(400, f"the prompt is {n_prompt} tokens, over the limit of {self.app.max_prompt} "
+                                        "(attnprobe serve --max-prompt-tokens)", param="messages",
+                                   code="context_length_exceeded")
+            state = {"reason": None, "next": 0.0}
+            deadline = None if not self.app.limits.max_seconds else time.monotonic() + self.app.limits.max_seconds
 
-        def send_error(self, code, message=None, explain=None):
-            """http.server's own errors (bad request line, oversized headers, timeouts, unknown methods) as JSON."""
-            if self.request_version == "HTTP/0.9":  # answer with a status line, whatever the client sent
-                self.request_version = "HTTP/1.0"
-            self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]))
-
-        def parse_request(self) -> bool:
-            if not super().parse_request():
-                return False
-            if self._late:  # headers cut short by the clock: do not act on half a request
-                self._refuse(RequestError(408, self._late_message()))
-                return False
-            if self.request_version == "HTTP/0.9":
-                self.send_error(400, "HTTP/0.9 requests are not supported")
-                return False
-            return True
-
-        def _authorize(self):
-            if api_key is None or self.path.rstrip("/") in ("/health", "/v1/health"):
-                return
-            got = self.headers.get("Authorization", "")
-            scheme, _, token = got.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key):
-                raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                   code="invalid_api_key")
-
-        def _read_body(self) -> bytes:
-            if self.headers.get("Transfer-Encoding"):
-                raise RequestError(411, "chunked request bodies are not supported: send a Content-Length")
-            values = self.headers.get_all("Content-Length") or []
-            if not values:
-                raise RequestError(411, "a Content-Length header is required")
-            if len(set(values)) > 1 or not re.fullmatch(r"[0-9]{1,20}", values[0].strip()):
-                raise RequestError(400, f"Content-Length must be one non-negative integer, got {', '.join(values)!r}")
-            n = int(values[0])
-            if n > limits.max_body_bytes:
-                raise RequestError(413, f"body of {n} bytes is over the limit of {limits.max_body_bytes} bytes "
-                                        "(attnprobe serve --max-body-bytes)")
-            try:
-                body = self.rfile.read(n)
-                self._received()
-            except TimeoutError:
-                raise RequestError(408, f"no data for {limits.read_timeout:g} s while reading the body "
-                                        f"(Content-Length {n})") from None
-            if len(body) < n:
-                raise RequestError(400, f"body ended after {len(body)} of {n} bytes (Content-Length)")
-            return body
-
-        def do_GET(self):
-            try:
-                self._received()
-                self._authorize()
-            except RequestError as err:
-                self._refuse(err)
-                return
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": loaded.name, "object": "model",
-                                                             "context_length": context}]})
-            elif self.path.rstrip("/") in ("/health", "/v1/health"):
-                self._send(200, {"status": "ok"})
-            else:
-                self._refuse(RequestError(404, f"no route {self.path}"))
-
-        def do_POST(self):
-            self._body_unread = True
-            try:
-                if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                    raise RequestError(404, f"no route {self.path}")
-                self._authorize()
-                body = self._read_body()
-                self._body_unread = False
-                req = parse_chat_request(body, max_tokens_cap=context)
-                reply = self._complete(req)
-            except RequestError as err:
-                self._refuse(err)
-                return
-            except _ClientGone as gone:
-                self.close_connection = True
-                print(f"attnprobe serve: client disconnected; {gone}", file=sys.stderr, flush=True)
-                return
-            msg = {"role": "assistant", "content": reply.content if not reply.tool_calls else reply.content or None}
-            if reply.tool_calls:
-                msg["tool_calls"] = reply.tool_calls
-            self._send(200, {
-                "id": f"chatcmpl-{int(time.time() * 1000)}", "object": "chat.completion", "created": int(time.time()),
-                "model": req["model"] or loaded.name,
-                "choices": [{"index": 0, "message": msg, "finish_reason": reply.finish_reason}],
-                "usage": {"prompt_tokens": reply.input_tokens, "completion_tokens": reply.output_tokens,
-                          "total_tokens": reply.input_tokens + reply.output_tokens},
-            })
-
-        def _complete(self, req: dict):
-            """The reply, when fewer than --max-queue requests are admitted; else 503 at once (a flood is
-            answered, never left to the listen backlog to reset)."""
-            if not admitted.acquire(blocking=False):
-                raise RequestError(503, f"busy: {limits.max_queue} requests are generating or waiting (attnprobe "
-                                        "serve --max-queue); retry after the Retry-After seconds", code="busy")
-            try:
-                return self._complete_admitted(req)
-            finally:
-                admitted.release()
-
-        def _complete_admitted(self, req: dict):
-            sock = self.connection
-            while not lock.acquire(timeout=_CHECK_EVERY_S):  # wait our turn; give up if the client leaves
+            def should_stop() -> bool:
+                now = time.monotonic()
+                if now < state["next"]:
+                    return False
+                state["next"] = now + _CHECK_EVERY_S
                 if client_gone(sock):
-                    raise _ClientGone("it left while waiting for its turn; nothing generated")
+                    state["reason"] = "gone"
+                elif deadline is not None and now > deadline:
+                    state["reason"] = "time"
+                return state["reason"] is not None
+
+            self.app.chat.should_stop = should_stop
             try:
-                try:
-                    n_prompt = len(chat.prompt(req["messages"], req["tools"]).ids)
-                except Exception as exc:  # the chat template refuses the conversation (e.g. role order)
-                    raise RequestError(400, f"cannot render the messages: {type(exc).__name__}: {exc}") from None
-                if n_prompt > max_prompt:
-                    raise RequestError(400, f"the prompt is {n_prompt} tokens, over the limit of {max_prompt} "
-                                            "(attnprobe serve --max-prompt-tokens)", param="messages",
-                                       code="context_length_exceeded")
-                state = {"reason": None, "next": 0.0}
-                deadline = None if not limits.max_seconds else time.monotonic() + limits.max_seconds
-
-                def should_stop() -> bool:
-                    now = time.monotonic()
-                    if now < state["next"]:
-                        return False
-                    state["next"] = now + _CHECK_EVERY_S
-                    if client_gone(sock):
-                        state["reason"] = "gone"
-                    elif deadline is not None and now > deadline:
-                        state["reason"] = "time"
-                    return state["reason"] is not None
-
-                chat.should_stop = should_stop
-                try:
-                    reply = chat.complete(req["messages"], req["tools"], max_tokens=req["max_tokens"],
-                                          temperature=req["temperature"])
-                except Exception as exc:  # report, don't crash the server
-                    raise RequestError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
-                finally:
-                    chat.should_stop = None
+                reply = self.app.chat.complete(req["messages"], req["tools"], max_tokens=req["max_tokens"],
+                                      temperature=req["temperature"])
+            except Exception as exc:  # report, don't crash the server
+                raise RequestError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
             finally:
-                lock.release()
-            if state["reason"] == "gone":
-                raise _ClientGone(f"generation stopped after {reply.output_tokens} of {req['max_tokens']} tokens")
-            if state["reason"] == "time":
-                raise RequestError(503, f"generation stopped after {limits.max_seconds:g} s "
-                                        "(attnprobe serve --max-seconds); ask for fewer max_tokens",
-                                   code="timeout")
-            return reply
-
-    return _Server((host, port), Handler)
+                self.app.chat.should_stop = None
+        finally:
+            self.app.lock.release()
+        if state["reason"] == "gone":
+            raise _ClientGone(f"generation stopped after {reply.output_tokens} of {req['max_tokens']} tokens")
+        if state["reason"] == "time":
+            raise RequestError(503, f"generation stopped after {self.app.limits.max_seconds:g} s "
+                                    "(attnprobe serve --max-seconds); ask for fewer max_tokens",
+                               code="timeout")
+        return reply
 
 
 class _Server(ThreadingHTTPServer):
