@@ -4,8 +4,11 @@ A study folder holds ``study.json`` (per-setting summaries with CIs, paired comp
 per-question outcomes; :func:`attnprobe.studies.loop.metrics.summarize`) and, per setting, ``<slug>/calls/<qid>.jsonl``
 (every model call of a question, as sent, with ``meta.history``) and, once ``attnprobe study attention`` (or
 ``attnprobe capture OUT/<slug>/calls.jsonl --out OUT/<slug>/capture``) has run, ``<slug>/capture/<safe id>/``
-(one capture per call). Everything is read through :mod:`attnprobe_app.data`, so only inside the data
-directory and only JSON; every function returns problems as text instead of raising on bad files.
+(one capture per call). Every path comes from the study's layout
+(:class:`attnprobe.studies.loop.layout.StudyLayout` with ``root`` = the data directory: the names, study.json's
+reader and validator are those ``study attention`` uses) and is read through it or :mod:`attnprobe_app.data`,
+so only inside the data directory and only JSON; every function returns problems as text instead of raising
+on bad files.
 No Streamlit import: the page (``views/study.py``) caches these.
 """
 
