@@ -17,12 +17,18 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io.fs import DataError, PathEscapeError, resolve_inside  # noqa: F401  (shared with the layouts)
 from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
-from attnprobe.studies.loop.layout import StudyLayout
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
 IBIS_MARKERS = ("decisions.jsonl", "attention.json", "metrics.json")
+
+
+class DataError(AttnprobeError):
+    """Something in the data directory cannot be shown; the message says what and where."""
+
+
+class PathEscapeError(DataError):
+    """A requested path points outside the data directory."""
 
 
 # ------------------------------------------------------------------ paths
@@ -37,6 +43,22 @@ def data_root(path: str | os.PathLike | None) -> Path:
     if not root.is_dir():
         raise DataError(f"data directory {root} is not a folder")
     return root.resolve()
+
+
+def resolve_inside(root: Path, rel: str | os.PathLike) -> Path:
+    """Resolve ``rel`` (relative to ``root``, or absolute) and refuse anything outside ``root``.
+
+    Symlinks are resolved first, so a link inside the folder that points elsewhere is refused too.
+    """
+    root = Path(root).resolve()
+    s = os.fspath(rel)
+    if "\x00" in s:
+        raise PathEscapeError("path contains a NUL byte")
+    cand = (root / s).resolve()  # an absolute ``s`` replaces root here, then gets checked
+    if cand != root and root not in cand.parents:
+        raise PathEscapeError(f"refused '{s}': it is outside the data directory {root} (the app only reads "
+                              f"inside its data directory)")
+    return cand
 
 
 def rel_to(root: Path, path: Path) -> str:
@@ -164,7 +186,7 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
             ibis_dirs.append(d)
         if "compare.json" in names:
             inv.compares.append(rel)
-        if StudyLayout.is_folder(names):
+        if "study.json" in names:
             inv.studies.append(rel)  # read (and refused if bad) by the Study page
             study_dirs.append(d)
         if META_FILE in names:

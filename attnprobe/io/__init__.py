@@ -31,11 +31,9 @@ from attnprobe.io.fs import (
     FINGERPRINT_SAMPLE,
     LOCK_NAME,
     STALE_AFTER_S,
-    DataError,
     NotRegularFile,
     OutputInUse,
     OutsideFolder,
-    PathEscapeError,
     check_regular_file,
     ensure_writable_dir,
     ensure_writable_file,
@@ -47,7 +45,6 @@ from attnprobe.io.fs import (
     hold_lock,
     inside,
     read_regular_bytes,
-    resolve_inside,
     safe_name,
     safetensors_problem,
     unique_names,
@@ -71,11 +68,11 @@ from attnprobe.io.json import (
 )
 
 __all__ = [
-    "AtomicDir", "DataError", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "LOCK_NAME", "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "PathEscapeError", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
+    "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "LOCK_NAME", "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
     "atomic_write_bytes", "atomic_write_text", "check_regular_file", "dumps_line", "ensure_writable_dir",
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
     "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
-    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "resolve_inside", "rewrite_jsonl", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
+    "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "rewrite_jsonl", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

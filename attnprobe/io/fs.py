@@ -230,31 +230,6 @@ def inside(folder: Path, path: Path) -> Path:
     return path
 
 
-class DataError(AttnprobeError):
-    """Something in a data folder cannot be read or shown; the message says what and where (relative to the
-    data directory in the app)."""
-
-
-class PathEscapeError(DataError, OutsideFolder):
-    """A requested path points outside the data directory (the app's rule, :func:`resolve_inside`)."""
-
-
-def resolve_inside(root: Path, rel: str | os.PathLike) -> Path:
-    """Resolve ``rel`` (relative to ``root``, or absolute) and refuse anything outside ``root``
-    (:class:`PathEscapeError`). Symlinks are resolved first, so a link inside the folder that points
-    elsewhere is refused too; one inside pointing inside is followed (the app's rule; the CLI's stricter
-    one, no symlink at all, is :func:`inside`)."""
-    root = Path(root).resolve()
-    s = os.fspath(rel)
-    if "\x00" in s:
-        raise PathEscapeError("path contains a NUL byte")
-    cand = (root / s).resolve()  # an absolute ``s`` replaces root here, then gets checked
-    if cand != root and root not in cand.parents:
-        raise PathEscapeError(f"refused '{s}': it is outside the data directory {root} (the app only reads "
-                              f"inside its data directory)")
-    return cand
-
-
 def safetensors_problem(path: Path) -> str | None:
     """Why ``path`` is not a complete safetensors file (None: it is): its header must parse and the file
     must end exactly where the header's last tensor ends, so a file cut short by a copy or a full disk is
