@@ -10,6 +10,7 @@ from typing import Any
 
 import streamlit as st
 
+from attnprobe.errors import AttnprobeError
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
@@ -39,7 +40,7 @@ def _layout_mtime(path: Callable[[], Path]) -> float:
     """The time of a study layout's path (0 when it is refused: the page reports that where it reads it)."""
     try:
         return _mtime(path())
-    except D.DataError:
+    except AttnprobeError:
         return 0.0
 
 

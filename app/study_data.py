@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.io import safe_name
+from attnprobe.errors import AttnprobeError
+from attnprobe.io import OutsideFolder, safe_name
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.caveats import study_caveats as study_caveats_of
 from attnprobe.results.formatting import format_ci
@@ -118,11 +119,21 @@ def study_problem(obj) -> str | None:
     return StudyLayout.problem(obj)
 
 
+def _data_error(exc: AttnprobeError) -> D.DataError:
+    """A layout's refusal as the page's error (one line naming the file relative to the data directory)."""
+    if isinstance(exc, D.DataError):
+        return exc
+    return (D.PathEscapeError if isinstance(exc, OutsideFolder) else D.DataError)(str(exc))
+
+
 def load_study(root: Path, rel: str) -> Study:
     """The study in folder ``rel`` (inside ``root``), read by its layout; a DataError naming the file on
     anything wrong."""
     rel = D.rel_to(root, D.resolve_inside(root, rel))
-    obj = StudyLayout(Path(root) / rel, root=Path(root)).read_study(stamps=False)
+    try:
+        obj = StudyLayout(Path(root) / rel, root=Path(root)).read_study(stamps=False)
+    except AttnprobeError as exc:
+        raise _data_error(exc) from None
     return Study(rel, obj, list(obj["settings"]), obj["baseline"], Path(root))
 
 
@@ -241,17 +252,17 @@ def capture_agent_model(root: Path, rel: str, trajectory_id: str, meta: dict) ->
     try:
         if tm.get("question_id"):
             paths.append(st.calls(str(tm["question_id"])))
-    except D.DataError:
+    except AttnprobeError:
         pass
     try:
         calls_dir = st.calls_dir
         paths += [st.calls_file, *(st.calls(p.stem) for p in sorted(calls_dir.glob("*.jsonl")))]
-    except D.DataError:
+    except AttnprobeError:
         return None
     for path in paths:
         try:
             records = D.read_jsonl(root, path)[0]
-        except D.DataError:
+        except AttnprobeError:
             continue
         rec = next((r for r in records if r.get("id") == trajectory_id), None)
         if rec is not None:
@@ -281,7 +292,7 @@ def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
             path = st.calls_file
             records, problems = D.read_jsonl(root, path)
             records = [r for r in records if isinstance(r.get("meta"), dict) and r["meta"].get("question_id") == qid]
-    except D.DataError as exc:
+    except AttnprobeError as exc:
         return Steps(problems=[str(exc)])
     out.problems += problems
     if not records:
@@ -296,7 +307,7 @@ def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
     try:
         capdir = st.capture_dir
         out.capture_folder = capdir.is_dir()
-    except D.DataError as exc:
+    except AttnprobeError as exc:
         out.problems.append(str(exc))
         return out
     if out.capture_folder:
@@ -331,13 +342,16 @@ def has_counterfactuals(root: Path, study: Study, setting: str) -> bool:
     """Whether ``<slug>/counterfactual/`` exists (the Counterfactual page shows its steps)."""
     try:
         return study.layout(root).counterfactual_dir(setting).is_dir()
-    except D.DataError:
+    except AttnprobeError:
         return False
 
 
 def attention_summary(root: Path, study: Study):
     """The study's ``attention.json`` (None when absent; its layout's reader); a DataError when unreadable."""
-    return study.layout(root).read_attention()
+    try:
+        return study.layout(root).read_attention()
+    except AttnprobeError as exc:
+        raise _data_error(exc) from None
 
 
 ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform": relative_rows,
@@ -369,7 +383,7 @@ def setting_calls(root: Path, study: Study, setting: str) -> list[dict]:
         calls_dir = st.calls_dir
         paths = sorted(calls_dir.glob("*.jsonl")) if calls_dir.is_dir() else []
         return [r for p in paths for r in D.read_jsonl(root, st.calls(p.stem))[0]]
-    except D.DataError:
+    except AttnprobeError:
         return []
 
 

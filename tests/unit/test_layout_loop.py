@@ -16,7 +16,7 @@ import pytest
 from support.studydir import BASE, OTHER, make_study
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import DataError, OutsideFolder, PathEscapeError
+from attnprobe.io import OutsideFolder
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.masking.layout import MaskingLayout
 
@@ -106,6 +106,7 @@ def test_the_app_and_study_attention_refuse_a_bad_study_json_with_the_same_line(
     """One validator: a study.json whose number the page cannot show is refused by ``study attention`` too
     (on main, study attention read it; the app skipped it)."""
     from attnprobe.studies.loop.attention import read_study
+    from attnprobe_app import data as D
     from attnprobe_app import study_data as SD
 
     path = data / "study" / "study.json"
@@ -113,7 +114,7 @@ def test_the_app_and_study_attention_refuse_a_bad_study_json_with_the_same_line(
     study["settings"][BASE]["art"] = "many"
     path.write_text(json.dumps(study))
     why = "'settings.none.art' is 'many', not a finite number"
-    with pytest.raises(DataError) as app_err:
+    with pytest.raises(D.DataError) as app_err:
         SD.load_study(data, "study")
     with pytest.raises(AttnprobeError) as cli_err:
         read_study(data / "study")
@@ -257,6 +258,7 @@ def test_stamped_reads_only_the_records_of_current_results_in_question_order(tmp
 
 # ------------------------------------------------------------------ the app's root
 def test_the_apps_layout_refuses_a_symlink_out_of_its_data_directory(tmp_path, data):
+    from attnprobe_app import data as D
     from attnprobe_app import study_data as SD
 
     outside = make_study(tmp_path / "elsewhere" / "study")
@@ -265,7 +267,7 @@ def test_the_apps_layout_refuses_a_symlink_out_of_its_data_directory(tmp_path, d
         (outside / StudyLayout.setting_name(OTHER) / part).mkdir(exist_ok=True)
     (folder / "counterfactual").symlink_to(outside / StudyLayout.setting_name(OTHER) / "counterfactual")
     app = StudyLayout(data / "study", root=data)
-    with pytest.raises(PathEscapeError, match="outside the data directory"):
+    with pytest.raises(OutsideFolder, match="outside the data directory"):
         app.counterfactual_dir(OTHER)
     assert not SD.has_counterfactuals(data, SD.load_study(data, "study"), OTHER)
     (folder / "counterfactual").unlink()
@@ -274,11 +276,13 @@ def test_the_apps_layout_refuses_a_symlink_out_of_its_data_directory(tmp_path, d
     assert SD.has_counterfactuals(data, SD.load_study(data, "study"), OTHER)
     with pytest.raises(OutsideFolder, match="counterfactual: is a symlink inside"):  # the CLI follows none
         StudyLayout(data / "study").counterfactual_dir(OTHER)
-    with pytest.raises(PathEscapeError):
+    with pytest.raises(OutsideFolder, match="outside the data directory"):
         app.calls(BASE, "../../../../elsewhere/study/none/calls/q1")
     os.symlink(outside / "attention.md", data / "study" / "attention.json")
-    with pytest.raises(PathEscapeError):
+    with pytest.raises(OutsideFolder, match="outside the data directory"):
         app.read_attention()
+    with pytest.raises(D.PathEscapeError, match="outside the data directory"):  # the page's error type
+        SD.attention_summary(data, SD.load_study(data, "study"))
 
 
 # ------------------------------------------------------------------ the masking study

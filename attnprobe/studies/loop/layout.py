@@ -16,12 +16,13 @@ Study page all ask a :class:`StudyLayout` for paths, so the CLI and the app name
         calls.jsonl                   the calls of the current results, gathered (one file to capture)
         capture/  counterfactual/     study attention's captures and counterfactual steps
 
-Every path a layout returns is checked. In the CLI and the jobs (no ``root``) no symlink below the folder is
-followed (:func:`attnprobe.io.inside`): folders are checked up to and including themselves, files up to their
-folder (a symlinked file is the reader's to refuse or skip, and an atomic write replaces the link itself). In
-the app (``root``: its data directory) a path must resolve inside ``root`` (:func:`attnprobe.io.resolve_inside`,
-:class:`attnprobe.io.PathEscapeError`), and read errors are :class:`attnprobe.io.DataError` naming the file
-relative to ``root``.
+Every path a layout returns is checked by the one helper of every study's layout,
+:func:`attnprobe.io.layout_path`. In the CLI and the jobs (no ``root``) no symlink below the folder is followed
+(:func:`attnprobe.io.inside`): folders are checked up to and including themselves, files up to their folder (a
+symlinked file is the reader's to refuse or skip, and an atomic write replaces the link itself). In the app
+(``root``: its data directory) a path must resolve inside ``root`` (:func:`attnprobe.io.resolved_inside`). Both
+refusals are :class:`attnprobe.io.OutsideFolder`; every error is one :class:`AttnprobeError` line naming the
+file (relative to ``root`` in the app, which shows it and goes on).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import written_since
-from attnprobe.io import DataError, inside, load_json, read_jsonl, resolve_inside
+from attnprobe.io import inside, layout_path, load_json, read_jsonl
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 
@@ -71,15 +72,12 @@ class StudyLayout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", Path(self.folder))
         if self.root is not None:
-            object.__setattr__(self, "root", Path(self.root))
+            object.__setattr__(self, "root", Path(self.root).resolve())
 
     # ------------------------------------------------------------------ checked paths
     def _checked(self, path: Path, *, is_dir: bool = False) -> Path:
         """``path`` when it may be read or written (module docstring); else one line naming the part."""
-        if self.root is not None:
-            resolve_inside(self.root, path)
-        else:
-            inside(self.folder, path if is_dir else path.parent)
+        layout_path(self.folder, path if is_dir or self.root is not None else path.parent, self.root)
         return path
 
     def where(self, path: Path) -> str:
@@ -208,11 +206,11 @@ class StudyLayout:
         return None
 
     def _load(self, path: Path) -> Any:
-        """One JSON file through attnprobe's one loader; in the app a DataError naming it from the root."""
+        """One JSON file through attnprobe's one loader; in the app the error names it from the root."""
         if self.root is None:
             return load_json(path)
         where = self.where(path)
-        return load_json(path, error=lambda m, path=None, line=None: DataError(
+        return load_json(path, error=lambda m, path=None, line=None: AttnprobeError(
             f"{where}, line {line}: {m}" if line is not None else f"{where}: {m}"))
 
     def read_study(self, *, stamps: bool = True) -> dict:
@@ -222,12 +220,12 @@ class StudyLayout:
         if self.root is None:
             inside(self.folder, path)  # a symlinked study.json is refused, not followed
         if not path.is_file():
-            raise DataError(f"{self.where(self.folder)}: not an interference study folder (no {STUDY_JSON}); "
+            raise AttnprobeError(f"{self.where(self.folder)}: not an interference study folder (no {STUDY_JSON}); "
                             f"make one with 'attnprobe study interference QUESTIONS --out {self.folder}'")
         obj = self._load(path)
         problem = self.problem(obj, stamps=stamps)
         if problem:
-            raise DataError(f"{self.where(path)}: {problem}")
+            raise AttnprobeError(f"{self.where(path)}: {problem}")
         return obj
 
     def read_attention(self) -> Any:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnprobe.io import DataError, inside, load_json, resolve_inside
+from attnprobe.errors import AttnprobeError
+from attnprobe.io import inside, layout_path, load_json
 
 STUDY_JSON, STUDY_MD = "study.json", "study.md"
 CAPTURES, COUNTERFACTUAL = "captures", "counterfactual"
@@ -41,10 +42,7 @@ class MaskingLayout:
         object.__setattr__(self, "folder", Path(self.folder))
 
     def _checked(self, path: Path, *, is_dir: bool = False) -> Path:
-        if self.root is not None:
-            resolve_inside(self.root, path)
-        else:
-            inside(self.folder, path if is_dir else path.parent)
+        layout_path(self.folder, path if is_dir or self.root is not None else path.parent, self.root)
         return path
 
     @property
@@ -79,9 +77,9 @@ class MaskingLayout:
         if self.root is None:
             inside(self.folder, path)
         if not path.is_file():
-            raise DataError(f"{self.folder}: not a masking study folder (no {STUDY_JSON})")
+            raise AttnprobeError(f"{self.folder}: not a masking study folder (no {STUDY_JSON})")
         obj = load_json(path)
         problem = self.problem(obj)
         if problem:
-            raise DataError(f"{path}: {problem}")
+            raise AttnprobeError(f"{path}: {problem}")
         return obj
