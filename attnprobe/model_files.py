@@ -14,6 +14,15 @@ from attnprobe.errors import ModelNotFoundError
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_NOTES = {"float32": "the exact reference", "bfloat16": "half the memory, ~3 significant digits",
+               "float16": "half the memory, a narrower range"}  # what --help says of each
+
+
+def dtype_help(default: str = "float32", why: str = "") -> str:
+    """The one --dtype help text, from :data:`DTYPES`: each name with its note, the default and, where a
+    command's default differs, ``why``."""
+    names = " | ".join(f"{d} ({DTYPE_NOTES[d]})" for d in DTYPES)
+    return f"{names}; default {default}{f': {why}' if why else ''}; also fp32, bf16, fp16"
 
 
 def canonical_dtype(dtype: str) -> str:

@@ -35,293 +35,32 @@ to the round in progress, so they never hide its documents (DESIGN.md §10).
 
 from __future__ import annotations
 
-import copy
-import json
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from attnprobe.agents.edits import (  # noqa: F401  (the policy interface, re-exported: one import for users)
+    STATUSES,
+    Counterfactual,
+    Edit,
+    Policy,
+    apply_edits,
+    arguments_text,
+    calls_by_id,
+    compose,
+    default_is_error,
+    make_policy,
+    turns_of_observations,
+)
+from attnprobe.agents.masking import (  # noqa: F401  (seed 002's policies, parsed below)
+    ARCHIVE_PLACEHOLDER,
+    DEFAULT_PLACEHOLDER,
+    archive_placeholder,
+    mask_archive,
+    mask_observations,
+)
 from attnprobe.agents.policy_specs import IRCOT_VARIANTS, canonical_policy
 from attnprobe.trajectory.schema import call_arguments, message_text
-
-STATUSES = ("kept", "removed", "placeholder", "refined", "calls_removed")
-"""What a policy did to an original message: left it, dropped it, replaced its content by a
-placeholder, replaced its content by a refiner's output, or dropped its tool calls (the text stays)."""
-
-DEFAULT_PLACEHOLDER = "[Observation omitted to save context. Tool: {name}; arguments: {arguments}]"
-"""Placeholder for masked observations; ``str.format`` fields: ``name``, ``arguments`` (the call's
-JSON arguments), ``tool_call_id``, ``chars`` and ``lines`` (size of the omitted content)."""
-
-_ERROR_TEXT = re.compile(r"^\s*(error\b|exception\b|traceback\b|\[error\]|tool error|failed to\b)", re.I)
-
-
-@dataclass
-class Counterfactual:
-    """A policy's output: the new prefix and, per original message, what happened to it.
-
-    ``messages[k]`` comes from original message ``source[k]``; ``changes[i]`` is the status of
-    original message ``i`` (every index of the input appears once)."""
-
-    messages: list[dict]
-    source: list[int]
-    changes: dict[int, str]
-    policy: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def indices(self, *statuses: str) -> list[int]:
-        return sorted(i for i, s in self.changes.items() if s in statuses)
-
-    @property
-    def changed(self) -> bool:
-        return any(s != "kept" for s in self.changes.values())
-
-    def to_dict(self) -> dict:
-        return {"policy": self.policy, "source": list(self.source),
-                "changes": {str(i): s for i, s in sorted(self.changes.items())}, "details": self.details}
-
-
-Policy = Callable[[Sequence[dict]], Counterfactual]
-"""The one policy interface: the prefix messages in, a :class:`Counterfactual` out. The callable's
-``name`` attribute (set by :func:`make_policy`) names its result folder."""
-
-Edit = tuple[str, "dict | None"]  # (status, new message or None when removed)
-
-
-def apply_edits(messages: Sequence[dict], edits: Mapping[int, Edit], *, policy: str = "",
-                details: dict | None = None) -> Counterfactual:
-    """Build a :class:`Counterfactual` from ``{original index: (status, new message)}``; unlisted
-    messages are kept as they are (deep copies)."""
-    out, source, changes = [], [], {}
-    for i, msg in enumerate(messages):
-        status, new = edits.get(i, ("kept", None))
-        if status not in STATUSES:
-            raise ValueError(f"policy {policy!r}: unknown status {status!r} for message {i} (one of {STATUSES})")
-        if status == "removed":
-            changes[i] = status
-            continue
-        if status != "kept" and new is None:
-            raise ValueError(f"policy {policy!r}: status {status!r} for message {i} needs a new message")
-        changes[i] = status
-        out.append(copy.deepcopy(msg if status == "kept" else new))
-        source.append(i)
-    return Counterfactual(out, source, changes, policy, details or {})
-
-
-def make_policy(name: str, edits_fn: Callable[[Sequence[dict]], Mapping[int, Edit]]) -> Policy:
-    """A user-written policy from a function ``messages -> {index: (status, new message | None)}``."""
-
-    def policy(messages: Sequence[dict]) -> Counterfactual:
-        return apply_edits(messages, edits_fn(messages), policy=name)
-
-    policy.name = name  # type: ignore[attr-defined]
-    return policy
-
-
-def compose(*policies: Policy, name: str | None = None) -> Policy:
-    """Apply policies in order; changes are mapped back onto the original indices (a later policy's
-    status wins over ``kept``; a removed message stays removed). ``details["refined"]`` entries are
-    mapped back too and kept for messages whose final status is ``refined``."""
-
-    def policy(messages: Sequence[dict]) -> Counterfactual:
-        msgs, source = list(messages), list(range(len(messages)))
-        changes = {i: "kept" for i in range(len(messages))}
-        refined: dict[str, dict] = {}
-        for p in policies:
-            cf = p(msgs)
-            for k, status in cf.changes.items():
-                if status != "kept":
-                    changes[source[k]] = status
-            for k, v in (cf.details.get("refined") or {}).items():
-                refined[str(source[int(k)])] = v
-            source = [source[k] for k in cf.source]
-            msgs = cf.messages
-        refined = {k: v for k, v in refined.items() if changes[int(k)] == "refined"}
-        return Counterfactual(msgs, source, changes, policy.name, {"refined": refined} if refined else {})
-
-    policy.name = name or "+".join(getattr(p, "name", "policy") for p in policies)  # type: ignore[attr-defined]
-    return policy
-
-
-# ------------------------------------------------------------------ helpers on OpenAI messages
-def _calls_by_id(messages: Sequence[dict]) -> dict[str, dict]:
-    out = {}
-    for m in messages:
-        for c in m.get("tool_calls") or []:
-            if c.get("id"):
-                out[c["id"]] = c
-    return out
-
-
-def _arguments_text(call: dict | None) -> str:
-    if not call:
-        return "{}"
-    args = call.get("function", {}).get("arguments", {})
-    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-
-
-def default_is_error(message: dict) -> bool:
-    """An observation reports a failed tool call: an explicit flag (``is_error``, ``error``,
-    ``status: "error"``) or content that opens with Error / Exception / Traceback / Tool error."""
-    if message.get("is_error") or message.get("error") or message.get("status") == "error":
-        return True
-    return bool(_ERROR_TEXT.match(message_text(message.get("content"))))
-
-
-# ------------------------------------------------------------------ seed 002: observation masking
-# The rule of the scaffold seed 002 released (github.com/i-DeepSearch/observation-masking,
-# tools/context_management.py, ``_auto_archive_old_results``), rewritten here: K counts the assistant turns
-# that made at least one non-error browser call; every successful browser result before the K-th most recent
-# such turn becomes ``ARCHIVE_MARKER tool=<name> | args: <k=repr(v)[:80], ...>``; error results never do;
-# K <= 0 archives nothing (the release's ``if force_archive_after_turns <= 0: return 0``).
-ARCHIVE_MARKER = "[Auto-archived browser result]"
-ARCHIVE_PLACEHOLDER = ARCHIVE_MARKER + " tool=<name> | args: <k=repr(v)[:80], ...>"
-"""How the release's placeholder reads (recorded in study.json and the runner's settings)."""
-
-_RELEASE_ERROR_PREFIXES = ("Error executing ", "Error rendering ", "Error: Invalid arguments for function",
-                           "An unexpected error occurred while executing function")
-
-
-def archive_args(arguments: Any) -> str:
-    """The release's ``_args_desc``: a call's arguments (a JSON string or a dict) as ``k=repr(v)[:80]``
-    joined by ``", "``; a string that is not JSON is ``{"raw": it}``; no dict or an empty one is ``no args``."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            arguments = {"raw": arguments}
-    if not isinstance(arguments, dict) or not arguments:
-        return "no args"
-    return ", ".join(f"{k}={repr(v)[:80]}" for k, v in arguments.items())
-
-
-def archive_placeholder(name: str, arguments: Any) -> str:
-    """The release's ``_auto_archive_placeholder``: ``[Auto-archived browser result] tool=NAME | args: ARGS``."""
-    return f"{ARCHIVE_MARKER} tool={name} | args: {archive_args(arguments)}"
-
-
-def archive_is_error(message: dict) -> bool:
-    """An error result as the release knows one: :func:`default_is_error` (our flags and ``Error...``
-    texts, which include the release's ``Error executing`` / ``Error rendering`` / ``Error: Invalid
-    arguments`` prefixes) or the release's other two signs, ``An unexpected error occurred while executing
-    function`` and a JSON object with an ``error`` key."""
-    if default_is_error(message):
-        return True
-    text = message_text(message.get("content")).lstrip()
-    if text.startswith(_RELEASE_ERROR_PREFIXES):
-        return True
-    if text.startswith('{"error"'):
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(parsed, dict) and "error" in parsed
-    return False
-
-
-def mask_archive(keep_turns: int = 5, *, tools: Sequence[str] | None = None,
-                 is_error: Callable[[dict], bool] = archive_is_error) -> Policy:
-    """Seed 002 observation masking as its released scaffold does it (``mask:K``).
-
-    K counts *assistant turns* that made at least one non-error call to an archivable tool (parallel calls
-    of one reply are one turn; a turn whose calls all failed is no turn). Every successful result of an
-    archivable tool that comes before the K-th most recent such turn gets :func:`archive_placeholder`
-    (``[Auto-archived browser result] tool=<name> | args: <k=repr(v)[:80], ...>``); error results are never
-    archived (seed 002 §2.2, "exempting tool-call errors"); K <= 0 archives nothing, as in the release.
-    A result whose call is not in the prefix is left as it is (the release cannot name its tool either).
-    ``tools``: the archivable tool names; the release archives its browser tools (search/open/find, all
-    its retrieval tools), so None means every tool, which for our scaffolds is their retrieval tools.
-    The release archives in place before each model call; recomputing from the full history at every step
-    gives the same context, because the set of counted turns only grows. One difference: the release
-    decides which turns count from the call ids its runtime marked as failed (results opening with
-    ``Error executing`` / ``Error rendering``, arguments that did not parse) and which results to keep from
-    those ids plus its content tests; a policy has only the messages, so ``is_error`` decides both (a turn
-    whose only result is, say, ``Error: Invalid arguments ...`` counts in the release and not here).
-    (The former ``mask-turns:K`` counted the same turns and masked the same results for K >= 1, so it was
-    removed; ``mask-obs:K`` keeps the count of observations.)"""
-    if keep_turns < 0:
-        raise ValueError("mask_archive: keep_turns must be >= 0")
-    allowed = None if tools is None else set(tools)
-
-    def archivable(name: str) -> bool:
-        return allowed is None or name in allowed
-
-    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
-        if keep_turns <= 0:
-            return {}
-        calls = _calls_by_id(messages)
-        errors = {m.get("tool_call_id") for m in messages if m["role"] == "tool" and is_error(m)}
-        errors.discard(None)
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and any(
-            archivable(c.get("function", {}).get("name", "")) and c.get("id", "") not in errors
-            for c in m.get("tool_calls") or [])]
-        if len(turns) < keep_turns:
-            return {}
-        out: dict[int, Edit] = {}
-        for i in range(turns[-keep_turns]):
-            msg = messages[i]
-            if msg["role"] != "tool":
-                continue
-            text = message_text(msg.get("content"))
-            if ARCHIVE_MARKER in text or text.startswith("[Auto-archived |"):
-                continue
-            call = calls.get(msg.get("tool_call_id") or "")
-            name = (call or {}).get("function", {}).get("name", "")
-            if call is None or not archivable(name) or msg.get("tool_call_id") in errors or is_error(msg):
-                continue
-            new = {k: v for k, v in msg.items() if k != "annotations"}
-            new["content"] = archive_placeholder(name, call.get("function", {}).get("arguments", {}))
-            out[i] = ("placeholder", new)
-        return out
-
-    return make_policy(f"mask:{keep_turns}", edits)
-
-
-# ------------------------------------------------------------------ mask-obs:K, the observation count
-def _turns_of_observations(messages: Sequence[dict]) -> dict[int, int]:
-    """Tool message index -> index of the assistant message it answers (the last assistant message
-    before it; -1 for a tool message before any). Parallel calls of one assistant message share it."""
-    out, last = {}, -1
-    for i, m in enumerate(messages):
-        if m["role"] == "assistant":
-            last = i
-        elif m["role"] == "tool":
-            out[i] = last
-    return out
-
-
-def _placeholder_edit(messages: Sequence[dict], i: int, placeholder: str, calls: dict[str, dict]) -> Edit:
-    msg = messages[i]
-    call = calls.get(msg.get("tool_call_id") or "")
-    name = (call or {}).get("function", {}).get("name") or msg.get("name") or "unknown"
-    text = message_text(msg.get("content"))
-    new = {k: v for k, v in msg.items() if k not in ("annotations",)}
-    new["content"] = placeholder.format(name=name, arguments=_arguments_text(call),
-                                        tool_call_id=msg.get("tool_call_id") or "", chars=len(text),
-                                        lines=text.count("\n") + 1 if text else 0)
-    return ("placeholder", new)
-
-
-def mask_observations(keep_last: int = 5, *, placeholder: str = DEFAULT_PLACEHOLDER, keep_errors: bool = True,
-                      is_error: Callable[[dict], bool] = default_is_error) -> Policy:
-    """Observation masking with the window counted in observations (``mask-obs:K``; ``mask:K`` before
-    issue 26): the last ``keep_last`` tool observations stay; older ones get ``placeholder`` (formatted
-    with the call's tool name and arguments; ours, not the release's). Every tool message is one
-    observation (parallel calls give several), so it differs from the released rule (:func:`mask_archive`)
-    exactly when a turn makes parallel calls. With ``keep_errors`` an observation that reports a failed
-    call is never masked and does not use up a window slot."""
-    if keep_last < 0:
-        raise ValueError("mask_observations: keep_last must be >= 0")
-
-    def edits(messages: Sequence[dict]) -> dict[int, Edit]:
-        calls = _calls_by_id(messages)
-        counted = [i for i, m in enumerate(messages)
-                   if m["role"] == "tool" and not (keep_errors and is_error(m))]
-        older = counted[: max(0, len(counted) - keep_last)]
-        return {i: _placeholder_edit(messages, i, placeholder, calls) for i in older}
-
-    return make_policy(f"mask-obs:{keep_last}", edits)
-
 
 # ------------------------------------------------------------------ seed 004: IRCoT variants, on rounds
 
@@ -401,14 +140,14 @@ def refine_query(messages: Sequence[dict], last: int, observation: dict) -> str:
     """The query a refiner selects against for an observation answering assistant message ``last``:
     the ``query`` argument of the call it answers, else every argument value plus that message's
     thought (a visit_page URL alone says little)."""
-    calls = _calls_by_id(messages)
+    calls = calls_by_id(messages)
     call = calls.get(observation.get("tool_call_id") or "")
     if call is None:
         cs = messages[last].get("tool_calls") or []
         call = cs[0] if len(cs) == 1 else None
     args: Any = {}
     if call:
-        args = call_arguments({"arguments": _arguments_text(call)}, on_error="raw")
+        args = call_arguments({"arguments": arguments_text(call)}, on_error="raw")
     if isinstance(args, dict) and isinstance(args.get("query"), str):
         return args["query"]
     thought = " ".join(x for x in (messages[last].get("reasoning_content") or "",
@@ -445,7 +184,7 @@ def refine_rounds(refiner: Refiner, *, name: str = "refine", latest_only: bool =
     message, the query and :func:`extractive_selection` (which original sentences were kept)."""
 
     def policy(messages: Sequence[dict]) -> Counterfactual:
-        answers = _turns_of_observations(messages)
+        answers = turns_of_observations(messages)
         last = rounds(messages).latest
         out: dict[int, Edit] = {}
         info: dict[str, dict] = {}

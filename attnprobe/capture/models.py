@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import ModelNotFoundError
-from attnprobe.model_files import DEFAULT_NAME, canonical_dtype, display_name, resolve_spec
-from attnprobe_hooks.backend import LoadedModel, get_backend
+from attnprobe.io.options import option, positive_int
+from attnprobe.model_files import DEFAULT_NAME, DTYPES, canonical_dtype, display_name, dtype_help, resolve_spec
+from attnprobe_hooks.backend import LoadedModel, applicable_options, backend_names, get_backend
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_NAME", "LoadedModel", "ModelSpec", "load_model"]
+__all__ = ["DEFAULT_NAME", "LoadedModel", "ModelOptions", "ModelSpec", "load_model"]
 
 
 def load_model(spec: str | os.PathLike = "default", backend: str = "transformers", *, dtype: str = "float32",
@@ -75,3 +76,32 @@ class ModelSpec:
 
     def load(self) -> LoadedModel:
         return load_model(self.spec, self.backend, dtype=self.dtype, **self.load_options)
+
+
+MODEL_HELP = ("model spec: 'default' (the bundled SmolLM2-135M-Instruct), a local Hugging Face folder, "
+              "a .gguf file, or a hub id already in the local cache (nothing is downloaded)")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The "model" option group as a record (declared once: :mod:`attnprobe.io.options`): which weights,
+    in which dtype, on which device, through which capture backend. :meth:`spec` is the value every
+    executor and Ray replica loads."""
+
+    model: str = option("default", flag="--model", help=MODEL_HELP)
+    dtype: str = option("float32", flag="--dtype", type=canonical_dtype, choices=DTYPES, help=dtype_help())
+    device: str = option("cpu", flag="--device", help="torch device for in-process models, e.g. cpu (default) or cuda")
+    backend: str = option("transformers", flag="--backend", choices=backend_names(),
+                          help="capture backend (default {default}; vllm: GPU, see docs/vllm.md)")
+    tensor_parallel_size: int = option(1, flag="--tensor-parallel-size", type=positive_int,
+                                       help="vLLM only: tensor-parallel ranks (default {default})")
+
+    def spec(self, chunk_size: int | None = None) -> ModelSpec:
+        """The :class:`ModelSpec` to load: the load options are those the capture backend takes (the
+        registry says which); ``chunk_size``: the capture chunk, which a vLLM engine is built with. A
+        backend name that is not a capture backend (``ibis run``'s ``--backend`` is its generator)
+        captures in process with transformers."""
+        backend = self.backend if self.backend in backend_names() else "transformers"
+        load = applicable_options(backend, {"device": self.device, "tensor_parallel_size": self.tensor_parallel_size,
+                                            "chunk_size": chunk_size})
+        return ModelSpec(self.model, backend, self.dtype, {k: v for k, v in load.items() if v is not None})

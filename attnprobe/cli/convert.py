@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from attnprobe.cli.options import add_dtype_option, add_hidden_alias, add_output_options
+from attnprobe.model_files import dtype_help
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -38,8 +39,7 @@ def register(subparsers) -> None:
     p.add_argument("source", help="path to a .gguf file, or 'default' for the bundled SmolLM2-135M-Instruct")
     p.add_argument("out", help="output folder (created; must be empty unless --force)")
     add_dtype_option(p.add_argument_group("model"),
-                     help="dtype of the saved weights: float32 (default; the exact dequantized values), "
-                          "bfloat16 or float16")
+                     help="dtype of the saved weights: " + dtype_help(why="the exact dequantized values"))
     add_output_options(p, out=False, progress=False,
                        force_help="replace an existing non-empty output folder (old name: --overwrite)")
     add_hidden_alias(p, "--overwrite", "force", action="store_true")

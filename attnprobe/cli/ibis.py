@@ -172,7 +172,7 @@ def ibis_options(args):
     keep = {k: a[k] for k in ("items", "ids", "limit", "results", "folder", "base_url", "served_model", "model",
                               "dtype", "protocol", "reminder", "framings", "max_new_tokens", "batch_size",
                               "no_call_tokens", "chunk_size", "force", "force_capture") if a.get(k) is not None}
-    return IbisOptions(**keep, generator=a.get("backend") or "transformers",
+    return IbisOptions(**keep, generator=a.get("generator") or "transformers",
                        share_prefixes=a.get("share_prefixes", True))
 
 
@@ -188,7 +188,7 @@ def _generation_executor(args):
     def load():
         return make_generator(args, timeout=600.0)
 
-    if args.backend == "openai":
+    if args.generator == "openai":
         from attnprobe.execution.local import LocalExecutor
 
         return LocalExecutor(load, progress=not args.no_progress)
@@ -202,7 +202,7 @@ def cmd_run(args) -> int:
 
     opts = ibis_options(args)
     items, where = select_items(opts), target(opts)
-    if args.backend == "openai":  # an endpoint already serves many requests: no replicas to run
+    if args.generator == "openai":  # an endpoint already serves many requests: no replicas to run
         cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
                            "the generation (drop --ray, or scale the server)")
     with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args) as ex:
@@ -247,7 +247,7 @@ def cmd_all(args) -> int:
     opts = ibis_options(args)
     items, where = select_items(opts), target(opts)
     with hold_dir_lock(where.folder, "IBIS model folder"):
-        if args.backend == "openai":
+        if args.generator == "openai":
             _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
         with _generation_executor(args) as gen, executor(args) as cap:
             rc = run_all(opts, where, items, gen, cap, say=_say)

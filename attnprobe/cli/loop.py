@@ -103,7 +103,7 @@ def _executor(args):
     def load():
         return make_generator(args, timeout=600.0, stop_at_call=stop)
 
-    if args.backend == "openai":
+    if args.generator == "openai":
         from attnprobe.execution.local import LocalExecutor
 
         cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
@@ -114,9 +114,9 @@ def _executor(args):
 def model_label(args) -> str:
     """What generates, as results are stamped with it: the endpoint's served model, or the model
     path with its dtype (a changed one is refused on rerun unless --force)."""
-    if args.backend == "openai":
+    if args.generator == "openai":
         return f"openai:{args.served_model or args.model}"  # the same model behind another URL is the same
-    return f"{args.backend}:{args.model}:{getattr(args, 'dtype', None)}"
+    return f"{args.generator}:{args.model}:{getattr(args, 'dtype', None)}"
 
 
 def batch_size(args) -> int:
@@ -124,7 +124,7 @@ def batch_size(args) -> int:
     need N episodes), else 1 (one episode after another)."""
     if args.batch_size is not None:
         return args.batch_size
-    if args.backend == "openai":
+    if args.generator == "openai":
         return max(1, int(getattr(args, "concurrency", None) or 1))
     return 1
 
@@ -217,14 +217,13 @@ def _register_attention(studies) -> None:
                         "turns'); first calls and, at the reasoning start, tool-call-only replies are always left "
                         "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
-    add_model_options(p, backends=True)
-    p.set_defaults(model=None, dtype=None)  # the study's own model and dtype (capture_model.py)
-    for a in p._actions:
-        if a.dest in ("model", "dtype"):
-            a.help = {"model": "capture model (default: the study's own; required for a served model whose "
-                               "weights are not local). Another model is labelled 'capture model X, agent model "
-                               "Y' in every output. " + a.help,
-                      "dtype": "float32, bfloat16 or float16 (default: the study's; else float32)"}[a.dest]
+    from attnprobe.capture.models import MODEL_HELP
+    from attnprobe.model_files import dtype_help
+
+    add_model_options(p, backends=True, defaults={"model": None, "dtype": None}, helps={  # the study's own (capture_model.py)
+        "model": "capture model (default: the study's own; required for a served model whose weights are not local). "
+                 "Another model is labelled 'capture model X, agent model Y' in every output. " + MODEL_HELP,
+        "dtype": dtype_help("the study's, else float32", "the attention read is the agent's own only in its dtype")})
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
     MAX_LIST_ITEMS,
@@ -38,10 +39,6 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
 
 log = logging.getLogger(__name__)
 
-MODEL_HELP = ("model spec: 'default' (the bundled SmolLM2-135M-Instruct), a local Hugging Face folder, "
-              "a .gguf file, or a hub id already in the local cache (nothing is downloaded)")
-DTYPE_HELP = "float32 (default; the exact reference), bfloat16 or float16"
-DEVICE_HELP = "torch device for in-process models, e.g. cpu (default) or cuda"
 NO_PROGRESS_HELP = "no progress bars"
 
 
@@ -80,31 +77,24 @@ QUERIES_WHY = {"reasoning": "seed 002's per-step convention; 'study attention' d
                                      "defaults to reasoning, seed 002's per-step convention"}
 
 
-def add_dtype_option(group, help: str = DTYPE_HELP) -> None:
-    """--dtype: the short names the library accepts (fp32, bf16, fp16) too; argparse then checks DTYPES."""
-    from attnprobe.model_files import DTYPES, canonical_dtype
+def add_dtype_option(group, help: str | None = None) -> None:
+    """--dtype alone (``convert``): the model record's field, with the command's own help."""
+    from attnprobe.capture.models import ModelOptions
 
-    group.add_argument("--dtype", default="float32", type=canonical_dtype, choices=DTYPES, help=help)
-
-
-def _capture_backends() -> list[str]:
-    from attnprobe_hooks.backend import backend_names
-
-    return backend_names()
+    add_options(group, ModelOptions, ("dtype",), helps={"dtype": help} if help else None)
 
 
-def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, device: bool = True):
-    """The "model" group: --model, --dtype, --device; with ``backends`` also the capture backend
-    (--backend, choices from the capture-backend registry) and --tensor-parallel-size (vLLM)."""
+def add_model_options(p: argparse.ArgumentParser, *, backends: bool = False, device: bool = True,
+                      defaults: dict | None = None, helps: dict | None = None):
+    """The "model" group, the option fields of :class:`~attnprobe.capture.models.ModelOptions`: --model,
+    --dtype, --device; with ``backends`` also the capture backend (--backend) and --tensor-parallel-size
+    (vLLM). ``defaults``/``helps``: a command's own default or help (its reason in the help text;
+    tests/unit/test_option_defaults.py lists each difference)."""
+    from attnprobe.capture.models import ModelOptions
+
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="default", help=MODEL_HELP)
-    add_dtype_option(g)
-    if device:
-        g.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    if backends:
-        g.add_argument("--backend", default="transformers", choices=_capture_backends(),
-                       help="capture backend (default transformers; vllm: GPU, see docs/vllm.md)")
-        g.add_argument("--tensor-parallel-size", type=positive_int, default=1, help="vLLM only: tensor-parallel ranks")
+    names = ("model", "dtype") + (("device",) if device else ()) + (("backend", "tensor_parallel_size") if backends else ())
+    add_options(g, ModelOptions, names, defaults=defaults, helps=helps)
     return g
 
 
@@ -155,13 +145,13 @@ def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | 
     when it is not given it is ``openai`` if --base-url is given, else ``transformers`` (see
     :func:`finish_args`). ``backend_alias`` also accepts the old spelling ``--backend`` (hidden)."""
     g = p.add_argument_group("generation")
-    g.add_argument("--generator", dest="backend", choices=_generators(), default=None,
+    g.add_argument("--generator", dest="generator", choices=_generators(), default=None,
                    help="generate in process with --model (transformers; vllm: vLLM's offline engine with prefix "
                         "caching, docs/vllm.md) or through an OpenAI-compatible endpoint (openai); default: openai "
                         "when --base-url is given, else transformers"
                         + (" (old name: --backend)" if backend_alias else ""))
     if backend_alias:
-        g.add_argument("--backend", dest="backend", choices=_generators(), default=argparse.SUPPRESS,
+        g.add_argument("--backend", dest="generator", choices=_generators(), default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)
     g.add_argument("--base-url", default=None, help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1")
     g.add_argument("--served-model", default=None, help="model name to request from the endpoint (--generator openai)")
@@ -207,15 +197,15 @@ def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, **kw) -
 
 
 def generator_kind(args) -> str:
-    kind = getattr(args, "backend", None)
+    kind = getattr(args, "generator", None)
     return kind or ("openai" if getattr(args, "base_url", None) else "transformers")
 
 
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Post-parse fix-ups that depend on several options; raises ValueError (exit code 2) on bad combinations."""
     if getattr(args, "_generation", False):
-        args.backend = generator_kind(args)
-        if args.backend == "openai":
+        args.generator = generator_kind(args)
+        if args.generator == "openai":
             if getattr(args, "_served_model_from_model", False) and not args.served_model and args.model != "default":
                 log.warning("--model NAME as the endpoint's model name is deprecated; use --served-model NAME")
                 args.served_model = args.model
@@ -250,53 +240,37 @@ def make_generator(args, **overrides):
 
 # ------------------------------------------------------------------ the cluster group
 def add_cluster_options(parser: argparse.ArgumentParser):
-    """The "cluster (Ray)" group: --ray [ADDRESS] and the per-replica resources."""
+    """The "cluster (Ray)" group: --ray [ADDRESS] and the per-replica resources, the option fields of
+    :class:`~attnprobe.distributed.cluster.Cluster`."""
+    from attnprobe.distributed.cluster import Cluster
+
     g = parser.add_argument_group("cluster (Ray)")
-    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
-                   help="run on Ray replicas: no ADDRESS starts a local Ray instance; 'auto' joins this machine's "
-                        "cluster; host:port or ray://host:port a remote one (docs/scale.md). Needs attnprobe[ray]")
-    g.add_argument("--ray-replicas", type=positive_int, default=None,
-                   help="model replicas (default: as many as the cluster's resources allow)")
-    g.add_argument("--ray-cpus-per-replica", type=non_negative_float, default=1.0, help="CPUs each replica reserves (default 1)")
-    g.add_argument("--ray-gpus-per-replica", type=non_negative_float, default=None,
-                   help="GPUs each replica reserves (default: --tensor-parallel-size for vllm, 1 with --device "
-                        "cuda, else 0)")
-    g.add_argument("--ray-tp-across-nodes", action="store_true",
-                   help="vllm: a replica's tensor-parallel ranks may span nodes (vLLM's Ray executor)")
-    g.add_argument("--ray-shard-tokens", type=positive_int, default=None,
-                   help="estimated tokens per shard (default: total / (4 x replicas))")
+    add_options(g, Cluster)
     return g
 
 
 # ------------------------------------------------------------------ options as values
 # Built from the parsed arguments once, then passed down: no command reads a Namespace below this.
 def model_options(args):
-    """The model group's values; the load options are those the capture backend takes (the registry
-    says which)."""
-    from attnprobe_hooks.backend import applicable_options
+    """The model group's values as the :class:`~attnprobe.capture.models.ModelSpec` to load (the
+    capture chunk goes with it: a vLLM engine is built with it)."""
+    from attnprobe.capture.models import ModelOptions
 
-    backend = getattr(args, "backend", "transformers")
-    if backend not in _capture_backends():  # a command whose --backend is the generator (ibis): capture in process
-        backend = "transformers"
-    load = applicable_options(backend, {"device": getattr(args, "device", "cpu"),
-                                        "tensor_parallel_size": getattr(args, "tensor_parallel_size", 1),
-                                        "chunk_size": getattr(args, "chunk_size", None)})
-    from attnprobe.capture.models import ModelSpec
-
-    return ModelSpec(getattr(args, "model", "default"), backend, getattr(args, "dtype", "float32"),
-                     {k: v for k, v in load.items() if v is not None})
+    opts = from_args(ModelOptions, args)
+    if not hasattr(args, "backend") and getattr(args, "generator", None):  # a command that generates, then
+        opts = replace(opts, backend=args.generator)  # captures: in its generator's engine (else transformers)
+    return opts.spec(chunk_size=getattr(args, "chunk_size", None))
 
 
 def cluster_options(args):
     """The :class:`~attnprobe.distributed.cluster.Cluster` the options describe, or None without --ray."""
-    address = getattr(args, "ray", None)
-    if address is None:
+    if getattr(args, "address", None) is None:  # no --ray
         return None
     from attnprobe.distributed.cluster import Cluster, check_address
 
-    return Cluster(address=check_address(address), replicas=args.ray_replicas,
-                   cpus_per_replica=args.ray_cpus_per_replica, gpus_per_replica=args.ray_gpus_per_replica,
-                   tp_across_nodes=args.ray_tp_across_nodes, shard_tokens=args.ray_shard_tokens)
+    cluster = from_args(Cluster, args)
+    check_address(cluster.address)
+    return cluster
 
 
 def cluster_free(args, reason: str) -> None:

@@ -131,7 +131,7 @@ def _executor(args):
 
     if cluster_options(args) is None:  # no model options needed here (they import the capture backend)
         return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
-    if args.backend == "openai":
+    if args.generator == "openai":
         cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
     return executor(args, load=lambda: make_chat(args))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.io.options import non_negative_float, option, positive_int
 
 RAY_HINT = "Ray is not installed: pip install 'attnprobe[ray]'"
 
@@ -25,13 +26,24 @@ class Cluster:
     several nodes (vLLM's Ray executor inside a placement group; untested without GPUs).
     """
 
-    address: str | None = None
-    replicas: int | None = None
-    cpus_per_replica: float = 1.0
-    gpus_per_replica: float | None = None
-    tp_across_nodes: bool = False
+    # The "cluster (Ray)" option group is these fields (attnprobe.io.options); --ray's absence (None on the
+    # command line) means no cluster at all, so a Cluster is only built when it is given.
+    address: str | None = option(None, flag="--ray", nargs="?", const="local", metavar="ADDRESS",
+                                 help="run on Ray replicas: no ADDRESS starts a local Ray instance; 'auto' joins this "
+                                      "machine's cluster; host:port or ray://host:port a remote one (docs/scale.md). "
+                                      "Needs attnprobe[ray]")
+    replicas: int | None = option(None, flag="--ray-replicas", type=positive_int,
+                                  help="model replicas (default: as many as the cluster's resources allow)")
+    cpus_per_replica: float = option(1.0, flag="--ray-cpus-per-replica", type=non_negative_float,
+                                     help="CPUs each replica reserves (default {default:g})")
+    gpus_per_replica: float | None = option(None, flag="--ray-gpus-per-replica", type=non_negative_float,
+                                            help="GPUs each replica reserves (default: --tensor-parallel-size for "
+                                                 "vllm, 1 with --device cuda, else 0)")
+    tp_across_nodes: bool = option(False, flag="--ray-tp-across-nodes", action="store_true",
+                                   help="vllm: a replica's tensor-parallel ranks may span nodes (vLLM's Ray executor)")
+    shard_tokens: int | None = option(None, flag="--ray-shard-tokens", type=positive_int,
+                                      help="estimated tokens per shard (default: total / (4 x replicas))")
     num_cpus: int | None = None  # local instance only (default: every core)
-    shard_tokens: int | None = None
     max_replacements: int | None = None  # replicas started to replace dead ones (default: replicas)
     torch_threads: int | None = None  # per replica (default: cpus_per_replica, at least 1)
     startup_timeout: float = 1800.0  # seconds to wait for the first replica to load its model

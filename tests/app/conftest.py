@@ -36,3 +36,11 @@ def app_data(tmp_path_factory, tiny_smol, tiny_smol_folder) -> Path:
 @pytest.fixture(scope="session")
 def bundled_app_data(tmp_path_factory, request) -> Path:
     return _built(tmp_path_factory, "bundled", request.getfixturevalue("smol"), (), studies=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The app pages' first-draw times in every run's summary (CI too: a passing test's print is captured)."""
+    from support.appdata import FIRST_DRAWS
+
+    for line in FIRST_DRAWS:
+        terminalreporter.write_line(f"app {line}")

@@ -130,3 +130,6 @@ def strip_values(c, n: int) -> np.ndarray:
     for t in c["data"]:
         out[decode(t["x"]).astype(int)] = decode(t["y"])
     return out
+
+
+FIRST_DRAWS: list[str] = []  # the browser test's "first draw (s): ..." lines; tests/app/conftest.py prints them last

@@ -334,11 +334,11 @@ def test_cli_batch_size_and_structured_actions_reach_the_study(tmp_path, monkeyp
     assert seen == [(1, False), (8, True)]
     import argparse
 
-    ns = argparse.Namespace(batch_size=None, backend="openai", concurrency=6)
+    ns = argparse.Namespace(batch_size=None, generator="openai", concurrency=6)
     assert cli_loop.batch_size(ns) == 6  # N requests in flight need N episodes
-    assert cli_loop.batch_size(argparse.Namespace(batch_size=2, backend="openai", concurrency=6)) == 2
-    assert cli_loop.batch_size(argparse.Namespace(batch_size=None, backend="transformers", concurrency=6)) == 1
-    assert cli_loop.batch_size(argparse.Namespace(batch_size=None, backend="openai")) == 1  # no --concurrency
+    assert cli_loop.batch_size(argparse.Namespace(batch_size=2, generator="openai", concurrency=6)) == 2
+    assert cli_loop.batch_size(argparse.Namespace(batch_size=None, generator="transformers", concurrency=6)) == 1
+    assert cli_loop.batch_size(argparse.Namespace(batch_size=None, generator="openai")) == 1  # no --concurrency
 
 
 # ------------------------------------------------------------------ a Ray replica (in process: the class itself)

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from support.messages import call
 
+from attnprobe.agents.masking import archive_args, archive_is_error
 from attnprobe.agents.policies import (
-    archive_args,
-    archive_is_error,
     compose,
     default_min_past,
     extractive_selection,
