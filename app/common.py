@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
+from attnprobe.errors import AttnprobeError
+from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
 
@@ -30,6 +33,14 @@ def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
     except OSError:
+        return 0.0
+
+
+def _layout_mtime(path: Callable[[], Path]) -> float:
+    """The time of a study layout's path (0 when it is refused: the page reports that where it reads it)."""
+    try:
+        return _mtime(path())
+    except AttnprobeError:
         return 0.0
 
 
@@ -90,7 +101,8 @@ def _studies(root: str, rels: tuple, mtimes: tuple) -> tuple[list[SD.Study], lis
 def studies(root: Path, inv: D.Inventory) -> tuple[list[SD.Study], list[str]]:
     """(readable studies, 'skipped: ...' lines) of the study folders the scan found."""
     rels = tuple(inv.studies)
-    return _studies(str(root), rels, tuple(_mtime(Path(root) / r / SD.STUDY_FILE) for r in rels))
+    return _studies(str(root), rels, tuple(_layout_mtime(lambda r=r: StudyLayout(Path(root) / r, root=Path(root))
+                                                         .study_json) for r in rels))
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)  # keyed by the files' times: no ttl needed
@@ -100,9 +112,10 @@ def _steps(root: str, _study: SD.Study, rel: str, setting: str, qid: str, mtimes
 
 def study_steps(root: Path, study: SD.Study, setting: str, qid: str) -> SD.Steps:
     """The recorded calls of one question under one setting, with their captures (cached per file times)."""
-    folder = Path(root) / study.setting_rel(setting)
-    mt = (_mtime(folder / "calls" / f"{qid}.jsonl"), _mtime(folder / "calls.jsonl"), _mtime(folder / SD.CAPTURE_DIR),
-          _mtime(Path(root) / study.rel / SD.STUDY_FILE))
+    layout = study.layout(root)
+    st = layout.setting(setting)
+    mt = (_layout_mtime(lambda: st.calls(qid)), _layout_mtime(lambda: st.calls_file),
+          _layout_mtime(lambda: st.capture_dir), _layout_mtime(lambda: layout.study_json))
     return _steps(str(root), study, study.rel, setting, qid, mt)
 
 
@@ -113,9 +126,10 @@ def _study_caveats(root: str, _study: SD.Study, rel: str, mtimes: tuple) -> list
 
 def study_caveats(root: Path, study: SD.Study) -> list[str]:
     """The study's caveats (:func:`SD.study_caveats`: reads every setting's calls), cached per file times."""
-    base = Path(root) / study.rel
-    mt = (_mtime(base / SD.STUDY_FILE), _mtime(base / SD.ATTENTION_FILE),
-          *(_mtime(Path(root) / study.setting_rel(s) / n) for s in study.settings for n in ("calls.jsonl", "calls")))
+    layout = study.layout(root)
+    mt = (_layout_mtime(lambda: layout.study_json), _layout_mtime(lambda: layout.attention_json),
+          *(_layout_mtime(get) for s in study.settings
+            for get in (lambda s=s: layout.calls_file(s), lambda s=s: layout.setting(s).calls_dir)))
     return _study_caveats(str(root), study, study.rel, mt)
 
 

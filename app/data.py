@@ -18,6 +18,7 @@ import numpy as np
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
+from attnprobe.studies.loop.layout import StudyLayout
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
 IBIS_MARKERS = ("decisions.jsonl", "attention.json", "metrics.json")
@@ -50,15 +51,14 @@ def resolve_inside(root: Path, rel: str | os.PathLike) -> Path:
 
     Symlinks are resolved first, so a link inside the folder that points elsewhere is refused too.
     """
-    root = Path(root).resolve()
-    s = os.fspath(rel)
-    if "\x00" in s:
-        raise PathEscapeError("path contains a NUL byte")
-    cand = (root / s).resolve()  # an absolute ``s`` replaces root here, then gets checked
-    if cand != root and root not in cand.parents:
-        raise PathEscapeError(f"refused '{s}': it is outside the data directory {root} (the app only reads "
-                              f"inside its data directory)")
-    return cand
+    from attnprobe.io import OutsideFolder, resolved_inside
+
+    try:
+        return resolved_inside(root, rel)  # the one rule, shared with every study's Layout (root given)
+    except OutsideFolder as exc:
+        why = str(exc)
+        raise PathEscapeError(why + (" (the app only reads inside its data directory)" if why.startswith("refused")
+                                     else "")) from None
 
 
 def rel_to(root: Path, path: Path) -> str:
@@ -186,7 +186,7 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
             ibis_dirs.append(d)
         if "compare.json" in names:
             inv.compares.append(rel)
-        if "study.json" in names:
+        if StudyLayout.is_folder(names):
             inv.studies.append(rel)  # read (and refused if bad) by the Study page
             study_dirs.append(d)
         if META_FILE in names:

@@ -4,8 +4,11 @@ A study folder holds ``study.json`` (per-setting summaries with CIs, paired comp
 per-question outcomes; :func:`attnprobe.studies.loop.metrics.summarize`) and, per setting, ``<slug>/calls/<qid>.jsonl``
 (every model call of a question, as sent, with ``meta.history``) and, once ``attnprobe study attention`` (or
 ``attnprobe capture OUT/<slug>/calls.jsonl --out OUT/<slug>/capture``) has run, ``<slug>/capture/<safe id>/``
-(one capture per call). Everything is read through :mod:`attnprobe_app.data`, so only inside the data
-directory and only JSON; every function returns problems as text instead of raising on bad files.
+(one capture per call). Every path comes from the study's layout
+(:class:`attnprobe.studies.loop.layout.StudyLayout` with ``root`` = the data directory: the names, study.json's
+reader and validator are those ``study attention`` uses) and is read through it or :mod:`attnprobe_app.data`,
+so only inside the data directory and only JSON; every function returns problems as text instead of raising
+on bad files.
 No Streamlit import: the page (``views/study.py``) caches these.
 """
 
@@ -17,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnprobe.io import safe_name
+from attnprobe.errors import AttnprobeError
+from attnprobe.io import OutsideFolder, safe_name
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.caveats import study_caveats as study_caveats_of
 from attnprobe.results.formatting import format_ci
+from attnprobe.results.result import META_FILE
 from attnprobe.studies.loop.attention_report import (
     QUERY_LABELS,
     models_label,  # noqa: F401  (the page names another capture model with the agent's)
@@ -29,14 +34,11 @@ from attnprobe.studies.loop.attention_report import (
     share_rows,
     step_rows,
 )
-from attnprobe.studies.loop.context import slug
+from attnprobe.studies.loop.layout import ATTENTION_JSON as ATTENTION_FILE  # the page names it
+from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
 
-STUDY_FILE = "study.json"
-ATTENTION_FILE = "attention.json"  # written by `attnprobe study attention`; shown as it is
-CAPTURE_DIR = "capture"
-COUNTERFACTUAL_DIR = "counterfactual"
 CHANGE_KINDS = ("placeholder", "removed", "calls_removed", "refined")  # what a policy did to a history message
 OUTCOMES = {True: "correct", False: "wrong"}
 NO_ANSWER, NOT_SCORED, NOT_RUN = "no answer", "not scored", "not run"
@@ -52,6 +54,7 @@ class Study:
     data: dict
     settings: list[str]
     baseline: str
+    root: Path | None = None  # the data directory it was read from (its layout's root)
 
     @property
     def label(self) -> str:
@@ -59,9 +62,14 @@ class Study:
         models = ", ".join(str(m) for m in self.data.get("models") or []) or "?"
         return f"{self.rel} · {cfg.get('scaffold', '?')} · {models} · {len(self.settings)} settings"
 
+    def layout(self, root: Path | None = None) -> StudyLayout:
+        """The study folder's :class:`StudyLayout` inside the data directory (every path checked inside it)."""
+        root = Path(root if root is not None else self.root)
+        return StudyLayout(root / self.rel, root=root)
+
     def setting_rel(self, setting: str) -> str:
-        """The setting's folder, relative to the data directory (``:`` written ``-``, as the study writes it)."""
-        return (Path(self.rel) / slug(setting)).as_posix()
+        """The setting's folder, relative to the data directory (named as the study names it)."""
+        return (Path(self.rel) / StudyLayout.setting_name(setting)).as_posix()
 
 
 @dataclass
@@ -100,55 +108,33 @@ def _num(v) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
-def _ci_ok(v) -> bool:
-    return v is None or (isinstance(v, list) and len(v) == 2 and all(_num(x) and x is not None for x in v))
+def _rel(root: Path, path: Path) -> Path:
+    """A layout's path relative to the data directory, as the page names files (never resolved)."""
+    return Path(path).relative_to(root)
 
 
 def study_problem(obj) -> str | None:
-    """The first thing in a parsed study.json the page cannot show, or None. Only what the page reads."""
-    if not isinstance(obj, dict):
-        return "expected a JSON object"
-    settings = obj.get("settings")
-    if not isinstance(settings, dict) or not settings:
-        return "'settings' is not an object of per-setting summaries"
-    keys = ["accuracy"] + [k for k, _, _ in MEASURES]
-    for s, m in settings.items():
-        if not isinstance(m, dict):
-            return f"'settings.{s}' is not an object"
-        for k in keys:
-            if not _num(m.get(k)):
-                return f"'settings.{s}.{k}' is {m.get(k)!r}, not a finite number"
-            if not _ci_ok(m.get(f"{k}_ci")):
-                return f"'settings.{s}.{k}_ci' is {m.get(f'{k}_ci')!r}, not [low, high]"
-    for name, kind, what in (("config", dict, "an object"), ("bootstrap", dict, "an object"),
-                             ("models", list, "a list"), ("scorer", str, "a string")):
-        if obj.get(name) is not None and not isinstance(obj[name], kind):  # the page's header reads these
-            return f"'{name}' is {type(obj[name]).__name__}, not {what}"
-    if not _num(obj.get("questions_total")):
-        return f"'questions_total' is {obj['questions_total']!r}, not a number"
-    if not isinstance(obj.get("baseline"), str) or obj["baseline"] not in settings:
-        return f"'baseline' {obj.get('baseline')!r} is not one of the settings"
-    for name in ("paired", "questions"):
-        if not isinstance(obj.get(name, {}), dict):
-            return f"'{name}' is not an object"
-    for s, c in (obj.get("paired") or {}).items():
-        if not isinstance(c, dict) or not isinstance(c.get("fixed", []), list) or \
-                not isinstance(c.get("broken", []), list):
-            return f"'paired.{s}' is not an object with 'fixed' and 'broken' lists"
-    for q, rec in (obj.get("questions") or {}).items():
-        if not isinstance(rec, dict) or not isinstance(rec.get("correct", {}), dict) or \
-                not isinstance(rec.get("answer", {}), dict):
-            return f"'questions.{q}' is not an object with 'correct' and 'answer' objects"
-    return None
+    """The first thing in a parsed study.json the page cannot show, or None: the study's own validator
+    (:meth:`StudyLayout.problem`, shared with ``study attention``)."""
+    return StudyLayout.problem(obj)
+
+
+def _data_error(exc: AttnprobeError) -> D.DataError:
+    """A layout's refusal as the page's error (one line naming the file relative to the data directory)."""
+    if isinstance(exc, D.DataError):
+        return exc
+    return (D.PathEscapeError if isinstance(exc, OutsideFolder) else D.DataError)(str(exc))
 
 
 def load_study(root: Path, rel: str) -> Study:
-    """The study in folder ``rel`` (inside ``root``); a DataError naming the file on anything wrong."""
-    obj = D.read_json(root, Path(rel) / STUDY_FILE)
-    problem = study_problem(obj)
-    if problem:
-        raise D.DataError(f"{D.rel_to(root, D.resolve_inside(root, rel))}/{STUDY_FILE}: {problem}")
-    return Study(D.rel_to(root, D.resolve_inside(root, rel)), obj, list(obj["settings"]), obj["baseline"])
+    """The study in folder ``rel`` (inside ``root``), read by its layout; a DataError naming the file on
+    anything wrong."""
+    rel = D.rel_to(root, D.resolve_inside(root, rel))
+    try:
+        obj = StudyLayout(Path(root) / rel, root=Path(root)).read_study(stamps=False)
+    except AttnprobeError as exc:
+        raise _data_error(exc) from None
+    return Study(rel, obj, list(obj["settings"]), obj["baseline"], Path(root))
 
 
 def load_studies(root: Path, rels: list[str]) -> tuple[list[Study], list[str]]:
@@ -258,21 +244,25 @@ def capture_agent_model(root: Path, rel: str, trajectory_id: str, meta: dict) ->
     ``trajectory_id``): the ``model`` of that call's record in ``<setting>/calls/<qid>.jsonl`` (the question
     from the capture's ``trajectory_meta``), else in ``<setting>/calls.jsonl`` or any ``calls/*.jsonl``; None
     for any other capture."""
-    parts = Path(rel).parts
     tm = meta.get("trajectory_meta") if isinstance(meta.get("trajectory_meta"), dict) else {}
-    if len(parts) < 3 or parts[-2] != CAPTURE_DIR:
+    st = StudyLayout.of_capture(rel, root=Path(root))
+    if st is None:
         return None
-    folder = Path(*parts[:-2])
-    paths = [folder / "calls" / f"{tm['question_id']}.jsonl"] if tm.get("question_id") else []
+    paths = []
     try:
-        calls_dir = D.resolve_inside(root, folder / "calls")
-        paths += [folder / "calls.jsonl", *(folder / "calls" / p.name for p in sorted(calls_dir.glob("*.jsonl")))]
-    except D.DataError:
+        if tm.get("question_id"):
+            paths.append(st.calls(str(tm["question_id"])))
+    except AttnprobeError:
+        pass
+    try:
+        calls_dir = st.calls_dir
+        paths += [st.calls_file, *(st.calls(p.stem) for p in sorted(calls_dir.glob("*.jsonl")))]
+    except AttnprobeError:
         return None
     for path in paths:
         try:
             records = D.read_jsonl(root, path)[0]
-        except D.DataError:
+        except AttnprobeError:
             continue
         rec = next((r for r in records if r.get("id") == trajectory_id), None)
         if rec is not None:
@@ -292,35 +282,37 @@ def question_steps(root: Path, study: Study, setting: str, qid: str) -> Steps:
     """The recorded calls of question ``qid`` under ``setting``, in step order, each with its capture
     (matched by the capture's ``trajectory_id`` = the call's id) when ``<slug>/capture/`` holds one."""
     out = Steps()
-    folder = Path(study.setting_rel(setting))
-    path = folder / "calls" / f"{qid}.jsonl"  # the job names it by the question id as is
+    root = Path(root)
+    st = study.layout(root).setting(setting)
     try:
-        if D.resolve_inside(root, path).is_file():
+        path = st.calls(qid)  # the job names it by the question id as is
+        if path.is_file():
             records, problems = D.read_jsonl(root, path)
         else:  # only the gathered file: this question's calls of it
-            path = folder / "calls.jsonl"
+            path = st.calls_file
             records, problems = D.read_jsonl(root, path)
             records = [r for r in records if isinstance(r.get("meta"), dict) and r["meta"].get("question_id") == qid]
-    except D.DataError as exc:
+    except AttnprobeError as exc:
         return Steps(problems=[str(exc)])
     out.problems += problems
     if not records:
-        out.problems.append(f"{folder.as_posix()}: no recorded calls of question {qid}")
+        out.problems.append(f"{study.setting_rel(setting)}: no recorded calls of question {qid}")
         return out
     for i, rec in enumerate(records):
         try:
             out.steps.append(_step(rec, i))
         except (TypeError, ValueError, AttributeError) as exc:
-            out.problems.append(f"{path.as_posix()} line {i + 1}: malformed call record ({exc})")
+            out.problems.append(f"{_rel(root, path).as_posix()} line {i + 1}: malformed call record ({exc})")
     out.steps.sort(key=lambda s: s.step)
     try:
-        out.capture_folder = D.resolve_inside(root, folder / CAPTURE_DIR).is_dir()
-    except D.DataError as exc:
+        capdir = st.capture_dir
+        out.capture_folder = capdir.is_dir()
+    except AttnprobeError as exc:
         out.problems.append(str(exc))
         return out
     if out.capture_folder:
         for s in out.steps:
-            _match_capture(root, folder / CAPTURE_DIR, s, out.problems)
+            _match_capture(root, _rel(root, capdir), s, out.problems)
     return out
 
 
@@ -328,10 +320,10 @@ def _match_capture(root: Path, capdir: Path, step: Step, problems: list[str]) ->
     """Set ``step.capture`` when ``capdir/<safe id>/meta.json`` is a capture of exactly this call."""
     rel = capdir / safe_name(step.call_id)
     try:
-        meta_path = D.resolve_inside(root, rel / "meta.json")
+        meta_path = D.resolve_inside(root, rel / META_FILE)
         if not meta_path.is_file():
             return
-        meta = D.read_json(root, rel / "meta.json")
+        meta = D.read_json(root, rel / META_FILE)
     except D.DataError as exc:
         step.capture_note = f"capture unreadable: {exc}"
         problems.append(str(exc))
@@ -349,15 +341,17 @@ def _match_capture(root: Path, capdir: Path, step: Step, problems: list[str]) ->
 def has_counterfactuals(root: Path, study: Study, setting: str) -> bool:
     """Whether ``<slug>/counterfactual/`` exists (the Counterfactual page shows its steps)."""
     try:
-        return D.resolve_inside(root, Path(study.setting_rel(setting)) / COUNTERFACTUAL_DIR).is_dir()
-    except D.DataError:
+        return study.layout(root).counterfactual_dir(setting).is_dir()
+    except AttnprobeError:
         return False
 
 
 def attention_summary(root: Path, study: Study):
-    """The study's ``attention.json`` (None when absent); a DataError when unreadable."""
-    rel = Path(study.rel) / ATTENTION_FILE
-    return D.read_json(root, rel) if D.resolve_inside(root, rel).is_file() else None
+    """The study's ``attention.json`` (None when absent; its layout's reader); a DataError when unreadable."""
+    try:
+        return study.layout(root).read_attention()
+    except AttnprobeError as exc:
+        raise _data_error(exc) from None
 
 
 ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform": relative_rows,
@@ -382,14 +376,14 @@ def attention_query_label(query: str) -> str:
 def setting_calls(root: Path, study: Study, setting: str) -> list[dict]:
     """The recorded calls of one setting: its ``calls.jsonl`` (the study's current results), else every
     ``calls/<qid>.jsonl``; unreadable files and lines add none."""
-    folder = Path(study.setting_rel(setting))
+    st = study.layout(root).setting(setting)
     try:
-        if D.resolve_inside(root, folder / "calls.jsonl").is_file():
-            return D.read_jsonl(root, folder / "calls.jsonl")[0]
-        calls_dir = D.resolve_inside(root, folder / "calls")
+        if st.calls_file.is_file():
+            return D.read_jsonl(root, st.calls_file)[0]
+        calls_dir = st.calls_dir
         paths = sorted(calls_dir.glob("*.jsonl")) if calls_dir.is_dir() else []
-        return [r for p in paths for r in D.read_jsonl(root, folder / "calls" / p.name)[0]]
-    except D.DataError:
+        return [r for p in paths for r in D.read_jsonl(root, st.calls(p.stem))[0]]
+    except AttnprobeError:
         return []
 
 

@@ -10,6 +10,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
+from attnprobe.studies.loop.layout import CALLS_JSONL, CAPTURE, StudyLayout
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
@@ -18,8 +19,7 @@ ATTENTION = ("every captured step", "last captured step", "none")
 HOW = ("Run `attnprobe study interference QUESTIONS.jsonl --scaffold ircot --policy none --policy ircot:oq "
        "--out DIR/study` (docs/loop.md), then press **Rescan data directory**.")
 FILL = ("No captures for this setting yet: `attnprobe study attention {out}` captures every recorded call "
-        "(or `attnprobe capture {out}/{slug}/calls.jsonl --out {out}/{slug}/capture` for this setting); "
-        "the steps below show behaviour only.")
+        "(or `attnprobe capture {calls} --out {capture}` for this setting); the steps below show behaviour only.")
 
 
 def _pick_study(studies: list[SD.Study]) -> SD.Study:
@@ -103,8 +103,10 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
     st.markdown(f"#### `{setting}`\n{outcome}" + (f" · answer: {answer}" if answer is not None else ""))
     steps = C.study_steps(root, study, setting, qid)
     C.show_problems(steps.problems)
-    if not steps.capture_folder:
-        st.info(FILL.format(out=(Path(root) / study.rel).as_posix(), slug=study.setting_rel(setting).rsplit("/", 1)[-1]))
+    if not steps.capture_folder:  # the commands name the setting's files by its layout's names (text, not read)
+        out = (Path(root) / study.rel).as_posix()
+        folder = f"{out}/{StudyLayout.setting_name(setting)}"
+        st.info(FILL.format(out=out, calls=f"{folder}/{CALLS_JSONL}", capture=f"{folder}/{CAPTURE}"))
     if SD.has_counterfactuals(root, study, setting):
         st.caption("Counterfactuals of this setting's steps: the **Counterfactual** page.")
     if not steps.steps:

@@ -83,7 +83,8 @@ def register(studies) -> None:
                            temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
                                             "appendix C; ircot 0; --preset cpu 0)")
     add_cluster_options(p)
-    add_output_options(p, out_required=True, out_help="study folder (one subfolder per setting, study.md)")
+    add_output_options(p, out_required=True,
+                       out_help=f"study folder (one subfolder per setting, {_names()['study_md']})")
     p.set_defaults(func=cmd_interference)
     _register_attention(studies)
 
@@ -135,6 +136,7 @@ def cmd_interference(args) -> int:
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.context import parse_setting
+    from attnprobe.studies.loop.layout import StudyLayout
     from attnprobe.studies.loop.scoring import Scorer
     from attnprobe.studies.loop.study import run_study
 
@@ -154,11 +156,12 @@ def cmd_interference(args) -> int:
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
                                   force=args.force, n_boot=args.bootstrap, model=model_label(args),
                                   batch_size=batch_size(args))
-    print((Path(args.out) / "study.md").read_text(encoding="utf-8"))
+    study_md = StudyLayout(Path(args.out)).study_md
+    print(study_md.read_text(encoding="utf-8"))
     from attnprobe.execution.counts import RunCounts
 
     counts = RunCounts.of(counts)
-    print(counts.line("study interference", to=Path(args.out) / "study.md"), file=sys.stderr)
+    print(counts.line("study interference", to=study_md), file=sys.stderr)
     return counts.exit_code
 
 
@@ -170,27 +173,37 @@ Examples:
   attnprobe study attention runs/served --model /models/Qwen2.5-7B-Instruct   # a served study's local weights
   attnprobe report runs/masking/mask-5/capture      # or the app, on any OUT/<setting>/capture
 
-Writes OUT/<setting>/capture/ (attnprobe capture's format), OUT/<setting>/counterfactual/ (attnprobe
-counterfactual's), OUT/attention.json, OUT/attention.md, and the attention section of OUT/study.md.
+Writes OUT/<setting>/{capture}/ (attnprobe capture's format), OUT/<setting>/{counterfactual}/ (attnprobe
+counterfactual's), OUT/{attention_json}, OUT/{attention_md}, and the attention section of OUT/{study_md}.
 """
 
 
+def _names() -> dict[str, str]:
+    """The study folder's file names (:mod:`attnprobe.studies.loop.layout`), for the help texts."""
+    from attnprobe.studies.loop import layout as L
+
+    return {"capture": L.CAPTURE, "counterfactual": L.COUNTERFACTUAL, "attention_json": L.ATTENTION_JSON,
+            "attention_md": L.ATTENTION_MD, "study_md": L.STUDY_MD}
+
+
 def _register_attention(studies) -> None:
+    n = _names()
     p = studies.add_parser(
         "attention", help="the attention side of an interference study: capture every recorded call, "
                           "counterfactuals at the baseline's steps, one report",
         description="Capture every recorded call of every setting of an interference study folder (OUT/<setting>/"
-                    "capture/, queries reasoning+decision unless --queries), run each other setting's context "
-                    "policy as a counterfactual on the baseline's full histories (OUT/<setting>/counterfactual/), "
+                    f"{n['capture']}/, queries reasoning+decision unless --queries), run each other setting's context "
+                    f"policy as a counterfactual on the baseline's full histories (OUT/<setting>/{n['counterfactual']}/), "
                     "and write the attention shares per setting at the decision (the token before each reply) "
                     "and the reasoning start (steps with >= --shares-min-past past turns, and per step), the "
                     "per-token shares relative to uniform and the paired differences with the baseline, with "
-                    "bootstrap CIs over questions, to OUT/attention.md, .json and the study's study.md. Resumable (finished captures and steps are "
+                    f"bootstrap CIs over questions, to OUT/{n['attention_md']}, {n['attention_json']} and the study's "
+                    f"{n['study_md']}. Resumable (finished captures and steps are "
                     "skipped; --force redoes them). A folder that is not a study is exit code 2. The capture model "
                     "is the study's own (its weights and dtype; for a served model its name when that is local "
                     "weights, else refused: give them with --model); another --model is named with the agent's in "
                     "every output ('capture model X, agent model Y').",
-        epilog=ATTENTION_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=ATTENTION_EPILOG.format(**n), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
     g = p.add_argument_group("study")
     g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
@@ -222,8 +235,9 @@ def cmd_attention(args) -> int:
     from attnprobe.cli.options import capture_options, executor, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import ATTENTION_MD, SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study, run_attention
     from attnprobe.studies.loop.capture_model import choose_capture_model
+    from attnprobe.studies.loop.layout import StudyLayout
 
     out = Path(args.out)
     if args.policies:
@@ -242,9 +256,10 @@ def cmd_attention(args) -> int:
                                         shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
                                         else args.shares_min_past, force=args.force,
                                         n_boot=args.bootstrap, only=args.policies, models=choice)
-    print((out / ATTENTION_MD).read_text(encoding="utf-8"))
+    attention_md = StudyLayout(out).attention_md
+    print(attention_md.read_text(encoding="utf-8"))
     cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
     print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "
-          f"{counts['failed']} failed; {cf_failed} counterfactual steps failed -> {out / ATTENTION_MD}",
+          f"{counts['failed']} failed; {cf_failed} counterfactual steps failed -> {attention_md}",
           file=sys.stderr)
     return 1 if counts["failed"] or cf_failed else 0

@@ -37,7 +37,7 @@ def masking_options(args):
 
 def cmd_study_masking(args) -> int:
     from attnprobe.cli.options import executor
-    from attnprobe.studies.masking import run_masking_study
+    from attnprobe.studies.masking import MaskingLayout, run_masking_study
 
     opts = masking_options(args)
 
@@ -47,8 +47,9 @@ def cmd_study_masking(args) -> int:
 
     run = run_masking_study(opts, lambda: executor(args), on_counterfactual=tables)
     print(run.markdown)
-    print(run.captured.line("study masking: capture", done="captured", to=opts.out / "captures"), file=sys.stderr)
-    print(run.counterfactual.line("study masking: counterfactual", done="steps done", to=opts.out / "counterfactual"),
+    layout = MaskingLayout(opts.out)
+    print(run.captured.line("study masking: capture", done="captured", to=layout.captures_dir), file=sys.stderr)
+    print(run.counterfactual.line("study masking: counterfactual", done="steps done", to=layout.counterfactual_dir),
           file=sys.stderr)
     return run.exit_code
 
@@ -63,7 +64,10 @@ def register(sub) -> None:
     m.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
     add_model_options(m, backends=True)
     add_counterfactual_options(m)
-    add_output_options(m, out_required=True, out_help="study folder (captures/, counterfactual/, study.md)")
+    from attnprobe.studies.masking import layout as L
+
+    add_output_options(m, out_required=True,
+                       out_help=f"study folder ({L.CAPTURES}/, {L.COUNTERFACTUAL}/, {L.STUDY_MD})")
     m.set_defaults(func=cmd_study_masking)
     from attnprobe.cli.loop import register as register_interference
 

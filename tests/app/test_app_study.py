@@ -13,7 +13,7 @@ import pytest
 from support.studydir import BASE, OTHER, call_id, make_study
 
 from attnprobe.io import safe_name
-from attnprobe.studies.loop.job import setting_dir
+from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
 from attnprobe_app import study_data as SD
 
@@ -115,9 +115,9 @@ def test_nothing_outside_the_data_directory_is_read(tmp_path, data):
     assert [s.rel for s in studies] == ["study"] and "outside the data directory" in problems[0]
     # a calls file and a capture linked from outside are refused, not read
     study = _study_of(data)
-    calls = setting_dir(data / "study", BASE) / "calls" / "q1.jsonl"
+    calls = StudyLayout(data / "study").setting_dir(BASE) / "calls" / "q1.jsonl"
     calls.unlink()
-    os.symlink(setting_dir(outside, BASE) / "calls" / "q1.jsonl", calls)
+    os.symlink(StudyLayout(outside).setting_dir(BASE) / "calls" / "q1.jsonl", calls)
     got = SD.question_steps(data, study, BASE, "q1")
     assert got.steps == [] and "outside the data directory" in got.problems[0]
     escaped = SD.question_steps(data, study, BASE, "../../../../elsewhere/study/none/calls/q1")

@@ -1,7 +1,7 @@
 """A hand-built ``attnprobe study interference`` folder with known numbers, for the Study page tests.
 
 Two settings on two questions, written with the study's own pieces (``summarize`` for study.json,
-``setting_dir`` for the folders, ``CaptureResult.save`` for the one capture), so the files have the real
+``StudyLayout`` for the folders, ``CaptureResult.save`` for the one capture), so the files have the real
 format while every number is known:
 
 - ``none`` (baseline): q1 right (tool calls 1, retrievals 1), q2 no answer (tool calls 3, retrievals 3);
@@ -22,7 +22,7 @@ import numpy as np
 from attnprobe.io import finite_json, safe_name
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.results.result import CaptureResult
-from attnprobe.studies.loop.job import setting_dir
+from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import summarize
 
 BASE, OTHER = "none", "mask:1+refine:bm25"
@@ -96,10 +96,10 @@ def make_study(out: Path) -> Path:
              _call(OTHER, "q1", 3, 6, [0, 1, 2, 3, 4, 5], {"3": "placeholder"}, [5], final)]
     base_calls = [_call(BASE, "q1", 1, 2, [0, 1], {}, [], search), _call(BASE, "q1", 2, 4, [0, 1, 2, 3], {}, [], final)]
     for setting, recs in ((OTHER, calls), (BASE, base_calls)):
-        folder = setting_dir(out, setting)
+        folder = StudyLayout(out).setting_dir(setting)
         (folder / "calls").mkdir(parents=True)
         (folder / "calls" / "q1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cap = setting_dir(out, OTHER) / "capture"
+    cap = StudyLayout(out).setting_dir(OTHER) / "capture"
     toy_capture(call_id(OTHER, "q1", 3), calls[2]["meta"]["history"]).save(cap / safe_name(call_id(OTHER, "q1", 3)))
     toy_capture("someone-else").save(cap / safe_name(call_id(OTHER, "q1", 1)))
     return out

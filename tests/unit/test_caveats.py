@@ -17,7 +17,7 @@ from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.results import caveats as CV
 from attnprobe.results.result import CaptureResult
 from attnprobe.studies.loop.attention import call_record, injected_system_tokens, setting_attention
-from attnprobe.studies.loop.job import setting_dir
+from attnprobe.studies.loop.layout import StudyLayout
 
 GREEDY = "its row equals the baseline by construction"
 
@@ -71,7 +71,7 @@ def test_has_observation_reads_what_the_policy_could_act_on():
 
 
 def _write_calls(root, setting: str, records: list[dict]) -> None:
-    folder = setting_dir(root, setting)
+    folder = StudyLayout(root).setting_dir(setting)
     for f in (folder / "calls").glob("*.jsonl"):
         f.unlink()
     (folder / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

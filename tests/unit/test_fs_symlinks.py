@@ -133,25 +133,25 @@ def test_a_symlinked_attention_md_is_not_copied_into_study_md(tmp_path, secret):
 def test_study_attention_refuses_symlinked_capture_history_and_study_json(tmp_path, secret):
     """Refused in one line before the executor is used (None here: any use would fail) and before any
     write; main captured into, and read histories from, the links' targets."""
-    from attnprobe.studies.loop.job import setting_dir
+    from attnprobe.studies.loop.layout import StudyLayout
 
     out = make_study(tmp_path / "study")
     model = SimpleNamespace(spec="toy", backend="transformers", dtype="float32")
-    cap = setting_dir(out, OTHER) / "capture"
+    cap = StudyLayout(out).setting_dir(OTHER) / "capture"
     os.rename(cap, tmp_path / "elsewhere" / "capture")
     cap.symlink_to(tmp_path / "elsewhere" / "capture")
     with pytest.raises(AttnprobeError, match=r"mask-1_refine-bm25-a01c95f0/capture: is a symlink inside"):
         run_attention(None, out, model=model)
     assert not (out / "attention.json").exists() and not (out / aio.LOCK_NAME).exists()
     cap.unlink()
-    hist = setting_dir(out, BASE) / "history"
+    hist = StudyLayout(out).setting_dir(BASE) / "history"
     hist.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(AttnprobeError, match=r"/none/history: is a symlink inside"):
         run_attention(None, out, model=model)
     hist.unlink()
     # one symlinked history file among real ones is left out of the baseline's histories (with a message)
     hist.mkdir()
-    (setting_dir(out, BASE) / "results").mkdir()
+    (StudyLayout(out).setting_dir(BASE) / "results").mkdir()
     traj = {"id": "q1/history", "messages": [{"role": "user", "content": "question q1?"}],
             "meta": {"inputs": "stamp-q1"}}
     (hist / "q1.jsonl").write_text(json.dumps(traj) + "\n")
@@ -159,7 +159,7 @@ def test_study_attention_refuses_symlinked_capture_history_and_study_json(tmp_pa
                                                                    "meta": {"inputs": "stamp-q2"}}) + "\n")
     (hist / "q2.jsonl").symlink_to(tmp_path / "elsewhere" / "q2.jsonl")
     for q in ("q1", "q2"):
-        (setting_dir(out, BASE) / "results" / f"{q}.json").write_text(json.dumps({"question_id": q,
+        (StudyLayout(out).setting_dir(BASE) / "results" / f"{q}.json").write_text(json.dumps({"question_id": q,
                                                                                  "inputs": f"stamp-{q}"}))
     assert [t.id for t in histories(out, BASE)] == ["q1/history"]
     (out / "study.json").rename(tmp_path / "elsewhere" / "study.json")
@@ -170,11 +170,12 @@ def test_study_attention_refuses_symlinked_capture_history_and_study_json(tmp_pa
 
 def test_study_interference_refuses_a_symlinked_results_folder_before_running(tmp_path, secret):
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.job import InterferenceJob, setting_dir
+    from attnprobe.studies.loop.job import InterferenceJob
+    from attnprobe.studies.loop.layout import StudyLayout
 
     out = tmp_path / "study"
-    setting_dir(out, "none").mkdir(parents=True)
-    (setting_dir(out, "none") / "results").symlink_to(secret.parent)
+    StudyLayout(out).setting_dir("none").mkdir(parents=True)
+    (StudyLayout(out).setting_dir("none") / "results").symlink_to(secret.parent)
     with pytest.raises(AttnprobeError, match=r"/none/results: is a symlink inside"):
         InterferenceJob(out, [{"id": "q1", "question": "?"}], ["none"], LoopConfig("ircot"))
 

@@ -67,10 +67,10 @@ def test_study_folder_errors_and_the_report_section(tmp_path):
     with pytest.raises(AttnprobeError, match="not an interference study folder"):
         read_study(tmp_path)
     (tmp_path / "study.json").write_text(json.dumps({"settings": []}))
-    with pytest.raises(AttnprobeError, match=r"study.json: field 'settings'"):
+    with pytest.raises(AttnprobeError, match=r"study.json: 'settings' is not an object"):
         read_study(tmp_path)
     (tmp_path / "study.json").write_text(json.dumps({"settings": {"none": {}, "mask:5": {}}, "baseline": "none"}))
-    with pytest.raises(AttnprobeError, match=r"study.json: field 'results'.*run 'attnprobe study interference'"):
+    with pytest.raises(AttnprobeError, match=r"study.json: 'results' is missing.*run 'attnprobe study interference'"):
         read_study(tmp_path)  # no stamps of its results (an older attnprobe): the study is run again first
     (tmp_path / "study.json").write_text(json.dumps({"settings": {"none": {}, "mask:5": {}}, "baseline": "none",
                                                      "results": {"none": {}, "mask:5": {}}}))

@@ -54,15 +54,13 @@ from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.counterfactual.job import run_on_executor
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock, inside, load_json
+from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock
 from attnprobe.render.segments import ROLES
 from attnprobe.results.analysis import R, category_masks, token_owners
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
 from attnprobe.studies.loop.attention_report import (
-    ATTENTION_JSON,
-    ATTENTION_MD,
     CATEGORIES,
     FILTERS,
     QUERIES,
@@ -71,71 +69,54 @@ from attnprobe.studies.loop.attention_report import (
     results_stamp,
     with_attention,
 )
-from attnprobe.studies.loop.job import check_study_folder, read_result, setting_dir
-from attnprobe.trajectory.schema import Trajectory, load_trajectories
+from attnprobe.studies.loop.layout import CALLS, HISTORY, StudyLayout
+from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
-CAPTURE_DIR, COUNTERFACTUAL_DIR = "capture", "counterfactual"
 DEFAULT_CAPTURE = CaptureOptions(queries="reasoning+decision")
 
 
 # ------------------------------------------------------------------ the study folder
 def read_study(out: Path) -> dict:
-    """``OUT/study.json``'s settings and baseline; a folder that is not a study is one clear error."""
-    path = inside(Path(out), Path(out) / "study.json")  # a symlinked study.json is refused, not followed
-    if not path.is_file():
-        raise AttnprobeError(f"{out}: not an interference study folder (no study.json); make one with "
-                             f"'attnprobe study interference QUESTIONS --out {out}'")
-    study = load_json(path)
-    settings = study.get("settings") if isinstance(study, dict) else None
-    settings = list(settings) if isinstance(settings, dict) else settings  # per-setting summaries, in order
-    if not isinstance(settings, list) or not settings or not all(isinstance(s, str) for s in settings):
-        raise AttnprobeError(f"{path}: field 'settings': expected the settings (a non-empty object or list)")
-    baseline = study.get("baseline") or settings[0]
-    if baseline not in settings:
-        raise AttnprobeError(f"{path}: field 'baseline': {baseline!r} is not one of the settings")
-    results = study.get("results")
-    if not (isinstance(results, dict) and all(isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-                                              for v in results.values())):
-        raise AttnprobeError(f"{path}: field 'results': missing or not the stamps of the results (made by an older "
-                             f"attnprobe); run 'attnprobe study interference' on {out} again first")
-    return {"settings": settings, "baseline": baseline, "models": study.get("models") or [],
-            "results": {s: dict(results.get(s) or {}) for s in settings}}
+    """``OUT/study.json``'s settings (in order), baseline, models and result stamps
+    (:meth:`StudyLayout.read_study`, with the stamps ``study attention`` needs); a folder that is not a
+    study is one clear error."""
+    study = StudyLayout(Path(out)).read_study(stamps=True)
+    settings = list(study["settings"])
+    return {"settings": settings, "baseline": study["baseline"], "models": study.get("models") or [],
+            "results": {s: dict(study["results"].get(s) or {}) for s in settings}}
 
 
 def current_results(out: Path, setting: str) -> dict[str, str]:
     """``{question id: stamp}`` of the setting's results that study.json summarised and that are still on
-    disk with that stamp (a deleted or rewritten result file drops its question), in study order."""
-    stamps = read_study(out)["results"].get(setting, {})
-    folder = setting_dir(out, setting)
-    return {qid: st for qid, st in stamps.items()
-            if (rec := read_result(folder / "results" / f"{qid}.json")) is not None and rec.get("inputs") == st}
+    disk with that stamp (:meth:`StudyLayout.current_results`), in study order."""
+    return StudyLayout(Path(out)).current_results(setting, read_study(out))
 
 
-def _stamped(path: Path, stamp: str) -> list[Trajectory]:
-    """The trajectories of ``path`` made for the result with ``stamp`` (``meta.inputs``); a symlink is never
-    read through (it could point out of the study folder): its question is left out with a warning."""
-    if path.is_symlink():
-        log.warning("%s: is a symlink; not followed (its question is left out)", path)
-        return []
-    return [t for t in load_trajectories(path) if (t.meta or {}).get("inputs") == stamp] if path.is_file() else []
+def _trajectories(out: Path, setting: str, part: str) -> list[Trajectory]:
+    """The setting's stamped records of its current results (:meth:`StudyLayout.stamped`) as trajectories."""
+    layout = StudyLayout(Path(out))
+    return [_trajectory(rec, path, line)
+            for path, line, rec in layout.stamped(setting, current_results(out, setting), part)]
+
+
+def _trajectory(rec: dict, path: Path, line: int) -> Trajectory:
+    traj = Trajectory.from_dict(rec, path=str(path), line=line)
+    traj.origin = f"{path}, line {line}"
+    return traj
 
 
 def recorded_calls(out: Path, setting: str) -> list[Trajectory]:
     """The setting's recorded calls of its current results (:func:`current_results`), in question order:
     never a call of a question no longer in the study, of a deleted result, or of an earlier run."""
-    folder = setting_dir(out, setting)
-    return [t for qid, st in current_results(out, setting).items()
-            for t in _stamped(folder / "calls" / f"{qid}.jsonl", st)]
+    return _trajectories(out, setting, CALLS)
 
 
 def histories(out: Path, setting: str) -> list[Trajectory]:
     """The setting's full histories of its current results (:func:`current_results`; an item interrupted
     after its history was written has no result), in question order."""
-    folder = setting_dir(out, setting)
-    return [t for qid, st in current_results(out, setting).items()
-            for t in _stamped(folder / "history" / f"{qid}.jsonl", st)]
+    return _trajectories(out, setting, HISTORY)
 
 
 def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | None]:
@@ -371,9 +352,10 @@ def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, 
 # ------------------------------------------------------------------ the run
 def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions, force: bool) -> dict[str, CaptureJob]:
     jobs = {}
+    layout = StudyLayout(out)
     for s in settings:
         trajs = recorded_calls(out, s)
-        jobs[s] = CaptureJob(setting_dir(out, s) / CAPTURE_DIR, trajs, capture, model=model.spec,
+        jobs[s] = CaptureJob(layout.capture_dir(s), trajs, capture, model=model.spec,
                              backend=model.backend, dtype=model.dtype, force=force)
     conflicts = [c for j in jobs.values() for c in ([] if force else j.conflicts())]
     if conflicts:
@@ -398,6 +380,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
     captures when they exist); ``models``: the :class:`~attnprobe.studies.loop.capture_model.CaptureChoice`
     (capture and agent model names, recorded and shown in every output; None: names not known)."""
     out = Path(out)
+    layout = StudyLayout(out)
     study = read_study(out)
     settings, baseline = study["settings"], study["baseline"]
     if only:
@@ -406,7 +389,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             raise AttnprobeError(f"--policy {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
         settings = [s for s in settings if s in only]
     with hold_dir_lock(out, "study folder"):
-        check_study_folder(out, list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
+        layout.check(list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
         jobs = _capture_jobs(out, settings, model, capture, force)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
         for job in jobs.values():
@@ -425,7 +408,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
                 cf[s] = {"status": "not run: no counterfactual stage given"}
                 continue
             mp = min_past if min_past is not None else default_min_past([spec])
-            rep = run_on_executor(executor, setting_dir(out, s) / COUNTERFACTUAL_DIR, base_hist, [spec],
+            rep = run_on_executor(executor, layout.counterfactual_dir(s), base_hist, [spec],
                                   counterfactual, min_past=mp, force=force, model=_model_record(model),
                                   models=models.label if models is not None and models.differs else None)
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
@@ -434,11 +417,12 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
                                  min_past=shares_min_past, models=models)
         current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
         doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
-        atomic_write_text(out / ATTENTION_JSON, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
-        atomic_write_text(out / ATTENTION_MD, markdown(doc))
-        study_md = out / "study.md"
+        atomic_write_text(layout.attention_json, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
+        atomic_write_text(layout.attention_md, markdown(doc))
+        study_md = layout.study_md
         if study_md.is_symlink():
-            log.warning("%s: is a symlink; not followed (the attention section is in %s)", study_md, ATTENTION_MD)
+            log.warning("%s: is a symlink; not followed (the attention section is in %s)", study_md,
+                        layout.attention_md.name)
         elif study_md.is_file():
             atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
     return counts, doc
@@ -462,6 +446,7 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
     step), the paired difference with the baseline, and the counterfactual report."""
     per: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
+    layout = StudyLayout(out)
     for s in settings:
         results = _captured(jobs[s])
         records[s] = [call_record(r) for r in results]
@@ -469,10 +454,10 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
                   "capture_folder": str(jobs[s].out.relative_to(out)),
                   **setting_attention(results, n_boot=n_boot, min_past=min_past, records=records[s])}
         if s in cf:
-            per[s]["counterfactual"] = {**cf[s], "folder": f"{setting_dir(out, s).name}/{COUNTERFACTUAL_DIR}"}
+            per[s]["counterfactual"] = {**cf[s], "folder": layout.counterfactual_dir(s).relative_to(out).as_posix()}
     if baseline not in records:  # --policy without the baseline: its captures of its current calls, if made
         some = next(iter(jobs.values()))
-        base = replace(some, out=setting_dir(out, baseline) / CAPTURE_DIR, trajectories=recorded_calls(out, baseline))
+        base = replace(some, out=layout.capture_dir(baseline), trajectories=recorded_calls(out, baseline))
         records[baseline] = [call_record(r) for r in _captured(base)] if base.out.is_dir() else []
     for s in settings:
         if s != baseline:

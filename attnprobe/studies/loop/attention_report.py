@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.results.formatting import format_ci
+from attnprobe.studies.loop.layout import ATTENTION_JSON, ATTENTION_MD, StudyLayout  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-ATTENTION_JSON, ATTENTION_MD = "attention.json", "attention.md"
 HEADING = "## Attention per setting"
 QUERIES = ("decision", "reasoning")
 QUERY_LABELS = {"decision": "decision token (the last token before each recorded call's reply)",
@@ -172,12 +172,14 @@ def stale_attention(out: Path, current: dict[str, str]) -> str | None:
     """Why OUT/attention.json no longer matches the study's results (None: it does): a setting whose
     results changed since it was computed, or no stamp (an older attnprobe)."""
     from attnprobe.errors import AttnprobeError
-    from attnprobe.io import load_json
 
+    layout = StudyLayout(Path(out))
     try:
-        doc = load_json(Path(out) / ATTENTION_JSON)
+        doc = layout.read_attention()
+        if doc is None:
+            raise AttnprobeError(f"{layout.attention_json}: file not found")
     except AttnprobeError as exc:
-        return f"attention.json unreadable ({exc})"
+        return f"{ATTENTION_JSON} unreadable ({exc})"
     made = doc.get("results_stamps") if isinstance(doc, dict) else None
     if not isinstance(made, dict) or not made:
         return "attention.json records no stamp of the results it used"
@@ -191,7 +193,7 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     ``current``: the study's :func:`results_stamp` per setting; an attention section computed from other
     results is dropped, and a line says so (run ``attnprobe study attention`` again)."""
     head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
-    path = Path(out) / ATTENTION_MD
+    path = StudyLayout(Path(out)).attention_md
     if path.is_symlink():  # a received folder's link to some other file: never copied into study.md
         log.warning("%s: is a symlink; not followed (study.md gets no attention section)", path)
         return head

@@ -21,6 +21,7 @@ from attnprobe.errors import AttnprobeError, ModelNotFoundError
 from attnprobe.io import load_json
 from attnprobe.io.settings import SETTINGS_FILE
 from attnprobe.model_files import DEFAULT_NAME
+from attnprobe.studies.loop.layout import StudyLayout
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def study_record(out: Path) -> dict:
         entry = data.get("study interference") if isinstance(data, dict) else None
         rec = entry if isinstance(entry, dict) else {}
     try:
-        study = load_json(Path(out) / "study.json")
+        study = StudyLayout(Path(out)).read_study(stamps=False)
     except AttnprobeError:
         study = {}
     names = [str(m) for m in (study.get("models") or []) if m] if isinstance(study, dict) else []

@@ -4,8 +4,9 @@ A batch of items (``batch_size``, ``--batch-size``) runs as episodes stepped tog
 (:mod:`attnprobe.studies.loop.rollout`); each item is written as soon as its episode finishes, and what is
 written does not depend on the batch (timings aside).
 
-Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``), written by whoever runs the item, each atomically,
-the result last (its presence means the item is finished):
+Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``; every path from
+:class:`attnprobe.studies.loop.layout.StudyLayout`), written by whoever runs the item, each atomically, the
+result last (its presence means the item is finished, :meth:`~attnprobe.studies.loop.layout.StudyLayout.done`):
 
 - ``calls/<qid>.jsonl``   every model call as a trajectory, exactly as sent (``attnprobe capture`` /
   ``attnprobe counterfactual`` read it as is);
@@ -32,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.policies import setting_rules
-from attnprobe.errors import AttnprobeError
-from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.io import atomic_write_text, inside, load_json, write_jsonl
+from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.io import atomic_write_text, write_jsonl
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.context import parse_setting, slug
+from attnprobe.studies.loop.layout import StudyLayout
 
 _SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas build their own)
 
@@ -48,38 +49,6 @@ def search_backend(kind: str, corpus: str | None):
     if key not in _SEARCH:
         _SEARCH[key] = make_search(kind, corpus)
     return _SEARCH[key]
-
-
-def setting_dir(out: Path, spec: str) -> Path:
-    return Path(out) / slug(spec)
-
-
-def result_path(out: Path, spec: str, qid: str) -> Path:
-    return setting_dir(out, spec) / "results" / f"{qid}.json"
-
-
-SETTING_PARTS = ("calls", "history", "results", "calls.jsonl", "capture", "counterfactual")  # under <slug>/
-
-
-def check_study_folder(out: Path, settings: Sequence[str]) -> None:
-    """One line (:class:`attnprobe.io.OutsideFolder`) when a setting's folder, or a part of it that the
-    study writes or reads (:data:`SETTING_PARTS`), is a symlink: a received study folder must not make us
-    write or read outside it. Checked before any model loads."""
-    for s in settings:
-        for part in SETTING_PARTS:
-            inside(out, setting_dir(out, s) / part)
-
-
-def read_result(path: Path) -> dict | None:
-    """A finished item's result, or None when missing, a symlink (not followed) or unreadable (then the
-    item is redone, and the symlink replaced by the new result)."""
-    if path.is_symlink() or not path.is_file():
-        return None
-    try:
-        rec = load_json(path, error=lambda m, path, line: AttnprobeError(m))
-    except AttnprobeError:
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 @dataclass
@@ -101,7 +70,11 @@ class InterferenceJob(JobBase):
         self.out = Path(self.out)
         for s in self.settings:
             parse_setting(s)  # a bad spec fails here, before any model is loaded
-        check_study_folder(self.out, self.settings)
+        self.layout.check(self.settings)
+
+    @property
+    def layout(self) -> StudyLayout:
+        return StudyLayout(self.out)
 
     def items(self) -> list[WorkItem]:
         return [WorkItem(key=f"{slug(s)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,
@@ -110,11 +83,8 @@ class InterferenceJob(JobBase):
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         spec, q = item.data
-        path = result_path(self.out, spec, q["id"])
-        if not written_since(path, since):
-            return False
-        rec = read_result(path)
-        return finished_with(rec, spec, self.config, q, self.model)
+        return self.layout.done(spec, q["id"], inputs_stamp(q, spec, self.config, self.model), since=since,
+                                fields=recorded_fields(spec, self.config))
 
     @property
     def prepare_key(self) -> Any:
@@ -150,10 +120,10 @@ class InterferenceJob(JobBase):
             result["inputs"] = stamp
             for c in [*calls, history]:
                 c.setdefault("meta", {})["inputs"] = stamp
-            folder = setting_dir(self.out, spec)
-            write_jsonl(folder / "calls" / f"{q['id']}.jsonl", calls)
-            write_jsonl(folder / "history" / f"{q['id']}.jsonl", [history])
-            atomic_write_text(result_path(self.out, spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
+            layout = self.layout
+            write_jsonl(layout.calls(spec, q["id"]), calls)
+            write_jsonl(layout.history(spec, q["id"]), [history])
+            atomic_write_text(layout.result(spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
             results[loop.run_id] = result
 
         def named(text: str) -> None:  # one episode: its calls, named as a sequential run always named them
@@ -173,24 +143,30 @@ def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | Non
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def recorded_fields(spec: str, config: LoopConfig) -> dict:
+    """What a result of ``spec`` under ``config`` records besides its stamp, checked by the done rule too: the
+    setting, the loop config and its masking rule (a result from before the released mask:K rule, issue 26,
+    records none and is run again)."""
+    return {"setting": spec, "config": config.to_dict(), "policy_rules": setting_rules(spec)}
+
+
 def finished_with(rec: dict | None, spec: str, config: LoopConfig, question: dict, model: str | None = None) -> bool:
     """A result made from these inputs (:func:`inputs_stamp`): this setting, config, masking rule, model,
-    question text and gold answers. A result without a stamp (an older attnprobe) or without the masking
-    rule it records (from before the released mask:K rule, issue 26) is run again."""
-    return (rec is not None and rec.get("setting") == spec and rec.get("config") == config.to_dict()
-            and rec.get("policy_rules", {}) == setting_rules(spec)
-            and rec.get("inputs") == inputs_stamp(question, spec, config, model))
+    question text and gold answers (:meth:`StudyLayout.finished`). A result without a stamp (an older
+    attnprobe) is run again."""
+    return StudyLayout.finished(rec, inputs_stamp(question, spec, config, model), recorded_fields(spec, config))
 
 
 def load_results(out: Path, settings: Sequence[str], questions: Sequence[dict], config: LoopConfig,
                  model: str | None = None) -> dict:
     """Finished results per setting, in question order: every result on disk made from the current inputs
     (:func:`finished_with`), whichever run wrote it."""
+    layout = StudyLayout(out)
     by = {}
     for s in settings:
         rows = []
         for q in questions:
-            rec = read_result(result_path(out, s, q["id"]))
+            rec = layout.read_result(s, q["id"])
             if finished_with(rec, s, config, q, model):
                 rows.append(rec)
         by[s] = rows

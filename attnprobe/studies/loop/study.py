@@ -1,6 +1,6 @@
 """Run the settings side by side on one question set and write the study's tables.
 
-``OUT/study.json`` (config, per-setting summaries with CIs, paired comparisons, per-question outcomes, and
+``OUT/study.json`` (paths: :class:`attnprobe.studies.loop.layout.StudyLayout`; config, per-setting summaries with CIs, paired comparisons, per-question outcomes, and
 ``results``: the stamp of every result summarised, per setting and question) and ``OUT/study.md`` (the
 table, then the attention section of ``attnprobe study attention`` once that has run and only while it was
 computed from the same results: :mod:`attnprobe.studies.loop.attention`), rewritten atomically after every
@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
-from attnprobe.io import atomic_write_text, finite_json, read_records, write_jsonl
+from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings
 from attnprobe.results.caveats import study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamp, with_attention
-from attnprobe.studies.loop.job import InterferenceJob, load_results, setting_dir
+from attnprobe.studies.loop.job import InterferenceJob, load_results
+from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
 
@@ -36,6 +37,7 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     that finishes nothing leaves the numbers as they were) and write study.json, study.md and each
     setting's calls.jsonl (only the calls of those results)."""
     out = Path(out)
+    layout = StudyLayout(out)
     by = load_results(out, settings, questions, config, model)
     stamps = {s: {r["question_id"]: r["inputs"] for r in by[s]} for s in settings}
     baseline = baseline or settings[0]
@@ -46,27 +48,18 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study = {"config": config.to_dict(), "settings": list(settings), "policy_rules": rules, "models": models,
              "scorer": label,
              "questions_total": len(questions), **summary, "results": stamps}
-    calls = {s: current_calls(out, s, by[s]) for s in settings}
+    calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
-    atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, ensure_ascii=False))
+    atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
-    atomic_write_text(out / "study.md", with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
+    atomic_write_text(layout.study_md, with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
     for s in settings:
-        folder = setting_dir(out, s)
-        if calls[s] or (folder / "calls.jsonl").exists():  # never an old file beside new results
-            write_jsonl(folder / "calls.jsonl", calls[s])
+        path = layout.calls_file(s)
+        if calls[s] or path.exists():  # never an old file beside new results
+            write_jsonl(path, calls[s])
     return study
-
-
-def current_calls(out: Path, setting: str, results: Sequence[dict]) -> list[dict]:
-    """The recorded calls of ``results`` (one setting's current results), in question order: only calls
-    stamped with their result's inputs, never through a symlinked file."""
-    folder = setting_dir(out, setting)
-    return [c for r in results if not (folder / "calls" / f"{r['question_id']}.jsonl").is_symlink()
-            for c in read_records(folder / "calls" / f"{r['question_id']}.jsonl", missing_ok=True)
-            if (c.get("meta") or {}).get("inputs") == r["inputs"]]
 
 
 def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,

@@ -3,7 +3,7 @@
 For a set of trajectories: capture every reasoning step (``OUT/captures``), compute the headline shares
 and decay curves (:mod:`attnprobe.results.analysis`, the seed-002 convention), run the masking
 counterfactuals (``OUT/counterfactual``, default ``mask:5``), and write ``OUT/study.json`` and
-``OUT/study.md`` with the seed's numbers beside the measured ones. The steps are planned (bad policies,
+``OUT/study.md`` with the seed's numbers beside the measured ones (paths: :class:`.layout.MaskingLayout`). The steps are planned (bad policies,
 no qualifying step, bad trajectories refused) before the capture stage loads any model.
 """
 
@@ -19,6 +19,7 @@ from attnprobe.capture.job import CaptureOptions, capture_files
 from attnprobe.counterfactual.job import StepChoice, run_files
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.execution.counts import RunCounts
+from attnprobe.studies.masking.layout import MaskingLayout
 
 # Seed 002, section 5.3.1: (label, headline key, the seed's value)
 SEED002 = (
@@ -99,21 +100,21 @@ def run_masking_study(opts: MaskingOptions, open_executor: Callable[[], Any],
     from attnprobe.results.report import find_results
     from attnprobe.results.result import CaptureResult
 
-    out, files = Path(opts.out), [Path(p) for p in opts.trajectories]
+    layout, files = MaskingLayout(Path(opts.out)), [Path(p) for p in opts.trajectories]
     opts.choice.plan(files)  # refused now, not after the capture stage
-    captured = capture_files(files, out / "captures", opts.capture_options(), opts.model, open_executor,
+    captured = capture_files(files, layout.captures_dir, opts.capture_options(), opts.model, open_executor,
                              force=opts.force, progress=opts.progress)
-    results = [CaptureResult.load(p) for p in find_results(out / "captures")]
+    results = [CaptureResult.load(p) for p in find_results(layout.captures_dir)]
     head = headline(results)
     curves = decay_curves(results)
-    report = run_files(files, out / "counterfactual", opts.choice, opts.counterfactual, open_executor,
+    report = run_files(files, layout.counterfactual_dir, opts.choice, opts.counterfactual, open_executor,
                        batch_size=opts.batch_size, force=opts.force, model=opts.model_record)
     if on_counterfactual is not None:
         on_counterfactual(report)
     summary = report["summary"]
     study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002}, "decay": _decay_record(curves),
              "counterfactual": summary}
-    atomic_write_text(out / "study.json", json.dumps(finite_json(study), indent=1, default=float))
+    atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, default=float))
     md = study_markdown(head, summary)
-    atomic_write_text(out / "study.md", md)
+    atomic_write_text(layout.study_md, md)
     return MaskingRun(RunCounts.of(captured), RunCounts.of(report["counts"]), study, md)
