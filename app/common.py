@@ -13,6 +13,7 @@ import streamlit as st
 from attnprobe.errors import AttnprobeError
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
+from attnprobe_app import shaping as SH
 from attnprobe_app import study_data as SD
 
 PAGE_SIZE = 50
@@ -166,12 +167,12 @@ def role_bars(att_row, res) -> Any:
 
     from attnprobe.results.figures import ROLE_COLORS
 
-    roles = SD.segment_roles(res.segments, res.meta)
-    mass = SD.turn_role_mass(att_row, res.segments, roles, res.num_turns)
+    roles = SH.segment_roles(res.segments, res.meta)
+    mass = SH.turn_role_mass(att_row, res.segments, roles, res.num_turns)
     fig = go.Figure()
-    for role in [r for r in (*ROLE_COLORS, *SD.EXTRA_ROLES) if r in mass and mass[r].any()]:
+    for role in [r for r in (*ROLE_COLORS, *SH.EXTRA_ROLES) if r in mass and mass[r].any()]:
         fig.add_trace(go.Bar(x=list(range(res.num_turns)), y=mass[role], name=role,
-                             marker_color=SD.EXTRA_ROLE_COLORS.get(role) or ROLE_COLORS[role],
+                             marker_color=SH.EXTRA_ROLE_COLORS.get(role) or ROLE_COLORS[role],
                              hovertemplate="turn %{x}<br>" + role + ": %{y:.4f}<extra></extra>"))
     fig.update_layout(barmode="stack", height=330, margin=dict(l=60, r=20, t=10, b=110),
                       xaxis=dict(title="turn", tickmode="linear", dtick=max(1, res.num_turns // 25)),

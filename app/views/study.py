@@ -13,6 +13,7 @@ import streamlit as st
 from attnprobe.studies.loop.layout import CALLS_JSONL, CAPTURE, StudyLayout
 from attnprobe_app import common as C
 from attnprobe_app import data as D
+from attnprobe_app import shaping as SH
 from attnprobe_app import study_data as SD
 
 ATTENTION = ("every captured step", "last captured step", "none")
@@ -113,7 +114,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
         return
     st.dataframe(pd.DataFrame(_step_rows(steps.steps)), hide_index=True, key=f"study_steps:{setting}")
     captured = [s.step for s in steps.steps if s.capture]
-    with_heatmap = set(SD.heatmap_steps(steps.steps))
+    with_heatmap = set(SH.heatmap_steps(steps.steps))
     draw = {"every captured step": set(captured), "last captured step": set(captured[-1:])}.get(attention, set())
     for s in steps.steps:
         with st.expander(f"step {s.step} · {s.policy} · {s.capture_note}", expanded=s.step in draw):
@@ -144,13 +145,13 @@ def heatmap_figure(hm, texts: dict, status: dict[int, str]):
     import plotly.graph_objects as go
 
     T = hm.reasoning.shape[0]
-    obs = SD.observation_cells(hm.observation, [bool((t or "").strip()) for t in texts["observation"]])
-    ticks = SD.turn_ticks(T, status)
+    obs = SH.observation_cells(hm.observation, [bool((t or "").strip()) for t in texts["observation"]])
+    ticks = SH.turn_ticks(T, status)
     axis = dict(tickmode="array", tickvals=list(range(T)), ticktext=[str(t) for t in range(T)],
                 range=[-0.5, T - 0.5], showgrid=False, zeroline=False, fixedrange=True)
     fig = go.Figure()
     for name, z, colour, x in (("reasoning", hm.reasoning, "#08519c", 0.22), ("observation", obs, "#a63603", 0.78)):
-        lo, hi = SD.sequential_range(z)
+        lo, hi = SH.sequential_range(z)
         fig.add_trace(go.Heatmap(
             z=np.asarray(z, dtype=np.float32), x=list(range(T)), y=list(range(T)), name=name, zmin=lo, zmax=hi,
             colorscale=[[0, "#ffffff"], [1, colour]], hoverongaps=False,
@@ -173,14 +174,14 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
     except D.DataError as exc:
         st.error(f"Cannot show the capture of step {s.step}: {exc}")
         return
-    status = SD.turn_status(res.segments, res.meta)
+    status = SH.turn_status(res.segments, res.meta)
     label = SD.call_models_label(res.meta.get("model"), s.model)  # another model read the agent's context: say so
     whose = f"; {label}" if label else ""
     if not heatmap:
-        st.caption(f"No turn heatmap: {SD.past_turns(res.num_turns)} past turn(s), fewer than "
-                   f"{SD.HEATMAP_MIN_PAST}.")
+        st.caption(f"No turn heatmap: {SH.past_turns(res.num_turns)} past turn(s), fewer than "
+                   f"{SH.HEATMAP_MIN_PAST}.")
     elif any(q.kind == "reasoning" for q in res.queries):
-        st.markdown(f"**Turn heatmap of step {s.step}** ({SD.past_turns(res.num_turns)} past turns{whose})")
+        st.markdown(f"**Turn heatmap of step {s.step}** ({SH.past_turns(res.num_turns)} past turns{whose})")
         st.plotly_chart(heatmap_figure(C.heatmap(root, s.capture), views["turn_texts"], status),
                         key=f"study_hm:{key}", config={"displaylogo": False})
         st.caption("Lower triangle (blue): step t (row) → turn j's reasoning; upper (orange): step t (column) → "
@@ -193,8 +194,8 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
         st.caption(f"Attention of the call's {q.kind} query (token {q.position}, turn {q.turn}) per turn and role, "
                    f"mean of layers and heads{whose}. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
                    f"&q={k})")
-        if status or SD.removed_count(res.meta):
-            st.caption(SD.ROLE_LEGEND)
+        if status or SH.removed_count(res.meta):
+            st.caption(SH.ROLE_LEGEND)
 
 
 def _attention_summary(root, study: SD.Study) -> None:
@@ -218,7 +219,7 @@ def _attention_summary(root, study: SD.Study) -> None:
     for query in ("decision", "reasoning"):
         st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
         try:
-            rows = SD.key_columns_first(SD.attention_rows(summary, query, table))
+            rows = SH.key_columns_first(SD.attention_rows(summary, query, table))
             st.dataframe(pd.DataFrame(rows), hide_index=True)
         except D.DataError as exc:
             st.error(f"Cannot show the attention summary: {exc}")

@@ -12,6 +12,7 @@ from attnprobe.results import figures as F
 from attnprobe.results.analysis import headline, step_breakdown
 from attnprobe_app import common as C
 from attnprobe_app import data as D
+from attnprobe_app import shaping as SH
 from attnprobe_app import study_data as SD
 
 MEAN = "mean of all"
@@ -93,10 +94,10 @@ def render(root, inv) -> None:
         t0 = time.perf_counter()
         hm = C.heatmap(root, rel, layer, head)
         fig = F.heatmap_figure(hm, views["turn_texts"])
-        replaced = SD.turn_status(res.segments, res.meta)
+        replaced = SH.turn_status(res.segments, res.meta)
         if replaced:  # a study call: say which turns' observations the policy replaced
             ticks = dict(tickmode="array", tickvals=list(range(res.num_turns)),
-                         ticktext=SD.turn_ticks(res.num_turns, replaced))
+                         ticktext=SH.turn_ticks(res.num_turns, replaced))
             fig.update_yaxes(**ticks)  # the rows of the observation triangle are the attended turns
         st.plotly_chart(fig, key="heatmap", config={"displaylogo": False})
         convention = "seed002" if layer is None and head is None else "separate"
@@ -137,18 +138,18 @@ def render(root, inv) -> None:
                       index=order.index(default) if default in order else 0, key=f"query:{rel}")
     log = c2.toggle("log scale", value=True, key="token_log")
     q = res.queries[qi]
-    roles, names = SD.token_roles_with_policy(views["token_roles"], res.segments, res.meta)  # placeholders apart
+    roles, names = SH.token_roles_with_policy(views["token_roles"], res.segments, res.meta)  # placeholders apart
     fig = F.token_strip_figure(res.token_attention[qi], roles, toks, q.position, log=log, names=names,
-                               colors=SD.EXTRA_ROLE_COLORS)
+                               colors=SH.EXTRA_ROLE_COLORS)
     st.plotly_chart(fig, key="token_strip", config={"displaylogo": False})
     st.caption(f"Attention of token {q.position} (turn {q.turn}) over every earlier token, mean of all scored layers "
                "and heads, coloured by role. The per-turn bars below follow the layer/head selectors.")
     row = res.attention(layer, head)[qi]
     st.plotly_chart(C.role_bars(row, res), key="segment_bars", config={"displaylogo": False})
-    status, removed = SD.message_status(res.meta), SD.removed_count(res.meta)
+    status, removed = SH.message_status(res.meta), SH.removed_count(res.meta)
     if status or removed:
         st.caption(f"A context policy changed this call's history: {len(status)} message(s) replaced, {removed} "
-                   f"removed. {SD.ROLE_LEGEND}")
+                   f"removed. {SH.ROLE_LEGEND}")
     vals = np.asarray(res.token_attention[qi][: q.position + 1], dtype=np.float64)
     top = np.argsort(-vals)[:200]
     seg_of = np.zeros(len(res.input_ids), dtype=np.int64)

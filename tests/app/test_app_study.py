@@ -15,6 +15,7 @@ from support.studydir import BASE, OTHER, call_id, make_study
 from attnprobe.io import safe_name
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
+from attnprobe_app import shaping as SH
 from attnprobe_app import study_data as SD
 
 OTHER_DIR = "study/mask-1_refine-bm25-a01c95f0"  # slug of OTHER: ':' -> '-', '+' hashed by safe_name
@@ -184,7 +185,7 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     for t in hm["data"]:
         assert t["zmin"] == 0 and t["colorscale"][0][1] == "#ffffff"
     assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
-    assert any(c.value == SD.ROLE_LEGEND for c in at.caption)
+    assert any(c.value == SH.ROLE_LEGEND for c in at.caption)
     at.radio(key="study_attention").set_value("none").run()
     assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
 
