@@ -84,8 +84,14 @@ def render(root, inv) -> None:
     layer = None if layer == MEAN else int(layer)
     head = None if head == MEAN else int(head)
     steps = [i for i, q in enumerate(res.queries) if q.kind == "reasoning"]
+    _turn_heatmap(root, rel, res, views, steps, layer, head)
+    qi = _token_strip(rel, res, views, steps, layer, head)
+    if qi is not None:
+        _steps_and_text(rel, res, views, steps, layer, head, res.queries[qi])
 
-    # ---------------------------------------------------------- heatmap
+
+def _turn_heatmap(root, rel: str, res, views: dict, steps: list[int], layer, head) -> None:
+    """The turn heatmap of the reasoning-start queries and seed 002's headline shares."""
     st.subheader("Turn heatmap")
     if not steps:
         st.info("This capture has no reasoning-start queries (captured with queries='decision'?), so there is no "
@@ -118,11 +124,14 @@ def render(root, inv) -> None:
                    f"{'head ' + str(head) if head is not None else 'mean of heads'}. "
                    f"Built in {1000 * (time.perf_counter() - t0):.0f} ms.")
 
-    # ---------------------------------------------------------- token strip
+
+def _token_strip(rel: str, res, views: dict, steps: list[int], layer, head) -> int | None:
+    """One query's attention over every earlier token, its bars per turn and role, and its most-attended
+    tokens; the chosen query's index (None when the capture has no queries)."""
     st.subheader("Token strip")
     if not res.queries:
         st.info("No query positions in this capture.")
-        return
+        return None
     order = steps + [i for i in range(len(res.queries)) if i not in steps]
     toks = views["token_texts"]
 
@@ -160,8 +169,11 @@ def render(root, inv) -> None:
         "turn": [res.segments[seg_of[i]].turn for i in top], "attention": vals[top]})
     with st.expander("Most-attended tokens (top 200)"):
         C.paginate(df, key=f"toppage:{rel}", page_size=25)
+    return qi
 
-    # ---------------------------------------------------------- steps + turn text
+
+def _steps_and_text(rel: str, res, views: dict, steps: list[int], layer, head, q) -> None:
+    """Each step's attention by category (on request) and the text of a chosen turn."""
     if steps:
         st.subheader("Where each step's attention goes")
         # drawn on request: a fourth figure below the fold costs the page's first draw about a third (docs/app.md)
