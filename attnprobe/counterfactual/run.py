@@ -153,7 +153,8 @@ def settings_dict(model: LoadedModel, policy: str, opts: RunOptions) -> dict:
     return json.loads(json.dumps({
         "model": model.spec, "weights": weights_hash(model.spec), "backend": model.backend, "dtype": model.dtype,
         "policy": policy,
-        "rendering": opts.rendering, "layers": None if opts.layers is None else list(opts.layers),
+        "rendering": opts.rendering,
+        "layers": opts.layers if opts.layers is None or isinstance(opts.layers, str) else list(opts.layers),
         "chunk_size": opts.chunk_size or model.default_chunk_size, "actions": opts.actions,
         "max_new_tokens": opts.max_new_tokens if opts.actions else None, "logprob": opts.logprob,
         "semantics": SEMANTICS,
@@ -274,6 +275,7 @@ def capture_contexts(model: LoadedModel, batch: Batch, opts: RunOptions, chat=No
     requests, pending = cache_requests(chat, batch.contexts, wanted, opts.max_new_tokens)
     run = run_prepared(model, [Prepared(c.trajectory, c.rendered, c.points) for c in batch.contexts],
                        queries="positions", layers=chosen, chunk_size=chunk, weights=weights_hash(model.spec),
+                       layer_selection=opts.layers if isinstance(opts.layers, str) else None,
                        share_prefixes=opts.share_prefixes, progress=opts.progress, generate=requests,
                        what="counterfactual")
     replies: dict[Any, tuple[Any, int]] = {}
