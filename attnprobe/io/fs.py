@@ -230,6 +230,27 @@ def inside(folder: Path, path: Path) -> Path:
     return path
 
 
+def resolved_inside(root: Path, rel: str | os.PathLike, what: str = "data directory") -> Path:
+    """``rel`` (relative to ``root``, or absolute) resolved, symlinks included, when it stays inside
+    ``root``; else :class:`OutsideFolder`. The app's rule (it reads only inside its data directory): a
+    symlink inside ``root`` may point elsewhere inside it, never out."""
+    root = Path(root).resolve()
+    s = os.fspath(rel)
+    if "\x00" in s:
+        raise OutsideFolder("path contains a NUL byte")
+    cand = (root / s).resolve()  # an absolute ``s`` replaces root here, then gets checked
+    if cand != root and root not in cand.parents:
+        raise OutsideFolder(f"refused '{s}': it is outside the {what} {root}")
+    return cand
+
+
+def layout_path(folder: Path, path: Path, root: Path | None = None) -> Path:
+    """The one path check of every study's Layout: with ``root`` (the app) ``path`` resolved and kept
+    inside ``root`` (:func:`resolved_inside`); without (the CLI and the jobs) ``path`` kept inside
+    ``folder`` with no symlink below it followed (:func:`inside`)."""
+    return resolved_inside(root, path) if root is not None else inside(folder, path)
+
+
 def safetensors_problem(path: Path) -> str | None:
     """Why ``path`` is not a complete safetensors file (None: it is): its header must parse and the file
     must end exactly where the header's last tensor ends, so a file cut short by a copy or a full disk is
