@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
-from attnprobe.counterfactual.store import RECORD_FILE
+from attnprobe.counterfactual.layout import RECORD_FILE, STEP_PREFIX
 
 
 def _groups() -> tuple[str, ...]:
@@ -102,11 +102,11 @@ def iter_record_files(root: str | Path) -> Iterator[tuple[Path, Any, str | None]
         here = Path(dirpath)
         depth = len(here.relative_to(root).parts)
         for d in sorted(dirnames):
-            if (here / d).is_symlink() and depth == 2 and d.startswith("step_"):
+            if (here / d).is_symlink() and depth == 2 and d.startswith(STEP_PREFIX):
                 found.append((here / d / RECORD_FILE, "a symlinked step folder (not followed)"))
         if depth >= 3:
             dirnames[:] = []
-        if depth == 3 and here.name.startswith("step_") and RECORD_FILE in filenames:
+        if depth == 3 and here.name.startswith(STEP_PREFIX) and RECORD_FILE in filenames:
             found.append((here / RECORD_FILE, None))
     for path, problem in sorted(found):
         if problem:

@@ -22,7 +22,9 @@ class Step:
 
     @property
     def key(self) -> str:
-        return f"step_{self.message_index:04d}"
+        from attnprobe.counterfactual.layout import step_key
+
+        return step_key(self.message_index)
 
 
 def is_reasoning_message(msg: dict) -> bool:
