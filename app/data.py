@@ -16,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.errors import AttnprobeError
 from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
+from attnprobe.studies.ibis.layout import WATCHED, CompareLayout, ModelFolderLayout
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
-IBIS_MARKERS = ("decisions.jsonl", "attention.json", "metrics.json")
+IBIS_WATCHED = WATCHED  # the files whose times key the app's cache of an IBIS folder (common.ibis)
 
 
 class DataError(AttnprobeError):
@@ -50,15 +52,14 @@ def resolve_inside(root: Path, rel: str | os.PathLike) -> Path:
 
     Symlinks are resolved first, so a link inside the folder that points elsewhere is refused too.
     """
-    root = Path(root).resolve()
-    s = os.fspath(rel)
-    if "\x00" in s:
-        raise PathEscapeError("path contains a NUL byte")
-    cand = (root / s).resolve()  # an absolute ``s`` replaces root here, then gets checked
-    if cand != root and root not in cand.parents:
-        raise PathEscapeError(f"refused '{s}': it is outside the data directory {root} (the app only reads "
-                              f"inside its data directory)")
-    return cand
+    from attnprobe.io import OutsideFolder, resolved_inside
+
+    try:
+        return resolved_inside(root, rel)  # the one rule, shared with every study's Layout (root given)
+    except OutsideFolder as exc:
+        why = str(exc)
+        raise PathEscapeError(why + (" (the app only reads inside its data directory)" if why.startswith("refused")
+                                     else "")) from None
 
 
 def rel_to(root: Path, path: Path) -> str:
@@ -157,10 +158,6 @@ class Inventory:
         return not (self.captures or self.ibis or self.compares or self.studies)
 
 
-def _is_ibis_folder(names: set[str]) -> bool:
-    return "items.jsonl" in names and any(m in names for m in IBIS_MARKERS)
-
-
 def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
     """Walk ``root`` (without following symlinked folders) for captures, IBIS model folders, compare
     outputs and interference studies. Unreadable candidates are listed in ``problems``; nothing here raises."""
@@ -177,14 +174,14 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         d = Path(dirpath)
         names = set(filenames)
-        if "record.json" in names and "masses.safetensors" in names:
+        if CounterfactualLayout.is_folder(names):
             dirnames[:] = []  # a counterfactual step (its own page); its original/ and counterfactual/ captures
             continue
         rel = rel_to(root, d)
-        if _is_ibis_folder(names):
+        if ModelFolderLayout.is_folder(names):
             inv.ibis.append(rel)
             ibis_dirs.append(d)
-        if "compare.json" in names:
+        if CompareLayout.is_folder(names):
             inv.compares.append(rel)
         if "study.json" in names:
             inv.studies.append(rel)  # read (and refused if bad) by the Study page
@@ -298,51 +295,34 @@ class IbisFolder:
 
 
 def load_ibis(root: Path, rel: str) -> IbisFolder:
-    folder = Path(rel)
+    """One IBIS model folder read through :class:`ModelFolderLayout` (the study's own readers and
+    validation, every path kept inside ``root``); each unreadable file is one line in ``problems``."""
+    try:
+        layout = ModelFolderLayout(Path(rel), root)
+    except AttnprobeError as exc:
+        raise DataError(str(exc)) from None
     problems: list[str] = []
-    items, p = read_jsonl(root, folder / "items.jsonl")
-    problems += p
-    decisions, p = read_jsonl(root, folder / "decisions.jsonl")
-    problems += p
-    latest: dict[tuple, dict] = {}
-    for d in decisions:
-        if "item_id" in d and "framing" in d:
-            latest[(d["item_id"], d["framing"])] = d  # a rerun appends newer records
+    items = layout.read_item_records(problems)
+    decisions = layout.read_decisions(problems)  # the latest per (item, framing): a rerun appends newer records
     metrics = index = arrays = None
     run: dict = {}
-    for name in ("metrics.json", "run.json"):
-        if resolve_inside(root, folder / name).is_file():
-            try:
-                obj = read_json(root, folder / name)
-                if not isinstance(obj, dict):
-                    raise DataError(f"{folder / name}: expected a JSON object")
-                if name == "metrics.json":
-                    metrics = obj
-                else:
-                    run = obj
-            except DataError as exc:
-                problems.append(str(exc))
-    if resolve_inside(root, folder / "attention.json").is_file():
-        try:
-            index = read_json(root, folder / "attention.json")
-            arrays = read_safetensors(root, folder / "attention.safetensors")
-            n = len(index["items"])
-            for fr in index["framings"]:
-                shp = arrays[f"mass.{fr}"].shape
-                if shp[:2] != (n, len(index["categories"])):
-                    raise DataError(f"{folder}/attention.safetensors: mass.{fr} has shape {shp}, expected "
-                                    f"({n}, {len(index['categories'])}, layers, heads)")
-        except DataError as exc:
-            problems.append(str(exc))
-            index = arrays = None
-        except (KeyError, TypeError) as exc:
-            problems.append(f"{folder}/attention.json: malformed ({type(exc).__name__}: {exc})")
-            index = arrays = None
-    return IbisFolder(rel, items, list(latest.values()), metrics, index, arrays, run, problems)
+    try:
+        metrics = layout.read_metrics()
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    try:
+        run = layout.read_run()
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    try:
+        index, arrays = layout.read_attention() or (None, None)
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    return IbisFolder(rel, items, decisions, metrics, index, arrays, run, problems)
 
 
 def load_compare(root: Path, rel: str) -> list[dict]:
-    rows = read_json(root, Path(rel) / "compare.json")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise DataError(f"{rel}/compare.json: expected a list of rows (one per model)")
-    return rows
+    try:
+        return CompareLayout(Path(rel), root).read_rows()
+    except AttnprobeError as exc:
+        raise DataError(str(exc)) from None
