@@ -297,10 +297,8 @@ class IbisFolder:
 def load_ibis(root: Path, rel: str) -> IbisFolder:
     """One IBIS model folder read through :class:`ModelFolderLayout` (the study's own readers and
     validation, every path kept inside ``root``); each unreadable file is one line in ``problems``."""
-    try:
-        layout = ModelFolderLayout(Path(rel), root)
-    except AttnprobeError as exc:
-        raise DataError(str(exc)) from None
+    resolve_inside(root, rel)  # the folder itself: PathEscapeError, the page's one line
+    layout = ModelFolderLayout(Path(rel), root)
     problems: list[str] = []
     items = layout.read_item_records(problems)
     decisions = layout.read_decisions(problems)  # the latest per (item, framing): a rerun appends newer records
@@ -322,6 +320,7 @@ def load_ibis(root: Path, rel: str) -> IbisFolder:
 
 
 def load_compare(root: Path, rel: str) -> list[dict]:
+    resolve_inside(root, rel)
     try:
         return CompareLayout(Path(rel), root).read_rows()
     except AttnprobeError as exc:

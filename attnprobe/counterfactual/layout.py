@@ -48,7 +48,7 @@ class CounterfactualLayout:
         object.__setattr__(self, "folder", Path(self.folder))
         if self.root is not None:
             object.__setattr__(self, "root", Path(self.root).resolve())
-            object.__setattr__(self, "folder", layout_path(self.folder, self.root / self.folder, self.root))
+            object.__setattr__(self, "folder", layout_path(self.folder, self.folder, self.root))
 
     @staticmethod
     def is_folder(names: Iterable[str]) -> bool:

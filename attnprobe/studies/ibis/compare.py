@@ -104,12 +104,12 @@ def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -
                                               n_perm=n_perm)} for proto, fs in by_protocol.items()}
 
 
-def compare_rows(folders: Sequence[Path], root: Path | None = None) -> list[dict[str, Any]]:
+def compare_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
     """One row per model folder among ``folders`` (:func:`model_folders`), from its metrics.json read
-    through :class:`ModelFolderLayout` (``root``: the app's data directory, which every read stays in)."""
+    through :class:`ModelFolderLayout`."""
     rows = []
     for f in model_folders(folders):
-        m = ModelFolderLayout(f, root).read_metrics()
+        m = ModelFolderLayout(f).read_metrics()
         if m is None:
             raise AttnprobeError(f"{f}: no {METRICS_FILE} (run 'attnprobe ibis report' first)")
         rows.append(compare_row(m, f))

@@ -65,7 +65,7 @@ class _Layout:
         object.__setattr__(self, "folder", Path(self.folder))
         if self.root is not None:
             object.__setattr__(self, "root", Path(self.root).resolve())
-            object.__setattr__(self, "folder", layout_path(self.folder, self.root / self.folder, self.root))
+            object.__setattr__(self, "folder", layout_path(self.folder, self.folder, self.root))
 
     def path(self, *parts: str) -> Path:
         return layout_path(self.folder, self.folder.joinpath(*parts), self.root)

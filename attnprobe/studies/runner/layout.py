@@ -38,7 +38,7 @@ class RunnerLayout:
         object.__setattr__(self, "out", Path(self.out))
         if self.root is not None:
             object.__setattr__(self, "root", Path(self.root).resolve())
-            object.__setattr__(self, "out", layout_path(self.folder, self.root / self.out, self.root))
+            object.__setattr__(self, "out", layout_path(self.folder, self.out, self.root))
 
     @property
     def folder(self) -> Path:
