@@ -12,7 +12,7 @@ for paths, read steps through it and validate records with its ``problem``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,16 +23,11 @@ from attnprobe.results.result import META_FILE, SCORES_FILE
 
 RECORD_FILE, MASSES_FILE = "record.json", "masses.safetensors"
 ORIGINAL_DIR, COUNTERFACTUAL_DIR = "original", "counterfactual"  # the two captures of a step
-STEP_PREFIX = "step_"
+STEP_PREFIX = "step_"  # a step folder is step_<message index:04d> (Step.key)
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 STEP_FILES = (RECORD_FILE, MASSES_FILE, f"{ORIGINAL_DIR}/{META_FILE}", f"{COUNTERFACTUAL_DIR}/{META_FILE}")
 SAFETENSORS_FILES = (MASSES_FILE, f"{ORIGINAL_DIR}/{SCORES_FILE}", f"{COUNTERFACTUAL_DIR}/{SCORES_FILE}")
 MASS_ARRAYS = ("mass_original", "mass_counterfactual", "removed_tokens")  # what the app page draws
-
-
-def step_key(message_index: int) -> str:
-    """A step folder's name (``Step.key``)."""
-    return f"{STEP_PREFIX}{message_index:04d}"
 
 
 @dataclass(frozen=True)
@@ -188,3 +183,35 @@ class CounterfactualLayout:
                 if len(out) >= limit:
                     break
         return sorted(out), problems
+
+
+def iter_record_files(root: str | Path) -> Iterator[tuple[Path, Any, str | None]]:
+    """Every ``<trajectory>/<policy>/step_*/record.json`` under ``root``, sorted, without following
+    symlinked folders (a symlinked step folder is listed as a problem): ``(path, record, problem)``
+    where ``record`` is None when the file cannot be read and ``problem`` says why (or is None)."""
+    from attnprobe.counterfactual.records import record_problem
+
+    root = Path(root)
+    found: list[tuple[Path, str | None]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        depth = len(here.relative_to(root).parts)
+        for d in sorted(dirnames):
+            if (here / d).is_symlink() and depth == 2 and d.startswith(STEP_PREFIX):
+                found.append((here / d / RECORD_FILE, "a symlinked step folder (not followed)"))
+        if depth >= 3:
+            dirnames[:] = []
+        if depth == 3 and here.name.startswith(STEP_PREFIX) and RECORD_FILE in filenames:
+            found.append((here / RECORD_FILE, None))
+    for path, problem in sorted(found):
+        if problem:
+            yield path, None, problem
+            continue
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise AttnprobeError(f"{path}: not a regular file")
+            record = load_json(path)
+        except (AttnprobeError, OSError) as exc:
+            yield path, None, str(exc)
+            continue
+        yield path, record, record_problem(record)

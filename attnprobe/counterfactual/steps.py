@@ -22,9 +22,7 @@ class Step:
 
     @property
     def key(self) -> str:
-        from attnprobe.counterfactual.layout import step_key
-
-        return step_key(self.message_index)
+        return f"step_{self.message_index:04d}"
 
 
 def is_reasoning_message(msg: dict) -> bool:

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
-from attnprobe.counterfactual.layout import CounterfactualLayout
-from attnprobe.counterfactual.records import iter_record_files, record_problem
+from attnprobe.counterfactual.layout import CounterfactualLayout, iter_record_files
+from attnprobe.counterfactual.records import record_problem
 from attnprobe.counterfactual.refined import PARTS
 from attnprobe.results.formatting import format_ci
 from attnprobe.stats import bootstrap_mean_ci, wilson_ci

@@ -51,7 +51,7 @@ def test_step_dir_is_trajectory_policy_step(tmp_path):
     layout = CounterfactualLayout(tmp_path)
     step = _step()
     assert layout.step_dir(step, "mask-5") == tmp_path / "t1" / "mask-5" / "step_0001"
-    assert step.key == CL.step_key(1) == "step_0001"
+    assert step.key == f"{CL.STEP_PREFIX}0001"
     assert layout.summary_json == tmp_path / "summary.json" and layout.summary_md == tmp_path / "summary.md"
 
 

@@ -46,6 +46,7 @@ from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.layout import DECISIONS_FILE, ModelFolderLayout
 from attnprobe.trajectory.schema import call_arguments
 
 DECISIONS = ("web_search", "visit_page", "answer", "unparseable")
@@ -355,8 +356,6 @@ def check_generation_settings(folder: Path, settings: dict[str, Any]) -> None:
     from attnprobe.errors import AttnprobeError
 
     folder = Path(folder)
-    from attnprobe.studies.ibis.layout import ModelFolderLayout
-
     seen: list[dict] = [record_generation(r) for r in ModelFolderLayout(folder).read_decisions()]
     for old in seen:
         for key, new in settings.items():
@@ -368,12 +367,11 @@ def check_generation_settings(folder: Path, settings: dict[str, Any]) -> None:
 
 def read_decisions(path: Path) -> list[dict]:
     """The latest record per (item, framing) of a model folder's decisions (``path``: the folder or its
-    decisions file), each with both readouts
-    (:meth:`~attnprobe.studies.ibis.layout.ModelFolderLayout.read_decisions`, the one reader)."""
-    from attnprobe.studies.ibis.layout import DECISIONS_FILE, ModelFolderLayout
-
+    decisions file; :meth:`ModelFolderLayout.read_decisions`, the one reader), each with both readouts
+    (:func:`readouts`)."""
     path = Path(path)
-    return ModelFolderLayout(path.parent if path.name == DECISIONS_FILE else path).read_decisions()
+    layout = ModelFolderLayout(path.parent if path.name == DECISIONS_FILE else path)
+    return [readouts(r) for r in layout.read_decisions()]
 
 
 def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,

@@ -214,10 +214,9 @@ class ModelFolderLayout(_Layout):
 
     def read_decisions(self, problems: list[str] | None = None) -> list[dict]:
         """The latest record per (item, framing) of decisions.jsonl (a rerun with --force appends newer
-        ones), each with both readouts (:func:`~attnprobe.studies.ibis.behaviour.readouts`). With
-        ``problems`` (the app) a bad line or a record without item_id/framing is listed, not raised."""
-        from attnprobe.studies.ibis.behaviour import readouts
-
+        ones), as written (the app shows them so; the metrics read both readouts of each,
+        :func:`~attnprobe.studies.ibis.behaviour.read_decisions`). With ``problems`` (the app) a bad line
+        or a record without item_id/framing is listed, not raised."""
         latest: dict[tuple, dict] = {}
         for rec in self.read_lines(DECISIONS_FILE, problems):
             if "item_id" not in rec or "framing" not in rec:
@@ -227,7 +226,7 @@ class ModelFolderLayout(_Layout):
                 problems.append(msg)
                 continue
             latest[(rec["item_id"], rec["framing"])] = rec
-        return [readouts(r) for r in latest.values()]
+        return list(latest.values())
 
     def attention_problem(self, index: Any, arrays: dict) -> str | None:
         """Why attention.json and attention.safetensors disagree (None: they agree): every framing's

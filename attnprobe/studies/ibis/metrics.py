@@ -17,7 +17,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.io import read_records
 from attnprobe.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
 from attnprobe.stats import rounded as _r
-from attnprobe.studies.ibis.behaviour import DECISIONS, record_generation
+from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions, record_generation
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
 from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS
@@ -401,7 +401,7 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
     folder = Path(folder)
     layout = ModelFolderLayout(folder)
     items = layout.read_items()
-    decisions = layout.read_decisions()
+    decisions = read_decisions(folder)
     run = layout.read_run()
     m: dict[str, Any] = {
         "format_version": 1, "model": run.get("model", folder.name), "protocol": run.get("protocol", "matched"),
