@@ -89,8 +89,7 @@ def _ibis(root: str, rel: str, mtimes: tuple):
 
 def ibis(root: Path, rel: str) -> D.IbisFolder:
     folder = D.resolve_inside(root, rel)
-    mt = tuple(_mtime(folder / n) for n in ("items.jsonl", "decisions.jsonl", "metrics.json", "attention.json",
-                                            "attention.safetensors"))
+    mt = tuple(_mtime(folder / n) for n in D.IBIS_WATCHED)
     return _ibis(str(root), rel, mt)
 
 

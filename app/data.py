@@ -16,12 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.errors import AttnprobeError
 from attnprobe.results.result import META_FILE, SCORES_FILE, TEXT_FILE, CaptureResult
+from attnprobe.studies.ibis.layout import WATCHED, CompareLayout, ModelFolderLayout
 from attnprobe.studies.loop.layout import StudyLayout
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
-IBIS_MARKERS = ("decisions.jsonl", "attention.json", "metrics.json")
+IBIS_WATCHED = WATCHED  # the files whose times key the app's cache of an IBIS folder (common.ibis)
 
 
 class DataError(AttnprobeError):
@@ -157,10 +159,6 @@ class Inventory:
         return not (self.captures or self.ibis or self.compares or self.studies)
 
 
-def _is_ibis_folder(names: set[str]) -> bool:
-    return "items.jsonl" in names and any(m in names for m in IBIS_MARKERS)
-
-
 def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
     """Walk ``root`` (without following symlinked folders) for captures, IBIS model folders, compare
     outputs and interference studies. Unreadable candidates are listed in ``problems``; nothing here raises."""
@@ -177,14 +175,14 @@ def discover(root: Path, max_dirs: int = 200_000) -> Inventory:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         d = Path(dirpath)
         names = set(filenames)
-        if "record.json" in names and "masses.safetensors" in names:
+        if CounterfactualLayout.is_folder(names):
             dirnames[:] = []  # a counterfactual step (its own page); its original/ and counterfactual/ captures
             continue
         rel = rel_to(root, d)
-        if _is_ibis_folder(names):
+        if ModelFolderLayout.is_folder(names):
             inv.ibis.append(rel)
             ibis_dirs.append(d)
-        if "compare.json" in names:
+        if CompareLayout.is_folder(names):
             inv.compares.append(rel)
         if StudyLayout.is_folder(names):
             inv.studies.append(rel)  # read (and refused if bad) by the Study page
@@ -298,51 +296,33 @@ class IbisFolder:
 
 
 def load_ibis(root: Path, rel: str) -> IbisFolder:
-    folder = Path(rel)
+    """One IBIS model folder read through :class:`ModelFolderLayout` (the study's own readers and
+    validation, every path kept inside ``root``); each unreadable file is one line in ``problems``."""
+    resolve_inside(root, rel)  # the folder itself: PathEscapeError, the page's one line
+    layout = ModelFolderLayout(Path(rel), root)
     problems: list[str] = []
-    items, p = read_jsonl(root, folder / "items.jsonl")
-    problems += p
-    decisions, p = read_jsonl(root, folder / "decisions.jsonl")
-    problems += p
-    latest: dict[tuple, dict] = {}
-    for d in decisions:
-        if "item_id" in d and "framing" in d:
-            latest[(d["item_id"], d["framing"])] = d  # a rerun appends newer records
+    items = layout.read_item_records(problems)
+    decisions = layout.read_decisions(problems)  # the latest per (item, framing): a rerun appends newer records
     metrics = index = arrays = None
     run: dict = {}
-    for name in ("metrics.json", "run.json"):
-        if resolve_inside(root, folder / name).is_file():
-            try:
-                obj = read_json(root, folder / name)
-                if not isinstance(obj, dict):
-                    raise DataError(f"{folder / name}: expected a JSON object")
-                if name == "metrics.json":
-                    metrics = obj
-                else:
-                    run = obj
-            except DataError as exc:
-                problems.append(str(exc))
-    if resolve_inside(root, folder / "attention.json").is_file():
-        try:
-            index = read_json(root, folder / "attention.json")
-            arrays = read_safetensors(root, folder / "attention.safetensors")
-            n = len(index["items"])
-            for fr in index["framings"]:
-                shp = arrays[f"mass.{fr}"].shape
-                if shp[:2] != (n, len(index["categories"])):
-                    raise DataError(f"{folder}/attention.safetensors: mass.{fr} has shape {shp}, expected "
-                                    f"({n}, {len(index['categories'])}, layers, heads)")
-        except DataError as exc:
-            problems.append(str(exc))
-            index = arrays = None
-        except (KeyError, TypeError) as exc:
-            problems.append(f"{folder}/attention.json: malformed ({type(exc).__name__}: {exc})")
-            index = arrays = None
-    return IbisFolder(rel, items, list(latest.values()), metrics, index, arrays, run, problems)
+    try:
+        metrics = layout.read_metrics()
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    try:
+        run = layout.read_run()
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    try:
+        index, arrays = layout.read_attention() or (None, None)
+    except AttnprobeError as exc:
+        problems.append(str(exc))
+    return IbisFolder(rel, items, decisions, metrics, index, arrays, run, problems)
 
 
 def load_compare(root: Path, rel: str) -> list[dict]:
-    rows = read_json(root, Path(rel) / "compare.json")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise DataError(f"{rel}/compare.json: expected a list of rows (one per model)")
-    return rows
+    resolve_inside(root, rel)
+    try:
+        return CompareLayout(Path(rel), root).read_rows()
+    except AttnprobeError as exc:
+        raise DataError(str(exc)) from None

@@ -4,38 +4,23 @@ where the removed mass went, and the original token strip with the removed spans
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import streamlit as st
 
-from attnprobe.counterfactual.records import record_problem
+from attnprobe.counterfactual.layout import ORIGINAL_DIR, CounterfactualLayout
+from attnprobe.errors import AttnprobeError
 from attnprobe.results import counterfactual_figures as CF
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 
-RECORD, MASSES = "record.json", "masses.safetensors"
 MAX_STEPS = 5000
 
 
 def find_steps(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
     """(step folders ``.../<trajectory>/<policy>/step_*`` with a record inside the data directory,
-    problems). Symlinked folders are not followed; a symlinked step folder is listed as a problem."""
-    root = Path(root)
-    out: list[str] = []
-    problems: list[tuple[str, str]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        here = Path(dirpath)
-        for d in sorted(dirnames):
-            if d.startswith("step_") and (here / d).is_symlink():
-                problems.append((D.rel_to(root, here) + "/" + d if here != root else d,
-                                 "a symlinked step folder (not followed)"))
-        dirnames.sort()
-        if here.name.startswith("step_") and RECORD in filenames:
-            out.append(D.rel_to(root, here))
-            if len(out) >= MAX_STEPS:
-                break
-    return sorted(out), problems
+    problems): :meth:`CounterfactualLayout.find_steps` rooted at the data directory."""
+    return CounterfactualLayout(Path("."), Path(root)).find_steps(MAX_STEPS)
 
 
 def _skipped(problems: list[tuple[str, str]]) -> None:
@@ -59,18 +44,14 @@ def render(root, inventory) -> None:
         rel = st.selectbox("step (trajectory / policy / step)", steps, key="cf_step")
         query = st.radio("query", ["decision", "reasoning"], key="cf_query", horizontal=True)
     _skipped(problems)
+    layout = CounterfactualLayout(Path("."), root)  # the page's steps are found anywhere in the data directory
     try:
-        record = D.read_json(root, Path(rel) / RECORD)
-        problem = record_problem(record, app=True)
-        if problem:
-            raise D.DataError(f"{rel}/{RECORD}: {problem}")
-        arrays = D.read_safetensors(root, Path(rel) / MASSES)
-        missing = [k for k in ("mass_original", "mass_counterfactual", "removed_tokens") if k not in arrays]
-        if missing:
-            raise D.DataError(f"{rel}/{MASSES}: missing {', '.join(missing)}")
-        original = C.capture(root, str(Path(rel) / "original"))
-        views = C.capture_views(root, str(Path(rel) / "original"))
-    except D.DataError as exc:
+        record = layout.read_record(rel, app=True)  # the stage's one validator, with the page's fields
+        arrays = layout.read_masses(rel, check=True)
+        original_rel = D.rel_to(root, layout.capture(rel, ORIGINAL_DIR))
+        original = C.capture(root, original_rel)
+        views = C.capture_views(root, original_rel)
+    except AttnprobeError as exc:
         st.error(f"Cannot show `{rel}`: {exc}")
         return
     try:

@@ -8,6 +8,7 @@ import streamlit as st
 
 from attnprobe.results import figures as F
 from attnprobe.results.formatting import format_ci
+from attnprobe.studies.ibis import layout as L
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 
@@ -29,7 +30,8 @@ def render(root, inv) -> None:
     C.show_problems(inv.problems)
     if not inv.ibis:
         C.no_data("IBIS model folders", "Run `attnprobe ibis all --results DIR/ibis` (one folder per model with "
-                                        "items.jsonl, decisions.jsonl, attention.* and metrics.json; see docs/ibis.md).")
+                                        f"{L.ITEMS_FILE}, {L.DECISIONS_FILE}, {L.ATTENTION_INDEX}, "
+                                        f"{L.ATTENTION_ARRAYS} and {L.METRICS_FILE}; see docs/ibis.md).")
         return
     with st.sidebar:
         st.markdown("### Framings")
@@ -41,7 +43,7 @@ def render(root, inv) -> None:
         return
     C.show_problems(ib.problems, "in this folder could not be read")
     st.caption(f"model **{ib.model}** · {len(ib.items)} items · {len(ib.decisions)} decisions · "
-               f"attention: {'yes' if ib.attention is not None else 'no'} · metrics.json: "
+               f"attention: {'yes' if ib.attention is not None else 'no'} · {L.METRICS_FILE}: "
                f"{'yes' if ib.metrics else 'no'} · folder `{rel}`")
     ids = [it.get("id") for it in ib.items if it.get("id")]
     with st.sidebar:
@@ -73,7 +75,7 @@ def _item(ib: D.IbisFolder, item_id: str) -> None:
         st.info("No decisions for this item yet (`attnprobe ibis run`).")
     st.markdown("#### Attention at the decision token")
     if ib.attention is None:
-        st.info("No attention.json / attention.safetensors in this folder (`attnprobe ibis capture`).")
+        st.info(f"No {L.ATTENTION_INDEX} / {L.ATTENTION_ARRAYS} in this folder (`attnprobe ibis capture`).")
         return
     idx = ib.attention_index
     if item_id not in idx["items"]:
@@ -107,7 +109,7 @@ def _item(ib: D.IbisFolder, item_id: str) -> None:
 def _aggregated(ib: D.IbisFolder) -> None:
     m = ib.metrics
     if not m:
-        st.warning("This folder has no metrics.json yet: run `attnprobe ibis report --folder "
+        st.warning(f"This folder has no {L.METRICS_FILE} yet: run `attnprobe ibis report --folder "
                    f"{ib.rel}` to compute accuracies, gaps and confidence intervals. Per-item views work already.")
         return
     b = m.get("behaviour") or {}
@@ -129,7 +131,7 @@ def _aggregated(ib: D.IbisFolder) -> None:
                              **{k: v for k, v in (e.get("decisions") or {}).items()}})
         C.paginate(pd.DataFrame(rows), key="acc_table")
     else:
-        st.info("No behaviour results (decisions.jsonl) in this folder.")
+        st.info(f"No behaviour results ({L.DECISIONS_FILE}) in this folder.")
     a = m.get("attention") or {}
     st.subheader("Attention at the decision token")
     bc = (a.get("by_category") or {})

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
 from attnprobe.results.figures import ibis_compare_figure
 from attnprobe.results.formatting import format_ci
-from attnprobe.studies.ibis.compare import compare_rows
+from attnprobe.studies.ibis.compare import compare_row
+from attnprobe.studies.ibis.layout import METRICS_FILE, ModelFolderLayout
 from attnprobe_app import common as C
 from attnprobe_app import data as D
 
-FROM_FOLDERS = "IBIS model folders (metrics.json)"
+FROM_FOLDERS = f"IBIS model folders ({METRICS_FILE})"
 
 
 def render(root, inv) -> None:
@@ -30,14 +33,14 @@ def render(root, inv) -> None:
     if src == FROM_FOLDERS:
         rows = []
         for rel in inv.ibis:
-            folder = D.resolve_inside(root, rel)
-            if not (folder / "metrics.json").is_file():
-                problems.append(f"{rel}: no metrics.json (run `attnprobe ibis report`)")
-                continue
-            try:
-                D.read_json(root, f"{rel}/metrics.json")  # validates JSON with a clear message first
-                rows += compare_rows([folder])
-            except (D.DataError, Exception) as exc:  # noqa: BLE001 - shown to the user
+            try:  # the study's reader of metrics.json, every path kept inside the data directory
+                layout = ModelFolderLayout(Path(rel), root)
+                metrics = layout.read_metrics()
+                if metrics is None:
+                    problems.append(f"{rel}: no {METRICS_FILE} (run `attnprobe ibis report`)")
+                    continue
+                rows.append(compare_row(metrics, layout.folder))
+            except Exception as exc:  # noqa: BLE001 - shown to the user
                 problems.append(f"{rel}: {exc}")
     else:
         try:

@@ -23,6 +23,7 @@ from attnprobe.cli.options import (
 )
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
 from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
+from attnprobe.studies.ibis.layout import COMPARE_HTML, REPORT_HTML, CompareLayout, ModelFolderLayout
 from attnprobe.studies.ibis.pipeline import DEFAULT_ITEMS_NAME, DEFAULT_RESULTS
 
 
@@ -80,7 +81,7 @@ def _add_report(p):
     g.add_argument("--bootstrap", type=positive_int, default=10000, help="bootstrap resamples for CIs (default 10000)")
     g.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the bootstrap and permutations")
     g.add_argument("--permutations", type=non_negative_int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
-    add_plotlyjs_option(g, "report.html")
+    add_plotlyjs_option(g, REPORT_HTML)
 
 
 def add_plotlyjs_option(g, page: str) -> None:
@@ -158,7 +159,7 @@ def register(subparsers) -> None:
     cmp_.add_argument("folders", nargs="+", type=Path, help="model folders or results roots")
     g = add_output_options(cmp_, out_type=Path, out_default=Path("results") / "ibis_compare",
                            out_help="output folder (default results/ibis_compare)", force=False, progress=False)
-    add_plotlyjs_option(g, "compare.html")
+    add_plotlyjs_option(g, COMPARE_HTML)
     cmp_.set_defaults(func=cmd_compare)
 
 
@@ -232,7 +233,7 @@ def cmd_report(args) -> int:
     m = write_report(folder, n_boot=args.bootstrap, seed=args.seed, n_perm=args.permutations,
                      plotlyjs=True if args.plotlyjs == "inline" else "cdn")
     print(markdown_report(m))
-    print(f"ibis report -> {folder / 'report.html'}", file=sys.stderr)
+    print(f"ibis report -> {ModelFolderLayout(folder).report_html}", file=sys.stderr)
     return 0
 
 
@@ -278,5 +279,5 @@ def cmd_compare(args) -> int:
 
     rows, table = compare(args.folders, args.out, plotlyjs=True if args.plotlyjs == "inline" else "cdn")
     print(table)
-    print(f"compare -> {args.out / 'compare.html'}", file=sys.stderr)
+    print(f"compare -> {CompareLayout(args.out).page_html}", file=sys.stderr)
     return 0

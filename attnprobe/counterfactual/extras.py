@@ -16,7 +16,8 @@ from pathlib import Path
 from attnprobe.agents.policies import Counterfactual, Policy
 from attnprobe.agents.tagtext import agent_view, apply_policy
 from attnprobe.counterfactual.actions import compare_actions, logprob_block, recorded_logprob, tool_vocabulary
-from attnprobe.counterfactual.records import QUERY_NAMES, RECORD_FILE
+from attnprobe.counterfactual.layout import ORIGINAL_DIR, RECORD_FILE, CounterfactualLayout
+from attnprobe.counterfactual.records import QUERY_NAMES
 from attnprobe.counterfactual.refined import refined_mass_split
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory
@@ -70,7 +71,7 @@ def augment_step_folder(directory: str | Path, trajectory: Trajectory, policy: P
     cfx = apply_policy(policy, trajectory.messages[:i])
     if [int(k) for k in cfx.source] != [int(k) for k in record["source"]]:
         raise ValueError(f"{directory}: the policy no longer gives the recorded counterfactual (source differs)")
-    original = CaptureResult.load(directory / "original")
+    original = CaptureResult.load(directory / ORIGINAL_DIR)
     rendering = (record.get("rendering") or {}).get("original", "auto")
     extra_fields(record, original, cfx, trajectory, i, model=model, rendering=rendering,
                  original_logprob=original_logprob)
@@ -80,6 +81,4 @@ def augment_step_folder(directory: str | Path, trajectory: Trajectory, policy: P
 
 def steps_of(root: str | Path, trajectory_id: str, policy_name: str) -> Sequence[Path]:
     """The finished step folders of one (trajectory, policy) under a run folder."""
-    from attnprobe.io import safe_name
-
-    return sorted((Path(root) / safe_name(trajectory_id) / safe_name(policy_name)).glob(f"step_*/{RECORD_FILE}"))
+    return CounterfactualLayout(Path(root)).step_records(trajectory_id, policy_name)

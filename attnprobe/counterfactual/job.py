@@ -15,13 +15,14 @@ from typing import Any
 
 from attnprobe.agents.policies import Policy, parse_policy, policy_name
 from attnprobe.capture.models import LoadedModel
+from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
 from attnprobe.counterfactual.steps import Step, choose_steps, plan_steps
-from attnprobe.counterfactual.store import clear_steps, step_dir, step_done
+from attnprobe.counterfactual.store import clear_steps
 from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summarize_dir, write_summary
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
-from attnprobe.io import inside, recover_atomic_dirs
+from attnprobe.io import recover_atomic_dirs
 from attnprobe.io.options import option_flags
 from attnprobe.io.settings import check_settings
 from attnprobe.trajectory.schema import Trajectory
@@ -52,10 +53,11 @@ class CounterfactualJob(JobBase):
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        self.layout = CounterfactualLayout(self.out)
         self.names = [policy_name(self._policy(p)) for p in self.policies]
         for s in self.steps:  # a symlinked trajectory or policy folder would take the writes out of OUT
             for n in self.names:
-                inside(self.out, step_dir(self.out, s, n))
+                self.layout.step_dir(s, n)  # refused there (OutsideFolder), before any work
         if self.force:
             clear_steps(self.out, self.steps, self.names)
             self.force = False  # cleared once here; a retried shard must not clear what it wrote
@@ -74,7 +76,7 @@ class CounterfactualJob(JobBase):
         return out
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
-        return all(step_done(self.out, item.data, n, self.settings[n], since=since) for n in self.names)
+        return all(self.layout.step_done(item.data, n, self.settings[n], since=since) for n in self.names)
 
     @property
     def prepare_key(self) -> Any:
@@ -90,7 +92,7 @@ class CounterfactualJob(JobBase):
         return [None] * len(batch)
 
     def finish(self) -> list[str]:
-        parents = {step_dir(self.out, s, n).parent for s in self.steps for n in self.names}
+        parents = {self.layout.step_dir(s, n).parent for s in self.steps for n in self.names}
         return [p for parent in sorted(parents) if parent.is_dir() for p in recover_atomic_dirs(parent)]
 
 
@@ -210,5 +212,5 @@ def run_files(files: Sequence[Path], out: Path, choice: StepChoice, opts: RunOpt
                            min_past=min_past)
     counts = report["counts"]
     log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
-             counts["done"], counts["done_before"], counts["failed"], Path(out) / "summary.md")
+             counts["done"], counts["done_before"], counts["failed"], CounterfactualLayout(Path(out)).summary_md)
     return report

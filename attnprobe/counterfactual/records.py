@@ -1,20 +1,18 @@
 """Reading counterfactual step records defensively: one malformed ``record.json`` is skipped and listed
 with its reason, never a KeyError that takes the whole summary, report or app page with it (issue 22).
 
-:func:`record_problem` checks every field the summaries and the app read; :func:`iter_record_files`
-walks a run folder without following symlinked folders and yields ``(path, record or None, problem)``.
+:func:`record_problem` checks every field the summaries and the app read (the run folder's layout,
+:class:`~attnprobe.counterfactual.layout.CounterfactualLayout`, validates through it; its
+:func:`~attnprobe.counterfactual.layout.iter_record_files` walks a run folder).
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
-from attnprobe.counterfactual.store import RECORD_FILE
 
 
 def _groups() -> tuple[str, ...]:
@@ -87,36 +85,3 @@ def record_problem(record: Any, *, app: bool = False) -> str | None:
                 if problem:
                     return problem
     return None
-
-
-def iter_record_files(root: str | Path) -> Iterator[tuple[Path, Any, str | None]]:
-    """Every ``<trajectory>/<policy>/step_*/record.json`` under ``root``, sorted, without following
-    symlinked folders (a symlinked step folder is listed as a problem): ``(path, record, problem)``
-    where ``record`` is None when the file cannot be read and ``problem`` says why (or is None)."""
-    from attnprobe.errors import AttnprobeError
-    from attnprobe.io import load_json
-
-    root = Path(root)
-    found: list[tuple[Path, str | None]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        here = Path(dirpath)
-        depth = len(here.relative_to(root).parts)
-        for d in sorted(dirnames):
-            if (here / d).is_symlink() and depth == 2 and d.startswith("step_"):
-                found.append((here / d / RECORD_FILE, "a symlinked step folder (not followed)"))
-        if depth >= 3:
-            dirnames[:] = []
-        if depth == 3 and here.name.startswith("step_") and RECORD_FILE in filenames:
-            found.append((here / RECORD_FILE, None))
-    for path, problem in sorted(found):
-        if problem:
-            yield path, None, problem
-            continue
-        try:
-            if path.is_symlink() or not path.is_file():
-                raise AttnprobeError(f"{path}: not a regular file")
-            record = load_json(path)
-        except (AttnprobeError, OSError) as exc:
-            yield path, None, str(exc)
-            continue
-        yield path, record, record_problem(record)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from attnprobe.counterfactual.store import RECORD_FILE
+from attnprobe.counterfactual.layout import RECORD_FILE, STEP_PREFIX
 from attnprobe.counterfactual.summary import TABLE_HEAD, summarize, table_rows
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import load_json
@@ -49,7 +49,7 @@ def build_section(root: Path, steps: list[Path], skipped: list[tuple[str, str]])
     holding ``<trajectory>/<policy>/step_*``), one part each."""
     runs: dict[Path, list[Path]] = {}
     for step in steps:
-        if len(step.relative_to(root).parts) >= 3 and step.name.startswith("step_"):
+        if len(step.relative_to(root).parts) >= 3 and step.name.startswith(STEP_PREFIX):
             runs.setdefault(step.parents[2], []).append(step)
     parts = []
     for i, run in enumerate(sorted(runs)):

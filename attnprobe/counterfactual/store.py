@@ -1,7 +1,6 @@
-"""Where a (step, policy) lives on disk, when it counts as done, and reading it back.
-
-``OUT/<trajectory>/<policy>/step_<i>/`` (atomic; ``record.json`` written last) holds ``record.json``,
-``masses.safetensors`` and the two capture results ``original/`` and ``counterfactual/``.
+"""Writing a (step, policy) folder and reading it back. Where it lives and when it counts as done is
+:class:`~attnprobe.counterfactual.layout.CounterfactualLayout` (the one module that spells the names;
+``step_dir``, ``step_done`` and the file names are re-exported here for the callers that import them).
 """
 
 from __future__ import annotations
@@ -15,40 +14,34 @@ import numpy as np
 
 from attnprobe.agents.policies import Counterfactual
 from attnprobe.counterfactual.analysis import step_analysis
+from attnprobe.counterfactual.layout import (
+    COUNTERFACTUAL_DIR,
+    MASSES_FILE,
+    ORIGINAL_DIR,
+    RECORD_FILE,
+    SAFETENSORS_FILES,
+    STEP_FILES,
+    STEP_PREFIX,
+    CounterfactualLayout,
+)
 from attnprobe.counterfactual.steps import Step
-from attnprobe.errors import AttnprobeError
-from attnprobe.io import AtomicDir, atomic_write_text, load_json, safe_name, safetensors_problem
+from attnprobe.io import AtomicDir, atomic_write_text, load_json
 from attnprobe.render.rendering import message_turns
-from attnprobe.results.result import META_FILE, SCORES_FILE, CaptureResult
+from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory
 
-RECORD_FILE, MASSES_FILE = "record.json", "masses.safetensors"
-STEP_FILES = (RECORD_FILE, MASSES_FILE, f"original/{META_FILE}", f"counterfactual/{META_FILE}")
-SAFETENSORS_FILES = (MASSES_FILE, f"original/{SCORES_FILE}", f"counterfactual/{SCORES_FILE}")
+__all__ = ["COUNTERFACTUAL_DIR", "MASSES_FILE", "ORIGINAL_DIR", "RECORD_FILE", "SAFETENSORS_FILES", "STEP_FILES",
+           "clear_steps", "iter_records", "load_step", "reanalyse_step", "step_dir", "step_done", "write_step"]
 
 
 def step_dir(out: Path, step: Step, policy: str) -> Path:
-    return Path(out) / safe_name(step.trajectory.id) / safe_name(policy) / step.key
+    """:meth:`CounterfactualLayout.step_dir` (no symlink below ``out`` followed)."""
+    return CounterfactualLayout(Path(out)).step_dir(step, policy)
 
 
 def step_done(out: Path, step: Step, policy: str, settings: dict, since: float | None = None) -> bool:
-    """Done: every file of the step folder is there, its record was made with ``settings`` from a
-    trajectory with the same content hash (a changed trajectory is redone), and (``since``) it was
-    written at or after that time. An unreadable record means the step is redone."""
-    folder = step_dir(out, step, policy)
-    path = folder / RECORD_FILE
-    if not all((folder / f).is_file() for f in STEP_FILES):
-        return False
-    if any(safetensors_problem(folder / f) for f in SAFETENSORS_FILES):  # truncated: not done, redone
-        return False
-    try:
-        record = load_json(path)
-        if since is not None and path.stat().st_mtime < since:
-            return False
-    except (AttnprobeError, OSError):  # unreadable (torn, not UTF-8, too large): redo the step
-        return False
-    return (isinstance(record, dict) and record.get("settings") == settings
-            and record.get("trajectory_hash") == step.trajectory.content_hash())
+    """:meth:`CounterfactualLayout.step_done`: the one rule."""
+    return CounterfactualLayout(Path(out)).step_done(step, policy, settings, since)
 
 
 def write_step(directory: Path, record: dict, arrays: dict[str, np.ndarray], original: CaptureResult,
@@ -56,8 +49,8 @@ def write_step(directory: Path, record: dict, arrays: dict[str, np.ndarray], ori
     from safetensors.numpy import save_file
 
     with AtomicDir(directory) as tmp:
-        original.save(tmp / "original")
-        counterfactual.save(tmp / "counterfactual")
+        original.save(tmp / ORIGINAL_DIR)
+        counterfactual.save(tmp / COUNTERFACTUAL_DIR)
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / MASSES_FILE))
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1, ensure_ascii=False), encoding="utf-8")
 
@@ -76,8 +69,8 @@ def reanalyse_step(directory: str | Path, trajectory: Trajectory) -> dict:
 
     directory = Path(directory)
     record, _ = load_step(directory)
-    original = CaptureResult.load(directory / "original")
-    counterfactual = CaptureResult.load(directory / "counterfactual")
+    original = CaptureResult.load(directory / ORIGINAL_DIR)
+    counterfactual = CaptureResult.load(directory / COUNTERFACTUAL_DIR)
     i = int(record["step_message_index"])
     cfx = Counterfactual([], list(record["source"]), {int(k): v for k, v in record["changes"].items()}, record["policy"])
     step = Step(trajectory, i, int(record["turn"]))
@@ -89,17 +82,12 @@ def reanalyse_step(directory: str | Path, trajectory: Trajectory) -> dict:
 
 
 def load_step(directory: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(record, arrays) of one finished step folder."""
-    from safetensors.numpy import load_file
-
-    directory = Path(directory)
-    path = directory / RECORD_FILE
-    if not path.is_file():
-        raise AttnprobeError(f"{directory}: not a counterfactual step (no {RECORD_FILE})")
-    return load_json(path), load_file(str(directory / MASSES_FILE))
+    """(record, arrays) of one finished step folder, read through :class:`CounterfactualLayout`."""
+    layout = CounterfactualLayout(Path(directory))
+    return layout.read_record(), layout.read_masses()
 
 
 def iter_records(root: str | Path):
     """Every finished step record under ``root`` (``<trajectory>/<policy>/step_*/record.json``)."""
-    for path in sorted(Path(root).glob(f"*/*/step_*/{RECORD_FILE}")):
+    for path in sorted(Path(root).glob(f"*/*/{STEP_PREFIX}*/{RECORD_FILE}")):
         yield load_json(path)

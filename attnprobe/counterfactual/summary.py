@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from attnprobe.counterfactual.analysis import GROUPS, QUERY_NAMES
-from attnprobe.counterfactual.records import iter_record_files, record_problem
+from attnprobe.counterfactual.layout import CounterfactualLayout, iter_record_files
+from attnprobe.counterfactual.records import record_problem
 from attnprobe.counterfactual.refined import PARTS
 from attnprobe.results.formatting import format_ci
 from attnprobe.stats import bootstrap_mean_ci, wilson_ci
@@ -248,7 +249,6 @@ def markdown_table(summary: dict, query: str = "decision") -> str:
     return head + "\n".join("| " + " | ".join(r) + " |" for r in table_rows(summary, query)) + "\n"
 
 
-SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 QUERY_TABLES = ("decision", "reasoning")
 
 
@@ -272,6 +272,6 @@ def write_summary(out: str | Path, summary: dict, *, min_past: int | None = None
     the stage writes them, whichever command ran it (``attnprobe counterfactual``, ``study attention``)."""
     from attnprobe.io import atomic_write_text, finite_json
 
-    out = Path(out)
-    atomic_write_text(out / SUMMARY_JSON, json.dumps(finite_json(summary), indent=1, allow_nan=False))
-    atomic_write_text(out / SUMMARY_MD, summary_markdown(summary, min_past=min_past, skipped=skipped, models=models))
+    layout = CounterfactualLayout(Path(out))
+    atomic_write_text(layout.summary_json, json.dumps(finite_json(summary), indent=1, allow_nan=False))
+    atomic_write_text(layout.summary_md, summary_markdown(summary, min_past=min_past, skipped=skipped, models=models))

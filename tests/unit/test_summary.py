@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from attnprobe.counterfactual.analysis import GROUPS
-from attnprobe.counterfactual.records import iter_record_files, record_problem
+from attnprobe.counterfactual.layout import iter_record_files
+from attnprobe.counterfactual.records import record_problem
 from attnprobe.counterfactual.summary import markdown_table, summarize, summarize_dir
 
 

@@ -12,7 +12,8 @@ model while it decides:
 - :mod:`.stats`      McNemar exact test, Wilson and bootstrap CIs, grouped-CV AUC (scipy / scikit-learn);
 - :mod:`.metrics`    metrics.json of a model folder (behaviour, flips, attention);
 - :mod:`.compare`    the cross-model rows;
-- :mod:`.report`     report.md / report.html and the compare outputs, from Jinja templates in templates/.
+- :mod:`.report`     report.md / report.html and the compare outputs, from Jinja templates in templates/;
+- :mod:`.layout`     the model folder's and the comparison folder's file names, paths, readers and checks.
 
 The command line is :mod:`attnprobe.cli.ibis` (``attnprobe ibis`` and ``attnprobe compare``).
 

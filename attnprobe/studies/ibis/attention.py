@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import atomic_write_text, load_json
+from attnprobe.io import atomic_write_text
 from attnprobe.results.result import META_FILE, CaptureResult
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
-from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob, capture_dir
+from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob
+from attnprobe.studies.ibis.layout import ATTENTION_INDEX, ModelFolderLayout
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
@@ -70,11 +71,12 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
     from safetensors.numpy import save_file
 
     folder = Path(folder)
+    layout = ModelFolderLayout(folder)
     rows: dict[str, list] = {fr: [] for fr in framings}
     ntok: dict[str, list] = {fr: [] for fr in framings}
     kept, missing, meta0 = [], [], None
     for it in items:
-        dirs = [capture_dir(folder, it.id, fr) for fr in framings]
+        dirs = [layout.capture(it.id, fr) for fr in framings]
         if not all((d / META_FILE).is_file() for d in dirs):
             missing.append(it.id)
             continue
@@ -108,21 +110,21 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
         "model": meta0.get("model"), "backend": meta0.get("backend"), "dtype": meta0.get("dtype"),
         "chat_template_hash": meta0.get("chat_template_hash"), "chunk_size": meta0.get("chunk_size"),
         "attnprobe_version": meta0.get("attnprobe_version"),
-        "renderings": {fr: CaptureResult.load(capture_dir(folder, kept[0].id, fr)).meta.get("rendering")
+        "renderings": {fr: CaptureResult.load(layout.capture(kept[0].id, fr)).meta.get("rendering")
                        for fr in framings},
     }
-    tmp = folder / ".attention.safetensors.tmp"
+    target = layout.attention_arrays
+    tmp = target.with_name(f".{target.name}.tmp")
     save_file(arrays, str(tmp))
-    tmp.replace(folder / "attention.safetensors")
-    atomic_write_text(folder / "attention.json", json.dumps(index, indent=1))
+    tmp.replace(target)
+    atomic_write_text(layout.attention_index, json.dumps(index, indent=1))
     return index
 
 
 def load_attention(folder: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    from safetensors.numpy import load_file
-
-    folder = Path(folder)
-    idx_path = folder / "attention.json"
-    if not idx_path.is_file():
-        raise AttnprobeError(f"{folder}: no attention.json (run 'attnprobe ibis capture' first)")
-    return load_json(idx_path), load_file(str(folder / "attention.safetensors"))
+    """(index, arrays) of the folder's aggregate (:meth:`ModelFolderLayout.read_attention`)."""
+    layout = ModelFolderLayout(Path(folder))
+    attention = layout.read_attention()
+    if attention is None:
+        raise AttnprobeError(f"{folder}: no {ATTENTION_INDEX} (run 'attnprobe ibis capture' first)")
+    return attention

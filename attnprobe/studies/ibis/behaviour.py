@@ -44,9 +44,9 @@ from typing import Any
 
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
-from attnprobe.io import read_records
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.layout import DECISIONS_FILE, ModelFolderLayout
 from attnprobe.trajectory.schema import call_arguments
 
 DECISIONS = ("web_search", "visit_page", "answer", "unparseable")
@@ -356,7 +356,7 @@ def check_generation_settings(folder: Path, settings: dict[str, Any]) -> None:
     from attnprobe.errors import AttnprobeError
 
     folder = Path(folder)
-    seen: list[dict] = [record_generation(r) for r in read_decisions(folder / "decisions.jsonl")]
+    seen: list[dict] = [record_generation(r) for r in ModelFolderLayout(folder).read_decisions()]
     for old in seen:
         for key, new in settings.items():
             if key in old and old[key] != new:
@@ -366,13 +366,12 @@ def check_generation_settings(folder: Path, settings: dict[str, Any]) -> None:
 
 
 def read_decisions(path: Path) -> list[dict]:
-    """The latest record per (item, framing) of decisions.jsonl (a rerun with --force appends newer
-    ones), each with both readouts (:func:`readouts`); a torn last line from a crash is reported and
-    ignored."""
-    latest: dict[tuple, dict] = {}
-    for rec in read_records(path, torn_tail="skip", missing_ok=True):
-        latest[(rec["item_id"], rec["framing"])] = rec
-    return [readouts(r) for r in latest.values()]
+    """The latest record per (item, framing) of a model folder's decisions (``path``: the folder or its
+    decisions file; :meth:`ModelFolderLayout.read_decisions`, the one reader), each with both readouts
+    (:func:`readouts`)."""
+    path = Path(path)
+    layout = ModelFolderLayout(path.parent if path.name == DECISIONS_FILE else path)
+    return [readouts(r) for r in layout.read_decisions()]
 
 
 def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,

@@ -11,24 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import load_json
 from attnprobe.studies.ibis.framings import FRAMINGS
+from attnprobe.studies.ibis.layout import METRICS_FILE, ModelFolderLayout, model_folders
 
-
-def model_folders(paths: Sequence[Path]) -> list[Path]:
-    """Model folders among ``paths``: a folder with metrics.json or items.jsonl, or the model folders
-    (with metrics.json) directly inside a results root."""
-    out = []
-    for p in map(Path, paths):
-        if (p / "metrics.json").is_file() or (p / "items.jsonl").is_file():
-            out.append(p)
-        elif p.is_dir():
-            out += sorted(q for q in p.iterdir() if not q.name.startswith(".") and (q / "metrics.json").is_file())
-        else:
-            raise AttnprobeError(f"{p}: not a folder")
-    if not out:
-        raise AttnprobeError("no IBIS model folders (with metrics.json) among: " + ", ".join(map(str, paths)))
-    return out
+__all__ = ["compare_row", "compare_rows", "model_folders", "pooled_flips", "variant_text"]
 
 
 def compare_row(m: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -102,14 +88,13 @@ def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -
     """The flip analysis pooled over the model folders, one protocol at a time (seed 000 A.5 pools the
     models of its Figure 4): free generation and forced choice."""
     from attnprobe.studies.ibis.flips import folder_flip_inputs, pooled_flip_analysis
-    from attnprobe.studies.ibis.metrics import read_run
 
     by_protocol: dict[str, list[Path]] = {}
     for f in model_folders(folders):
-        if not (f / "decisions.jsonl").is_file():
+        layout = ModelFolderLayout(f)
+        if not layout.decisions.is_file():
             continue
-        run = read_run(f)
-        by_protocol.setdefault(run.get("protocol", "matched"), []).append(f)
+        by_protocol.setdefault(layout.protocol(), []).append(f)
     return {proto: {
         "models": [f.name for f in fs],
         "free_generation": pooled_flip_analysis([folder_flip_inputs(f) for f in fs], seed=seed, n_perm=n_perm),
@@ -120,10 +105,12 @@ def pooled_flips(folders: Sequence[Path], *, seed: int = 0, n_perm: int = 200) -
 
 
 def compare_rows(folders: Sequence[Path]) -> list[dict[str, Any]]:
+    """One row per model folder among ``folders`` (:func:`model_folders`), from its metrics.json read
+    through :class:`ModelFolderLayout`."""
     rows = []
     for f in model_folders(folders):
-        mp = f / "metrics.json"
-        if not mp.is_file():
-            raise AttnprobeError(f"{f}: no metrics.json (run 'attnprobe ibis report' first)")
-        rows.append(compare_row(load_json(mp), f))
+        m = ModelFolderLayout(f).read_metrics()
+        if m is None:
+            raise AttnprobeError(f"{f}: no {METRICS_FILE} (run 'attnprobe ibis report' first)")
+        rows.append(compare_row(m, f))
     return rows

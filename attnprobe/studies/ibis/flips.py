@@ -31,7 +31,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.stats import feature_correlations, grouped_cv_auc, power_note, rounded, wilson_ci
 from attnprobe.studies.ibis.behaviour import read_decisions
 from attnprobe.studies.ibis.features import FEATURE_NAMES, surface_features
-from attnprobe.studies.ibis.items import load_items
+from attnprobe.studies.ibis.layout import ModelFolderLayout
 
 N_SPLITS = 5
 CV = (f"StratifiedGroupKFold ({N_SPLITS} folds, fewer when the rarer class is in fewer query groups; groups "
@@ -64,8 +64,8 @@ def folder_flip_inputs(folder: Path, *, forced_choice: bool = False) -> tuple[st
     the folder's (unique within a results root, unlike the model: one model can have a folder per
     protocol)."""
     folder = Path(folder)
-    return (folder.name, decision_table(read_decisions(folder / "decisions.jsonl"), forced_choice=forced_choice),
-            load_items(folder / "items.jsonl"))
+    return (folder.name, decision_table(read_decisions(folder), forced_choice=forced_choice),
+            ModelFolderLayout(folder).read_items())
 
 
 def _query_group(item) -> str:

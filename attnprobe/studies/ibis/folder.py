@@ -16,7 +16,7 @@ from pathlib import Path
 from attnprobe.io import atomic_write_text, dumps_line, safe_name, write_jsonl
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem, load_items
-from attnprobe.studies.ibis.metrics import read_run
+from attnprobe.studies.ibis.layout import ModelFolderLayout
 
 
 def model_name(spec: str, *, served_model: str | None = None) -> str:
@@ -52,13 +52,14 @@ def variant(*, dtype: str = "float32", model: str | None = None, endpoint: str |
 
 def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protocol: str, this_variant: dict,
                    items_source: str, reminder: str | None = None) -> None:
-    """Write items.jsonl (the exact items used, merged with earlier ones), framings.jsonl and run.json
-    into the model folder; refuses changed items, another protocol and another variant."""
+    """Write the folder's items (the exact items used, merged with earlier ones), framings and run record
+    (:class:`~attnprobe.studies.ibis.layout.ModelFolderLayout`); refuses changed items, another protocol and another variant."""
     from attnprobe._version import __version__
 
     folder.mkdir(parents=True, exist_ok=True)
+    layout = ModelFolderLayout(folder)
     items_text = "".join(dumps_line(it.to_dict()) for it in items)
-    old = folder / "items.jsonl"
+    old = layout.items
     if old.is_file() and old.read_text(encoding="utf-8") != items_text:
         prev = {it.id: it.to_dict() for it in load_items(old)}
         changed = [it.id for it in items if it.id in prev and prev[it.id] != it.to_dict()]
@@ -69,7 +70,7 @@ def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protoc
         items_text = "".join(dumps_line(v) for v in merged.values())
     atomic_write_text(old, items_text)
     all_items = load_items(old)
-    run = read_run(folder)
+    run = layout.read_run()
     done_with = run.get("protocol", "matched" if run else protocol)  # folders before protocols: matched
     if done_with != protocol:
         raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {protocol}: use "
@@ -80,20 +81,21 @@ def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protoc
     if diffs:
         raise ValueError(f"{folder} holds results of another variant ({'; '.join(diffs)}): use another --folder "
                          "(or --results; a dtype other than float32 gets its own default folder)")
-    write_jsonl(folder / "framings.jsonl",
+    write_jsonl(layout.framings,
                 (build_framing(it, fr, protocol, reminder=reminder).to_dict() for it in all_items for fr in FRAMINGS))
     run.update({"model": name, "protocol": protocol, "reminder": resolve_reminder(protocol, reminder),
                 "variant": merged_variant, "attnprobe_version": __version__,
                 "items_source": items_source, "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})
-    atomic_write_text(folder / "run.json", json.dumps(run, indent=1))
+    atomic_write_text(layout.run, json.dumps(run, indent=1))
 
 
 def update_run(folder: Path, stage: str, info: dict) -> None:
     """Record one stage's settings and counts in run.json."""
-    run = read_run(folder)
+    layout = ModelFolderLayout(Path(folder))
+    run = layout.read_run()
     run.setdefault("stages", {})[stage] = info
-    atomic_write_text(folder / "run.json", json.dumps(run, indent=1))
+    atomic_write_text(layout.run, json.dumps(run, indent=1))
 
 
 def invariants(model, items: Sequence[IbisItem], protocol: str, reminder: str | None = None) -> dict | None:

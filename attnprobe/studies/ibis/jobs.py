@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnprobe.execution.job import JobBase, WorkItem, written_since
+from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import append_jsonl, recover_atomic_dirs
-from attnprobe.results.result import META_FILE
 from attnprobe.studies.ibis.behaviour import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NO_CALL_TOKENS,
@@ -24,16 +23,17 @@ from attnprobe.studies.ibis.behaviour import (
     check_generation_settings,
     decide_many,
     generation_settings,
-    read_decisions,
 )
 from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
+from attnprobe.studies.ibis.layout import ModelFolderLayout
 from attnprobe.studies.ibis.position import SHIFTED, shifted_observer
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
 def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
-    return Path(folder) / "captures" / item_id / framing
+    """``captures/<item>/<framing>/`` of a model folder (:meth:`ModelFolderLayout.capture`)."""
+    return ModelFolderLayout(Path(folder)).capture(item_id, framing)
 
 
 def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str, reminder: str | None) -> list[WorkItem]:
@@ -76,23 +76,22 @@ class BehaviourJob(JobBase):
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.out = self.folder
+        self.layout = ModelFolderLayout(self.folder)
         if not self.force:
             check_generation_settings(self.folder, generation_settings(
                 self, max_tokens=self.max_tokens, protocol=self.protocol, reminder=self.reminder))
-        self._finished = {(r["item_id"], r["framing"]) for r in read_decisions(self.decisions)}
+        self._finished = self.layout.decided()
 
     @property
     def decisions(self) -> Path:
-        return self.folder / "decisions.jsonl"
+        return self.layout.decisions
 
     def items(self) -> list[WorkItem]:
         return _pairs(self.ibis_items, self.framings, self.protocol, self.reminder)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
-        if since is not None:  # replicas write nothing: a retried shard has nothing of its own to skip
-            return False
         it, fr = item.data
-        return (it.id, fr) in self._finished
+        return self.layout.decision_done(self._finished, it.id, fr, since)
 
     @property
     def prepare_key(self) -> Any:
@@ -147,13 +146,14 @@ class AttentionJob(JobBase):
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.out = self.folder
+        self.layout = ModelFolderLayout(self.folder)
 
     def items(self) -> list[WorkItem]:
         return _pairs(self.ibis_items, capture_framings(self.framings, self.protocol), self.protocol, self.reminder)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         it, fr = item.data
-        return written_since(capture_dir(self.folder, it.id, fr) / META_FILE, since)
+        return self.layout.capture_done(it.id, fr, since)
 
     def run(self, model, batch: Sequence[WorkItem]) -> list[None]:
         from attnprobe.capture.api import capture_many
@@ -168,11 +168,11 @@ class AttentionJob(JobBase):
                                 "reminder": traj.meta["ibis"].get("reminder"),
                                 **({"pad": traj.meta["ibis"].get("pad", 0)} if fr == SHIFTED else {}),
                                 "categories": segment_categories(res.segments, traj)}
-            res.save(capture_dir(self.folder, it.id, fr))
+            res.save(self.layout.capture(it.id, fr))
         return [None] * len(batch)
 
     def finish(self) -> list[str]:
-        root = self.folder / "captures"
+        root = self.layout.captures
         parents = [root, *(p for p in root.iterdir() if p.is_dir())] if root.is_dir() else []
         return [p for parent in parents for p in recover_atomic_dirs(parent)]
 
@@ -181,7 +181,7 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
                   max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
                   protocol: str = "paper", reminder: str | None = None) -> dict[str, int]:
-    """Decide every (item, framing) not yet in ``folder/decisions.jsonl`` in this process
+    """Decide every (item, framing) not yet in the folder's decisions in this process
     (:class:`BehaviourJob` on the local executor); returns counts.
 
     Resumable: finished pairs are skipped; each decision is appended durably as soon as its batch

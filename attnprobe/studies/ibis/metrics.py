@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import load_json, read_records
+from attnprobe.io import read_records
 from attnprobe.stats import bootstrap_ci, bootstrap_mean_ci, mcnemar_exact, wilson_ci
 from attnprobe.stats import rounded as _r
 from attnprobe.studies.ibis.behaviour import DECISIONS, read_decisions, record_generation
 from attnprobe.studies.ibis.flips import decision_table, flip_analysis
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, FRAMINGS
-from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS, load_items
+from attnprobe.studies.ibis.items import HEADLINE_LABELS, LABELS
+from attnprobe.studies.ibis.layout import ModelFolderLayout
 from attnprobe.studies.ibis.position import position_control, position_inputs
 
 SUBSETS = ("should_research", "should_visit_page", "headline", "should_return_answer")
@@ -391,20 +392,17 @@ def _layer_and_head_gaps(arrays, cats, layers, sel, layer_cats, head_cats, *, n_
 
 
 def read_run(folder: Path) -> dict:
-    """A model folder's run.json (model, protocol, variant, stages), {} when there is none; read with
-    the one JSON loader (size and depth limits, errors name the file)."""
-    path = Path(folder) / "run.json"
-    return load_json(path) if path.is_file() else {}
+    """A model folder's run.json (model, protocol, variant, stages), {} when there is none
+    (:meth:`ModelFolderLayout.read_run`: the one reader, validated by its ``problem``)."""
+    return ModelFolderLayout(Path(folder)).read_run()
 
 
 def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: int = 200) -> dict[str, Any]:
     folder = Path(folder)
-    items_path = folder / "items.jsonl"
-    if not items_path.is_file():
-        raise AttnprobeError(f"{folder}: no items.jsonl (not an IBIS model folder; run 'attnprobe ibis run' first)")
-    items = load_items(items_path)
-    decisions = read_decisions(folder / "decisions.jsonl")
-    run = read_run(folder)
+    layout = ModelFolderLayout(folder)
+    items = layout.read_items()
+    decisions = read_decisions(folder)
+    run = layout.read_run()
     m: dict[str, Any] = {
         "format_version": 1, "model": run.get("model", folder.name), "protocol": run.get("protocol", "matched"),
         "folder": str(folder),
@@ -418,17 +416,14 @@ def compute_metrics(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm:
                      or ("listing" if m["protocol"] == "paper" else "identical"))
     if decisions:
         m["behaviour"] = behaviour_metrics(items, decisions, n_boot=n_boot, seed=seed, n_perm=n_perm)
-    if (folder / "attention.json").is_file():
-        from attnprobe.studies.ibis.attention import load_attention
-
-        index, arrays = load_attention(folder)
+    if (attention := layout.read_attention()) is not None:
+        index, arrays = attention
         m["attention"] = attention_metrics(index, arrays, n_boot=n_boot, seed=seed)
         gap = m["attention"].get("attentional_gap") or {}
-        if gap.get("gap") is not None and (folder / "captures").is_dir():
+        if gap.get("gap") is not None and layout.captures.is_dir():
             ids = [i for i, lb in zip(index["items"], index["labels"]) if _in_subset(lb, "headline")]
             p = position_inputs(folder, ids)
             gap["position_control"] = position_control(p["qa"], p["qo"], p["pa"], p["po"], p["da"], p["do"],
                                                        n_boot=n_boot, seed=seed, qs=p["qs"], ds=p["ds"])
-    errors = folder / "errors.jsonl"
-    m["errors_logged"] = len(read_records(errors, torn_tail="skip", missing_ok=True))
+    m["errors_logged"] = len(read_records(layout.errors, torn_tail="skip", missing_ok=True))
     return m

@@ -58,6 +58,12 @@ class Target:
     name: str
     folder: Path
 
+    @property
+    def layout(self):
+        from attnprobe.studies.ibis.layout import ModelFolderLayout
+
+        return ModelFolderLayout(self.folder)
+
 
 def select_items(opts: IbisOptions) -> list:
     """The items the options select (``items``, ``ids``, ``limit``)."""
@@ -96,7 +102,7 @@ def prepare(opts: IbisOptions, target: Target, items, generator: str) -> None:
 
 
 def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
-    """Behaviour: one decision per (item, framing) into ``decisions.jsonl`` on executor ``ex``."""
+    """Behaviour: one decision per (item, framing) into the folder's decisions on executor ``ex``."""
     from attnprobe.studies.ibis.folder import invariants, update_run
     from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import BehaviourJob
@@ -127,7 +133,7 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
     from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import AttentionJob
 
-    if not (target.folder / "items.jsonl").is_file():
+    if not target.layout.items.is_file():
         prepare(opts, target, items, "transformers")
     force = opts.force or opts.force_capture
     # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
@@ -171,8 +177,8 @@ def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
 
 
 def run_line(counts: RunCounts, target: Target) -> str:
-    return counts.line("ibis run", done="decided", to=target.folder / "decisions.jsonl")
+    return counts.line("ibis run", done="decided", to=target.layout.decisions)
 
 
 def capture_line(counts: RunCounts, target: Target) -> str:
-    return counts.line("ibis capture", done="captured", to=target.folder / "attention.safetensors")
+    return counts.line("ibis capture", done="captured", to=target.layout.attention_arrays)

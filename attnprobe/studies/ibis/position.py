@@ -170,21 +170,22 @@ def position_inputs(folder: Path, item_ids: list[str]) -> dict[str, np.ndarray]:
     average the gap uses), the distances from the segments. ``qs``/``ds`` (the observer_shifted framing)
     only when every item has that capture."""
     from attnprobe.results.result import META_FILE, CaptureResult
+    from attnprobe.studies.ibis.layout import ModelFolderLayout
 
-    shifted = bool(item_ids) and all((Path(folder) / "captures" / i / SHIFTED / META_FILE).is_file()
-                                     for i in item_ids)
+    layout = ModelFolderLayout(Path(folder))
+    shifted = bool(item_ids) and all((layout.capture(i, SHIFTED) / META_FILE).is_file() for i in item_ids)
     cols: dict[str, list[float]] = {k: [] for k in ("qa", "qo", "pa", "po", "da", "do", "qs", "ds")}
     for iid in item_ids:
         info = {}
         for fr in ("agentic", "observer") + ((SHIFTED,) if shifted else ()):
-            res = CaptureResult.load(Path(folder) / "captures" / iid / fr)
+            res = CaptureResult.load(layout.capture(iid, fr))
             cats = res.meta.get("ibis", {}).get("categories") or []
             row = np.asarray(res.token_attention[-1], dtype=np.float64)
             decision = len(res.input_ids) - 1
             q = [(sg.start, sg.end) for sg, c in zip(res.segments, cats) if c == "query"]
             r = [(sg.start, sg.end) for sg, c in zip(res.segments, cats) if c == "results"]
             if not q or not r:
-                raise AttnprobeError(f"{folder}/captures/{iid}/{fr}: no query or results segment")
+                raise AttnprobeError(f"{layout.capture(iid, fr)}: no query or results segment")
             info[fr] = {"row": row, "decision": decision, "q": (q[0][0], q[-1][1]), "r": (r[0][0], r[-1][1])}
         a, o = info["agentic"], info["observer"]
         n_q = a["q"][1] - a["q"][0]

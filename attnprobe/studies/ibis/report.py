@@ -20,8 +20,15 @@ from attnprobe.results.formatting import template_env
 from attnprobe.studies.ibis.behaviour import DECISIONS
 from attnprobe.studies.ibis.compare import compare_rows, pooled_flips, variant_text
 from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS
-from attnprobe.studies.ibis.items import load_items
-from attnprobe.studies.ibis.metrics import compute_metrics, read_run
+from attnprobe.studies.ibis.layout import (
+    COMPARE_HTML,
+    COMPARE_MD,
+    REPORT_HTML,
+    REPORT_MD,
+    CompareLayout,
+    ModelFolderLayout,
+)
+from attnprobe.studies.ibis.metrics import compute_metrics
 
 
 @cache
@@ -31,7 +38,7 @@ def _template(name: str) -> jinja2.Template:
 
 def markdown_report(m: dict) -> str:
     cats = (m.get("attention") or {}).get("categories") or list(CATEGORIES)
-    return _template("report.md").render(m=m, categories=cats, variant_text=variant_text).rstrip("\n") + "\n"
+    return _template(REPORT_MD).render(m=m, categories=cats, variant_text=variant_text).rstrip("\n") + "\n"
 
 
 def report_figures(m: dict) -> list:
@@ -62,7 +69,7 @@ def _figure_html(figs: Sequence, plotlyjs: str | bool) -> list[str]:
 
 
 def html_report(m: dict, *, plotlyjs: str | bool = True) -> str:
-    return _template("report.html").render(m=m, figures=_figure_html(report_figures(m), plotlyjs),
+    return _template(REPORT_HTML).render(m=m, figures=_figure_html(report_figures(m), plotlyjs),
                                            markdown=markdown_report(m))
 
 
@@ -70,22 +77,21 @@ def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: in
                  plotlyjs: str | bool = True) -> dict[str, Any]:
     """Aggregate captures (when present), then write metrics.json, report.md and report.html."""
     folder = Path(folder)
-    if (folder / "captures").is_dir() and (folder / "items.jsonl").is_file():
+    layout = ModelFolderLayout(folder)
+    if layout.captures.is_dir() and layout.items.is_file():
         from attnprobe.studies.ibis.attention import aggregate
 
-        run = read_run(folder)
-        # a folder made before protocols existed holds the matched layout
-        aggregate(load_items(folder / "items.jsonl"), folder, protocol=run.get("protocol", "matched"))
+        aggregate(layout.read_items(), folder, protocol=layout.protocol())
     m = compute_metrics(folder, n_boot=n_boot, seed=seed, n_perm=n_perm)
-    atomic_write_text(folder / "metrics.json", json.dumps(m, indent=1))
-    atomic_write_text(folder / "report.md", markdown_report(m))
-    atomic_write_text(folder / "report.html", html_report(m, plotlyjs=plotlyjs))
+    atomic_write_text(layout.metrics, json.dumps(m, indent=1))
+    atomic_write_text(layout.report_md, markdown_report(m))
+    atomic_write_text(layout.report_html, html_report(m, plotlyjs=plotlyjs))
     return m
 
 
 # ------------------------------------------------------------------ across models
 def compare_table(rows: list[dict], pooled: dict | None = None) -> str:
-    return _template("compare.md").render(rows=rows, framings=FRAMINGS, pooled=pooled or {}).rstrip("\n")
+    return _template(COMPARE_MD).render(rows=rows, framings=FRAMINGS, pooled=pooled or {}).rstrip("\n")
 
 
 def compare(folders: Sequence[Path], out: Path, *, plotlyjs: str | bool = True, seed: int = 0,
@@ -97,9 +103,10 @@ def compare(folders: Sequence[Path], out: Path, *, plotlyjs: str | bool = True, 
     table = compare_table(rows, pooled)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "compare.json", json.dumps(rows, indent=1))
-    atomic_write_text(out / "compare_flips.json", json.dumps(pooled, indent=1))
-    atomic_write_text(out / "compare.md", table + "\n")
-    atomic_write_text(out / "compare.html", _template("compare.html").render(
+    layout = CompareLayout(out)
+    atomic_write_text(layout.rows_json, json.dumps(rows, indent=1))
+    atomic_write_text(layout.flips_json, json.dumps(pooled, indent=1))
+    atomic_write_text(layout.table_md, table + "\n")
+    atomic_write_text(layout.page_html, _template(COMPARE_HTML).render(
         figure=_figure_html([F.ibis_compare_figure(rows)], plotlyjs)[0], table=table))
     return rows, table

@@ -31,16 +31,13 @@ from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import append_jsonl, atomic_write_text, finite_json, hold_file_lock, read_records
 from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
+from attnprobe.studies.runner.layout import RunnerLayout
 from attnprobe.studies.runner.run import (
     changed_runs,
     check_output,
     check_resume,
-    history_path,
-    results_path,
     run_one,
-    same_inputs,
     summarize,
-    summary_path,
     warn_summary,
 )
 
@@ -50,8 +47,8 @@ _SEARCH: dict[tuple, SearchBackend] = {}  # one search index per process (Ray re
 
 
 def read_results(out: Path) -> dict[str, dict]:
-    """The finished runs in ``X.results.ndjson`` by run id (the last line of a run id wins)."""
-    return {r["run_id"]: r for r in read_records(results_path(out), torn_tail="skip", missing_ok=True)}
+    """The finished runs of ``out`` by run id (:meth:`RunnerLayout.read_results`, the one reader)."""
+    return RunnerLayout(out).read_results()
 
 
 def write_summary(out: Path, settings: RunSettings, results: list[dict], *, questions: list[dict] | None = None
@@ -62,7 +59,7 @@ def write_summary(out: Path, settings: RunSettings, results: list[dict], *, ques
     if questions is not None:
         summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
         warn_summary(settings, summary, questions)
-    atomic_write_text(summary_path(out), json.dumps(finite_json(
+    atomic_write_text(RunnerLayout(out).summary, json.dumps(finite_json(
         {"setting": settings.name, "settings": settings.to_dict(), **summary}), indent=2))
     return summary
 
@@ -94,6 +91,7 @@ class RunnerJob(JobBase):
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.layout = RunnerLayout(self.path)
         self.questions = list(self.questions)
 
     @property
@@ -116,13 +114,12 @@ class RunnerJob(JobBase):
         """A result of this question (same text and gold answers) is in ``X.results.ndjson``. ``since`` needs
         no file time here: the driver hands out only unfinished questions and holds the output's lock, so a
         result that appears later was written by this job (a retried Ray shard skips it)."""
-        rec = self._results().get(item.key)
-        return rec is not None and same_inputs(rec, item.data)
+        return self.layout.done(self._results(), item.key, item.data)
 
     def _results(self) -> dict[str, dict]:
         """:func:`read_results`, read again only when the file changed (``done`` is asked once per item)."""
         try:
-            st = results_path(self.path).stat()
+            st = self.layout.results.stat()
             key = (st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError:
             key = None
@@ -166,7 +163,7 @@ class RunnerJob(JobBase):
             # the bar shows the call in flight ("q03: call 7 (worker)"), not a silent 0/1 per question
             result = run_one(chat, search, q, self.settings, self.path, item.key, replay=self._replay(item.key),
                              note=lambda text, qid=q["id"]: self.note(f"{qid}: {text}"))
-            append_jsonl(results_path(self.path), result)
+            append_jsonl(self.layout.results, result)
             results.append(result)
         return results
 
@@ -180,7 +177,7 @@ class RunnerJob(JobBase):
     def finished(self, by_run: dict[str, dict] | None = None) -> list[dict]:
         """The finished runs of this job's questions, in question order (from the results file by default)."""
         by_run = read_results(self.path) if by_run is None else by_run
-        return [r for q in self.questions if (r := by_run.get(self.run_id(q))) is not None and same_inputs(r, q)]
+        return [by_run[self.run_id(q)] for q in self.questions if self.layout.done(by_run, self.run_id(q), q)]
 
 
 def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bool = True, overwrite: bool = False
@@ -190,7 +187,7 @@ def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bo
     (text or gold answers: other input, not another option) are dropped so they are not replayed."""
     check_output(out, resume=resume, overwrite=overwrite)
     if overwrite:
-        for p in (out, results_path(out), summary_path(out), history_path(out)):
+        for p in RunnerLayout(out).files():
             p.unlink(missing_ok=True)
     check_resume(out, settings)  # other settings (a context policy too) are refused here
     changed = changed_runs(read_results(out), questions, settings.name)

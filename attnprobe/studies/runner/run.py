@@ -1,14 +1,11 @@
 """One question through the agents (:func:`run_one`), the run's summary and its checks; the run over a
 JSONL of questions is :mod:`attnprobe.studies.runner.job` (resumable, on any executor).
 
-Files for ``out = X.jsonl``:
-- ``X.jsonl``            every model call as a trajectory (loadable with attnprobe.load_trajectories)
-- ``X.results.ndjson``   one line per finished run (answer, correctness, tokens per agent, seconds)
-- ``X.summary.json``     accuracy and the token table (rewritten atomically after each run), and at the end
-                         its ``caveats`` (:func:`attnprobe.results.caveats.runner_caveats`)
-- ``X.history.jsonl``    only under a context policy: each search worker's full history (nothing masked or
-                         refined) as one trajectory, ``<run-id>/history-<worker>``, which the worker's
-                         recorded calls link to (``meta.history``)
+The files of ``out = X.jsonl`` are :class:`~attnprobe.studies.runner.layout.RunnerLayout`'s: the calls
+(``X.jsonl``), one line per finished run, the summary (its ``caveats`` from
+:func:`attnprobe.results.caveats.runner_caveats`) and, under a context policy, each search worker's full
+history (nothing masked or refined) as one trajectory, ``<run-id>/history-<worker>``, which the worker's
+recorded calls link to (``meta.history``).
 """
 
 from __future__ import annotations
@@ -24,22 +21,14 @@ from attnprobe.agents.tools import ToolBox
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import append_jsonl, ensure_writable_file, located_error, read_jsonl, read_records
 from attnprobe.studies.runner.config import RunSettings
+from attnprobe.studies.runner.layout import RunnerLayout
 from attnprobe.studies.runner.manager import Manager
 from attnprobe.studies.runner.worker import WORKER_TOOLS
 
 log = logging.getLogger(__name__)
 
 
-def results_path(out: Path) -> Path:
-    return Path(out).with_suffix(".results.ndjson")
-
-
-def summary_path(out: Path) -> Path:
-    return Path(out).with_suffix(".summary.json")
-
-
-def history_path(out: Path) -> Path:
-    return Path(out).with_suffix(".history.jsonl")
+same_inputs = RunnerLayout.same_inputs  # the done rule's content stamp (kept importable from here)
 
 
 def history_record(history, *, run_id: str, question: dict, worker: int, task: str, model: str | None) -> dict:
@@ -64,7 +53,7 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
     seconds = time.perf_counter() - t0
     totals = rec.totals()
     if outcome.histories:  # a resumed question's histories are written again: drop what an earlier try wrote
-        hpath = history_path(out)
+        hpath = RunnerLayout(out).history
         drop_records(hpath, {r.get("id") for r in read_records(hpath, torn_tail="skip", missing_ok=True)
                              if (r.get("meta") or {}).get("run_id") == run_id})
         for k, (task, history) in enumerate(outcome.histories, 1):
@@ -169,7 +158,7 @@ def check_output(out: str | Path, *, resume: bool = True, overwrite: bool = Fals
     """Refuse an output that cannot be used, before any model is loaded: a folder, a read-only place, or
     (only with ``resume=False``) records already there without ``overwrite``. (The lock is taken by the caller.)"""
     out = ensure_writable_file(Path(out), "output file (--out)")
-    if ((out.exists() and out.stat().st_size) or results_path(out).exists()) and not (resume or overwrite):
+    if ((out.exists() and out.stat().st_size) or RunnerLayout(out).results.exists()) and not (resume or overwrite):
         raise AttnprobeError(f"{out} already has records: resume it (the default) or use --force to start again")
     return out
 
@@ -192,7 +181,8 @@ def check_resume(out: Path, settings: RunSettings) -> None:
     """Refuse to resume ``out`` with settings other than those its runs were made with (a context policy
     included), naming the file, line and the settings that differ. Called before any model is loaded."""
     want = settings.to_dict()
-    for path, what in ((results_path(out), "run"), (Path(out), "call")):
+    layout = RunnerLayout(out)
+    for path, what in ((layout.results, "run"), (layout.calls, "call")):
         for lineno, r in read_jsonl(path, torn_tail="skip", missing_ok=True, error=located_error(AttnprobeError)):
             meta = r.get("meta") if what == "call" and isinstance(r, dict) else None
             if what == "call" and not (isinstance(meta, dict) and "settings" in meta):
@@ -203,13 +193,6 @@ def check_resume(out: Path, settings: RunSettings) -> None:
                 raise located_error(AttnprobeError)(
                     f"{what} {name} was made with other settings ({_settings_diff(got, want)}); resume with "
                     "the same options, use --force to redo or another --out", path, lineno)
-
-
-def same_inputs(result: dict, question: dict) -> bool:
-    """Whether a finished run was made from this question: the same text and gold answers (a result
-    records both), so an answer is never scored against an old gold."""
-    return result.get("question") == question["question"] and (result.get("gold") or None) == \
-        (question.get("answers") or None)
 
 
 def changed_runs(done: dict[str, dict], questions: list[dict], name: str) -> set[str]:
