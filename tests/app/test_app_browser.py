@@ -83,8 +83,8 @@ def shots(tmp_path_factory) -> Path:
     print(f"\nscreenshots: {folder}")
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def _chromium(tmp_path_factory):
+    """Headless Chromium with its own profile (yields the driver; quits and removes the profile after)."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -101,6 +101,18 @@ def browser(tmp_path_factory):
     yield drv
     drv.quit()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    yield from _chromium(tmp_path_factory)
+
+
+@pytest.fixture
+def fresh_browser(tmp_path_factory):
+    """A browser of its own, for timing: the module's browser has drawn every page of the earlier tests
+    (its renderer holds hundreds of MB by then), which a reader opening the app does not."""
+    yield from _chromium(tmp_path_factory)
 
 
 JS_PLOTS = """
@@ -256,13 +268,14 @@ def _study_capture(base: Path, study: str, setting_dir: str, qid: str) -> str:
                 if CaptureResult.load(p.parent).trajectory_id == best.trajectory_id).relative_to(base).as_posix()
 
 
-def test_browser_study_trajectory_and_decay_read_well_and_draw_fast(server, browser, bundled_app_data, shots):
+def test_browser_study_trajectory_and_decay_read_well_and_draw_fast(server, fresh_browser, bundled_app_data, shots):
     """The scripted-agent studies (seed002 none/mask:1, IRCoT none/ircot:oq, every call captured with the
     bundled model): the Study page with placeholders and removed turns, a masked call on the Trajectory page
     (placeholders as their own role), the Decay page without the studies' per-call captures; each page's first
     draw (after a warm-up that fills the caches) under FIRST_DRAW_LIMIT_S seconds; screenshots of each."""
     from selenium.webdriver.common.by import By
 
+    browser = fresh_browser
     browser.set_window_size(1400, 1900)  # the width the key columns must fit
     masked = _study_capture(bundled_app_data, "loop-seed002", "mask-1", "q1")
     pages = {
