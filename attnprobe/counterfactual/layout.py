@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import layout_path, load_json, safe_name, safetensors_problem
+from attnprobe.io import load_json, safe_name, safetensors_problem
+from attnprobe.io.layout import FolderLayout
 from attnprobe.results.result import META_FILE, SCORES_FILE
 
 RECORD_FILE, MASSES_FILE = "record.json", "masses.safetensors"
@@ -31,36 +32,16 @@ MASS_ARRAYS = ("mass_original", "mass_counterfactual", "removed_tokens")  # what
 
 
 @dataclass(frozen=True)
-class CounterfactualLayout:
+class CounterfactualLayout(FolderLayout):
     """A counterfactual run folder ``OUT`` (``folder``). Paths are checked by
     :func:`attnprobe.io.layout_path`: inside ``root`` for the app (the data directory; the app's layout is
     rooted at it and finds the steps anywhere below), with no symlink below ``folder`` otherwise."""
-
-    folder: Path
-    root: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "folder", Path(self.folder))
-        if self.root is not None:
-            object.__setattr__(self, "root", Path(self.root).resolve())
-            object.__setattr__(self, "folder", layout_path(self.folder, self.folder, self.root))
 
     @staticmethod
     def is_folder(names: Iterable[str]) -> bool:
         """A step folder (its record and masses; app discovery leaves its two captures to the page)."""
         names = set(names)
         return RECORD_FILE in names and MASSES_FILE in names
-
-    def path(self, *parts: str | os.PathLike) -> Path:
-        return layout_path(self.folder, self.folder.joinpath(*parts), self.root)
-
-    def where(self, path: Path) -> str:
-        if self.root is not None:
-            try:
-                return Path(path).relative_to(self.root).as_posix()
-            except ValueError:
-                pass
-        return str(path)
 
     # ---------------------------------------------------------------- paths
     @property

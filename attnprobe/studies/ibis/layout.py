@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import layout_path, load_json, read_jsonl
+from attnprobe.io import load_json, read_jsonl
+from attnprobe.io.layout import FolderLayout
 from attnprobe.studies.ibis.framings import PROTOCOLS
 
 ITEMS_FILE = "items.jsonl"
@@ -54,30 +55,9 @@ def _error(where: str):
 
 
 @dataclass(frozen=True)
-class _Layout:
+class _Layout(FolderLayout):
     """Paths checked by :func:`attnprobe.io.layout_path` (inside ``root`` for the app, no symlink below
     ``folder`` for the CLI), errors naming the file relative to ``root`` when there is one."""
-
-    folder: Path
-    root: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "folder", Path(self.folder))
-        if self.root is not None:
-            object.__setattr__(self, "root", Path(self.root).resolve())
-            object.__setattr__(self, "folder", layout_path(self.folder, self.folder, self.root))
-
-    def path(self, *parts: str) -> Path:
-        return layout_path(self.folder, self.folder.joinpath(*parts), self.root)
-
-    def where(self, path: Path) -> str:
-        """How errors name ``path``: relative to the app's data directory, else as given."""
-        if self.root is not None:
-            try:
-                return Path(path).relative_to(self.root).as_posix()
-            except ValueError:
-                pass
-        return str(path)
 
     def read_object(self, name: str, *, missing: Any = None) -> Any:
         """One JSON object file of the folder (``missing`` when absent) through the one JSON loader (size,

@@ -36,7 +36,8 @@ from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import written_since
-from attnprobe.io import inside, layout_path, load_json, read_jsonl
+from attnprobe.io import inside, load_json, read_jsonl
+from attnprobe.io.layout import FolderLayout
 from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.metrics import MEASURES
 
@@ -62,33 +63,11 @@ def _ci_ok(v) -> bool:
 
 
 @dataclass(frozen=True)
-class StudyLayout:
+class StudyLayout(FolderLayout):
     """One interference study folder. ``root``: the app's data directory (paths must resolve inside it);
     None in the CLI and the jobs (no symlink below ``folder`` is followed)."""
 
-    folder: Path
-    root: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "folder", Path(self.folder))
-        if self.root is not None:
-            object.__setattr__(self, "root", Path(self.root).resolve())
-
-    # ------------------------------------------------------------------ checked paths
-    def _checked(self, path: Path, *, is_dir: bool = False) -> Path:
-        """``path`` when it may be read or written (module docstring); else one line naming the part."""
-        layout_path(self.folder, path if is_dir or self.root is not None else path.parent, self.root)
-        return path
-
-    def where(self, path: Path) -> str:
-        """How messages name ``path``: relative to the data directory in the app, else as given."""
-        if self.root is None:
-            return str(path)
-        try:
-            return Path(path).relative_to(self.root).as_posix()
-        except ValueError:
-            return str(path)
-
+    # ------------------------------------------------------------------ checked paths (FolderLayout._checked)
     @property
     def study_json(self) -> Path:
         return self._checked(self.folder / STUDY_JSON)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import inside, layout_path, load_json
+from attnprobe.io import inside, load_json
+from attnprobe.io.layout import FolderLayout
 
 STUDY_JSON, STUDY_MD = "study.json", "study.md"
 CAPTURES, COUNTERFACTUAL = "captures", "counterfactual"
@@ -32,18 +33,8 @@ FIELDS = ("headline", "seed002", "decay", "counterfactual")  # study.json's obje
 
 
 @dataclass(frozen=True)
-class MaskingLayout:
+class MaskingLayout(FolderLayout):
     """One masking study folder; ``root``: the app's data directory (None in the CLI)."""
-
-    folder: Path
-    root: Path | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "folder", Path(self.folder))
-
-    def _checked(self, path: Path, *, is_dir: bool = False) -> Path:
-        layout_path(self.folder, path if is_dir or self.root is not None else path.parent, self.root)
-        return path
 
     @property
     def captures_dir(self) -> Path:
