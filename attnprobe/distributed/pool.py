@@ -26,7 +26,7 @@ from attnprobe.distributed.replica import Replica
 from attnprobe.distributed.shards import SHARDS_PER_REPLICA, fs_now, make_shards
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import Job, batches
-from attnprobe.io import atomic_write_text, load_json, log_error
+from attnprobe.io import ERRORS_FILE, atomic_write_text, load_json, log_error
 from attnprobe.trajectory.schema import CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
@@ -323,7 +323,7 @@ class RayExecutor:
                     counts["failed"] += 1
                     # the replica's exception, re-created by name so errors.jsonl reads as in a single process
                     exc = type(rec["error_type"], (_Remote,), {})(rec["error"])
-                    log_error(Path(job.out) / "errors.jsonl", job.stage, it.describe or {"key": it.key}, exc)
+                    log_error(Path(job.out) / ERRORS_FILE, job.stage, it.describe or {"key": it.key}, exc)
                     log.warning("%s: %s failed: %s: %s", job.stage, it.key, rec["error_type"], rec["error"])
                     continue
                 counts["done"] += 1  # "skipped" here means an earlier attempt of this job wrote it

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnprobe.execution.job import Job, WorkItem, batches
-from attnprobe.io import log_error
+from attnprobe.io import ERRORS_FILE, log_error
 
 log = logging.getLogger(__name__)
 _CLOCK_SLACK = 0.05  # file times come from the kernel's coarse clock, a few ms behind time.time()
@@ -104,5 +104,5 @@ class LocalExecutor:
 
     @staticmethod
     def _failed(job: Job, item: WorkItem, exc: BaseException) -> None:
-        log_error(job.out / "errors.jsonl", job.stage, item.describe or {"key": item.key}, exc)
+        log_error(job.out / ERRORS_FILE, job.stage, item.describe or {"key": item.key}, exc)
         log.warning("%s: %s failed: %s: %s", job.stage, item.describe or item.key, type(exc).__name__, exc)

@@ -26,7 +26,7 @@ from attnprobe.io.atomic import (
     recover_atomic_dirs,
 )
 from attnprobe.io.bars import progress_bar
-from attnprobe.io.errlog import EXPECTED_ERRORS, log_error
+from attnprobe.io.errlog import ERRORS_FILE, EXPECTED_ERRORS, log_error
 from attnprobe.io.fs import (
     FINGERPRINT_SAMPLE,
     LOCK_NAME,
@@ -74,7 +74,7 @@ __all__ = [
     "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
     "atomic_write_bytes", "atomic_write_text", "check_regular_file", "dumps_line", "ensure_writable_dir",
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
-    "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "layout_path", "load_json", "loads_strict",
+    "ERRORS_FILE", "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "layout_path", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",
     "progress_bar", "recover_atomic_dirs", "repair_torn_tail", "resolved_inside", "rewrite_jsonl", "safe_name", "safetensors_problem", "unique_names", "write_jsonl",
 ]

@@ -10,6 +10,7 @@ from attnprobe.io.json import append_jsonl
 
 # Failures an executor records and moves past (the item is retried on the next run); anything else
 # (KeyboardInterrupt, programming errors) stops the run.
+ERRORS_FILE = "errors.jsonl"  # in a job's folder (its ``out``): written by every executor, read by the layouts
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (AttnprobeError, OSError, RuntimeError, ValueError)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import load_json, read_jsonl
+from attnprobe.io import ERRORS_FILE, load_json, read_jsonl
 from attnprobe.io.layout import FolderLayout
 from attnprobe.studies.ibis.framings import PROTOCOLS
 
@@ -34,7 +34,6 @@ ATTENTION_INDEX = "attention.json"
 ATTENTION_ARRAYS = "attention.safetensors"
 METRICS_FILE = "metrics.json"
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
-ERRORS_FILE = "errors.jsonl"  # written by the executors (execution/local.py, distributed/pool.py); counted here
 # a folder with items.jsonl and one of these is a model folder (app discovery)
 MARKERS = (DECISIONS_FILE, ATTENTION_INDEX, METRICS_FILE)
 # the files whose times key the app's cache of a loaded folder

@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import layout_path, read_jsonl
+from attnprobe.io import ERRORS_FILE, layout_path, read_jsonl
 
 RESULTS_SUFFIX, SUMMARY_SUFFIX, HISTORY_SUFFIX = ".results.ndjson", ".summary.json", ".history.jsonl"
-ERRORS_FILE = "errors.jsonl"  # written by the executors into the output's folder
 
 
 @dataclass(frozen=True)
