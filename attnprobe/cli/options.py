@@ -4,14 +4,19 @@ added here with ``add_options``; the others are declared below.
 
 Groups (each an argparse argument group, so ``--help`` shows them under their own title):
 
-- :func:`add_model_options` ("model"): ``--model``, ``--dtype``, ``--device``; with ``backends`` also the
-  capture ``--backend`` and ``--tensor-parallel-size``.
+- :func:`add_model_options` ("model"): the fields of :class:`~attnprobe.capture.models.ModelOptions`,
+  ``--model``, ``--dtype``, ``--device``; with ``backends`` also the capture ``--backend`` and
+  ``--tensor-parallel-size``; :func:`model_options` gives the ``ModelSpec`` to load.
 - :func:`add_capture_options` ("capture"): ``--chunk-size`` and, for trajectory capture, ``--queries``,
   ``--layers``, ``--rendering``, ``--max-tokens``, ``--truncate``, ``--save-qk-layers``, ``--no-prefix-sharing``:
   the fields of :class:`~attnprobe.capture.job.CaptureOptions`, which declares them
   (:mod:`attnprobe.io.options`); :func:`capture_options` reads them back.
-- :func:`add_generation_options` ("generation"): ``--generator`` (old name on ``ibis run``: ``--backend``),
-  ``--base-url``, ``--served-model``, ``--api-key-env``, ``--max-new-tokens``, optionally ``--temperature``.
+- :func:`add_generation_options` ("generation"): the fields of
+  :class:`~attnprobe.generation.factory.GenerationOptions` (``--generator``, old name on ``ibis run``:
+  ``--backend``; ``--base-url``, ``--served-model``, ``--api-key-env``, ``--request-timeout``,
+  ``--max-reply-bytes``, ``--concurrency``), then ``--max-new-tokens`` and optionally ``--temperature``.
+- :func:`add_cluster_options` ("cluster (Ray)"): the fields of :class:`~attnprobe.distributed.cluster.Cluster`
+  (``--ray`` and the per-replica resources); :func:`cluster_options` builds one only when ``--ray`` is given.
 - :func:`add_output_options` ("output"): ``--out``, ``--force``, ``--no-progress``.
 
 :func:`finish_args` runs after parsing (``attnprobe.cli.main`` calls it) and resolves what depends on
@@ -26,8 +31,10 @@ import logging
 from dataclasses import replace
 
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
+    CLI,
     MAX_LIST_ITEMS,
     add_options,
+    cli_fields,
     from_args,
     non_negative_float,
     non_negative_int,
@@ -128,43 +135,26 @@ def capture_options(args):
     return from_args(CaptureOptions, args, save_qk_layers=list(getattr(args, "save_qk_layers", None) or []))
 
 
-def _seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0 (--request-timeout)."""
-    v = non_negative_float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
-    return v
-
-
 def add_generation_options(p: argparse.ArgumentParser, *, max_new_tokens: int | None, temperature: bool = False,
                            backend_alias: bool = False, max_new_tokens_help: str | None = None,
                            temperature_help: str | None = None):
-    """The "generation" group for commands that generate text.
+    """The "generation" group for commands that generate text: the option fields of
+    :class:`~attnprobe.generation.factory.GenerationOptions` (``--generator``: in-process transformers or vLLM,
+    or an OpenAI-compatible endpoint; when not given, ``openai`` if --base-url is given, else ``transformers``,
+    resolved by :func:`finish_args`), then the command's own --max-new-tokens and --temperature (their
+    defaults are its study record's: the seeds differ). ``backend_alias`` also accepts the old spelling
+    ``--backend`` (hidden)."""
+    from attnprobe.generation.factory import GenerationOptions
 
-    ``--generator`` (dest ``backend``) picks in-process transformers or an OpenAI-compatible endpoint;
-    when it is not given it is ``openai`` if --base-url is given, else ``transformers`` (see
-    :func:`finish_args`). ``backend_alias`` also accepts the old spelling ``--backend`` (hidden)."""
     g = p.add_argument_group("generation")
-    g.add_argument("--generator", dest="generator", choices=_generators(), default=None,
-                   help="generate in process with --model (transformers; vllm: vLLM's offline engine with prefix "
-                        "caching, docs/vllm.md) or through an OpenAI-compatible endpoint (openai); default: openai "
-                        "when --base-url is given, else transformers"
-                        + (" (old name: --backend)" if backend_alias else ""))
+    add_options(g, GenerationOptions, ("generator",),
+                helps={"generator": cli_fields(GenerationOptions)["generator"].metadata[CLI]["help"]
+                       + (" (old name: --backend)" if backend_alias else "")})
     if backend_alias:
         g.add_argument("--backend", dest="generator", choices=_generators(), default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)
-    g.add_argument("--base-url", default=None, help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1")
-    g.add_argument("--served-model", default=None, help="model name to request from the endpoint (--generator openai)")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                   help="environment variable holding the endpoint's API key (default OPENAI_API_KEY)")
-    g.add_argument("--request-timeout", type=_seconds, default=None, metavar="SECONDS",
-                   help="--generator openai: seconds to wait for a reply, and to read it, per try (default 600 for "
-                        "study/ibis runs, 300 otherwise; failed tries are retried twice)")
-    g.add_argument("--max-reply-bytes", type=positive_int, default=None, metavar="BYTES",
-                   help="--generator openai: the most bytes read from one reply (default 8000000)")
-    g.add_argument("--concurrency", type=positive_int, default=1, metavar="N",
-                   help="--generator openai: requests in flight at once when a batch of calls is sent (default 1; "
-                        "vLLM, SGLang and hosted APIs batch them)")
+    add_options(g, GenerationOptions, ("base_url", "served_model", "api_key_env", "request_timeout",
+                                       "max_reply_bytes", "concurrency"))
     g.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
                    help=max_new_tokens_help or f"generation limit per model call (default {max_new_tokens})")
     if temperature:
@@ -197,8 +187,9 @@ def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, **kw) -
 
 
 def generator_kind(args) -> str:
-    kind = getattr(args, "generator", None)
-    return kind or ("openai" if getattr(args, "base_url", None) else "transformers")
+    from attnprobe.generation.factory import GenerationOptions
+
+    return from_args(GenerationOptions, args).kind
 
 
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -216,26 +207,17 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def make_generator(args, **overrides):
     """Open the generation backend the model and generation options describe
-    (``attnprobe.generation.factory.open_backend``); ``overrides`` replace single arguments
+    (:meth:`attnprobe.generation.factory.GenerationOptions.open`); ``overrides`` replace single arguments
     (``kind``, ``model``, ``timeout``, ``stop_at_call`` ...)."""
-    from attnprobe.generation.factory import open_backend
+    from attnprobe.capture.models import ModelOptions
+    from attnprobe.generation.factory import GenerationOptions
 
-    kw = {"model": getattr(args, "model", "default"), "dtype": getattr(args, "dtype", "float32"),
-          "device": getattr(args, "device", "cpu"), "base_url": getattr(args, "base_url", None),
-          "served_model": getattr(args, "served_model", None),
-          "api_key_env": getattr(args, "api_key_env", "OPENAI_API_KEY")}
-    kw.update(overrides)
-    if getattr(args, "request_timeout", None):  # the option beats a command's default
-        kw["timeout"] = args.request_timeout
-    if getattr(args, "max_reply_bytes", None):
-        kw["max_reply_bytes"] = args.max_reply_bytes
-    if getattr(args, "concurrency", None):
-        kw["concurrency"] = args.concurrency
-    # the engine options an in-process engine takes (--generator vllm), where the command has them
-    kw.setdefault("engine", {k: getattr(args, k) for k in ("tensor_parallel_size", "chunk_size")
-                             if getattr(args, k, None) is not None})
-    kind = kw.pop("kind", None) or generator_kind(args)
-    return open_backend(kind, **kw)
+    model = from_args(ModelOptions, args)
+    kw = {"model": model.model, "dtype": model.dtype, "device": model.device,
+          # the engine options an in-process engine takes (--generator vllm), where the command has them
+          "engine": {k: getattr(args, k) for k in ("tensor_parallel_size", "chunk_size")
+                     if getattr(args, k, None) is not None}}
+    return from_args(GenerationOptions, args).open(**{**kw, **overrides})
 
 
 # ------------------------------------------------------------------ the cluster group

@@ -10,10 +10,12 @@ Kinds live in :data:`BACKENDS` (kind -> opener); adding one is one function and 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.generation.chat import ChatBackend
+from attnprobe.io.options import option, positive_int, positive_seconds
 
 
 def _open_transformers(*, model: str, dtype: str, device: str, stop_at_call: bool | None, **_: Any) -> ChatBackend:
@@ -75,3 +77,46 @@ def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", d
     return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
                   api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes,
                   concurrency=concurrency, engine=engine)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The "generation" option group as a record (declared once: :mod:`attnprobe.io.options`): where the
+    agent's replies come from. The per-call token limit and temperature are not here: they belong to the
+    study's own record (``RunSettings``, ``LoopConfig``, the IBIS options), whose seeds set them apart."""
+
+    generator: str | None = option(
+        None, flag="--generator", choices=backend_kinds(),
+        help="generate in process with --model (transformers; vllm: vLLM's offline engine with prefix caching, "
+             "docs/vllm.md) or through an OpenAI-compatible endpoint (openai); default: openai when --base-url "
+             "is given, else transformers")
+    base_url: str | None = option(None, flag="--base-url",
+                                  help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1")
+    served_model: str | None = option(None, flag="--served-model",
+                                      help="model name to request from the endpoint (--generator openai)")
+    api_key_env: str = option("OPENAI_API_KEY", flag="--api-key-env",
+                              help="environment variable holding the endpoint's API key (default {default})")
+    request_timeout: float | None = option(
+        None, flag="--request-timeout", type=positive_seconds, metavar="SECONDS",
+        help="--generator openai: seconds to wait for a reply, and to read it, per try (default 600 for "
+             "study/ibis runs, 300 otherwise; failed tries are retried twice)")
+    max_reply_bytes: int | None = option(None, flag="--max-reply-bytes", type=positive_int, metavar="BYTES",
+                                         help="--generator openai: the most bytes read from one reply (default "
+                                              "8000000)")
+    concurrency: int = option(1, flag="--concurrency", type=positive_int, metavar="N",
+                              help="--generator openai: requests in flight at once when a batch of calls is sent "
+                                   "(default {default}; vLLM, SGLang and hosted APIs batch them)")
+
+    @property
+    def kind(self) -> str:
+        """The generator: as given, else openai when an endpoint is given, else transformers."""
+        return self.generator or ("openai" if self.base_url else "transformers")
+
+    def open(self, *, model: str = "default", dtype: str = "float32", device: str = "cpu", timeout: float = 300.0,
+             stop_at_call: bool | None = None, engine: dict | None = None, kind: str | None = None) -> ChatBackend:
+        """The chat backend these options describe (:func:`open_backend`) for the model options' weights;
+        ``timeout``: the command's default, which ``--request-timeout`` beats."""
+        return open_backend(kind or self.kind, model=model, dtype=dtype, device=device, base_url=self.base_url,
+                            served_model=self.served_model, api_key_env=self.api_key_env,
+                            timeout=self.request_timeout or timeout, stop_at_call=stop_at_call,
+                            max_reply_bytes=self.max_reply_bytes, concurrency=self.concurrency, engine=engine)

@@ -120,6 +120,14 @@ def non_negative_float(text: str) -> float:
     return v
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (timeouts)."""
+    v = non_negative_float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return v
+
+
 MAX_LIST_ITEMS = 1 << 20  # an integer list (layers, positions) may name at most this many values
 _DIGITS = re.compile(r"\s*[0-9]{1,18}\s*")
 

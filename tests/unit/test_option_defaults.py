@@ -23,6 +23,7 @@ from attnprobe.capture.models import ModelOptions
 from attnprobe.cli.main import build_parser
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.distributed.cluster import Cluster
+from attnprobe.generation.factory import GenerationOptions
 from attnprobe.studies.ibis.attention import run_attention
 from attnprobe.studies.ibis.jobs import AttentionJob
 from attnprobe.studies.loop.agents import LoopConfig
@@ -47,6 +48,8 @@ for _name, _records in {"capture": (ModelOptions, Cluster), "demo": (ModelOption
                         "study interference": (ModelOptions, Cluster), "serve": (ModelOptions,),
                         "convert": (ModelOptions,)}.items():
     COMMAND_RECORDS[_name] = COMMAND_RECORDS.get(_name, ()) + _records
+for _name in ("ibis run", "ibis all", "run", "study interference"):  # the generation group
+    COMMAND_RECORDS[_name] += (GenerationOptions,)
 # Defaults that differ on purpose, each with its reason in the code (QUERIES_WHY says it in --help too;
 # study attention's model and dtype are the study's own, found in its folder: capture_model.py).
 DIFFERENCES = {("study attention", "queries"): "reasoning+decision", ("study attention", "model"): None,
