@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -178,3 +179,25 @@ def role_bars(att_row, res) -> Any:
                       yaxis=dict(title="attention mass"),
                       legend=dict(orientation="h", y=-0.3, yanchor="top", x=0, xanchor="left"))
     return fig
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>$])")  # CommonMark escapes any of these; $ would start math
+
+
+def md_cell(value) -> str:
+    """One table cell as Markdown text that shows exactly ``value`` (no emphasis, links, HTML or math)."""
+    text = "" if value is None else str(value)
+    return _MD_SPECIAL.sub(r"\\\1", text.replace("\r", " ").replace("\n", " "))
+
+
+def table(rows: list[dict]) -> None:
+    """A small full-width table (a few rows) as a Markdown table: every column shows at the page's width,
+    and the browser draws it at a fraction of an interactive grid's cost (the Study page's grids were about
+    a third of its first draw; docs/app.md, "Speed"). Long tables, and tables in narrow columns (which must
+    scroll sideways), stay ``st.dataframe``."""
+    if not rows:
+        return
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(md_cell(c) for c in cols) + " |", "|" + " --- |" * len(cols)]
+    lines += ["| " + " | ".join(md_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    st.markdown("\n".join(lines))

@@ -54,7 +54,7 @@ def render(root, inv) -> None:
         st.warning(f"Caveat: {caveat}")
 
     st.subheader("Settings side by side")
-    st.dataframe(pd.DataFrame(SD.settings_table(study)), hide_index=True, key="study_table")
+    C.table(SD.settings_table(study))
     st.caption("Per setting, means per question: ART = retrievals, Len. = mean prompt tokens per call, rolling "
                "input tokens = prompt tokens summed over the calls, AIT = seconds per question (docs/methods.md, "
                "\"Seeds 002 and 004 in the loop\"). A question without an answer counts as wrong.")
@@ -62,7 +62,7 @@ def render(root, inv) -> None:
     st.subheader(f"Against the baseline `{study.baseline}` (same questions)")
     paired = SD.paired_table(study)
     if paired:
-        st.dataframe(pd.DataFrame(paired), hide_index=True, key="study_paired")
+        C.table(paired)
         st.caption("fixed: wrong under the baseline, right under the setting; broken: the reverse. Difference: "
                    "paired-bootstrap CI; p: exact McNemar test of fixed vs broken.")
     else:
@@ -112,6 +112,7 @@ def _setting_column(root, study: SD.Study, setting: str, qid: str, outcome: str,
         st.caption("Counterfactuals of this setting's steps: the **Counterfactual** page.")
     if not steps.steps:
         return
+    # a grid, not a Markdown table: it sits in a half-width column and scrolls sideways there
     st.dataframe(pd.DataFrame(_step_rows(steps.steps)), hide_index=True, key=f"study_steps:{setting}")
     captured = [s.step for s in steps.steps if s.capture]
     with_heatmap = set(SH.heatmap_steps(steps.steps))
@@ -220,7 +221,7 @@ def _attention_summary(root, study: SD.Study) -> None:
         st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")
         try:
             rows = SH.key_columns_first(SD.attention_rows(summary, query, table))
-            st.dataframe(pd.DataFrame(rows), hide_index=True)
+            C.table(rows)
         except D.DataError as exc:
             st.error(f"Cannot show the attention summary: {exc}")
             break

@@ -145,21 +145,21 @@ def _page(monkeypatch, data: Path, page: str):
 # ------------------------------------------------------------------ the page
 def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, data):
     pytest.importorskip("streamlit")
-    from support.appdata import charts, decode, is_heatmap
+    from support.appdata import charts, decode, is_heatmap, md_tables
 
     at = _page(monkeypatch, data, "Study")
     assert at.title[0].value == "Study: policies in the loop"
     assert [w.value for w in at.warning] == [f"Caveat: {N_CAVEAT}"]  # computed from the data (2 questions)
-    frames = [d.value for d in at.dataframe]
+    frames = md_tables(at)  # the small tables are Markdown (app/common.py table); the grid is a dataframe
     table = frames[0]
     assert list(table["setting"]) == ["none (baseline)", OTHER]
     assert list(table["EM (%)"]) == ["50.0 [0.0, 100.0]", "100.0 [100.0, 100.0]"]
     assert list(table["tool calls"]) == ["2.0 [1.0, 3.0]", "1.0 [1.0, 1.0]"]
     assert frames[1].iloc[0]["difference (points) [95% CI]"] == "+50.0 [+0.0, +100.0]"
-    grid = frames[2].set_index("question")
+    grid = at.dataframe[0].value.set_index("question")  # the grids: questions, then each setting's steps
     assert grid.loc["q2", BASE] == "no answer" and grid.loc["q2", OTHER] == "correct"
     # q1, baseline + the other setting side by side: the baseline has no captures (says how to make them)
-    base_steps, other_steps = frames[3], frames[4]
+    base_steps, other_steps = at.dataframe[1].value, at.dataframe[2].value
     assert list(base_steps["step"]) == [1, 2] and list(other_steps["step"]) == [1, 2, 3]
     # what the policy did comes first (full-history message indices), so it is visible without scrolling
     assert list(other_steps.columns[:4]) == ["step", "placeholder", "refined", "removed"]
@@ -187,7 +187,7 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     assert hm["layout"]["yaxis"]["ticktext"] == ["0 (placeholder)", "1 (refined)", "2"]
     assert any(c.value == SH.ROLE_LEGEND for c in at.caption)
     at.radio(key="study_attention").set_value("none").run()
-    assert not at.exception and charts(at) == [] and len(at.dataframe) == 5  # the steps stay, the figures go
+    assert not at.exception and charts(at) == [] and len(at.dataframe) == 3  # the steps stay, the figures go
 
 
 def test_per_call_views_name_both_models_when_the_capture_model_is_not_the_agents(monkeypatch, data):

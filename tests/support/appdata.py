@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +134,19 @@ def strip_values(c, n: int) -> np.ndarray:
 
 
 FIRST_DRAWS: list[str] = []  # the browser test's "first draw (s): ..." lines; tests/app/conftest.py prints them last
+
+
+def md_tables(at) -> list:
+    """The Markdown tables a page drew (``attnprobe_app.common.table``), in order, as DataFrames of the
+    cell texts (escapes removed), so tests read them as they read ``st.dataframe``."""
+    import pandas as pd
+
+    out = []
+    for m in at.markdown:
+        lines = m.value.split("\n")
+        if len(lines) < 2 or not lines[0].startswith("| ") or not lines[1].startswith("| ---"):
+            continue
+        rows = [[re.sub(r"\\(.)", r"\1", c.strip()) for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+                for line in lines if not line.startswith("| ---")]
+        out.append(pd.DataFrame(rows[1:], columns=rows[0]))
+    return out
