@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch is imported only when a capture runs, so `import attn
 
     from attnprobe_hooks.scoring import QueryScorer
 
-DEFAULT_CHUNK_SIZE = 512
+DEFAULT_CHUNK_SIZE = 512  # the CPU chunk, and a vLLM engine's when none is given (attnprobe_hooks.chunking)
 
 
 @dataclass
@@ -67,11 +67,6 @@ class LoadedModel:
         cfg = self.model.config
         cfg = getattr(cfg, "text_config", None) or cfg
         return getattr(cfg, "max_position_embeddings", None)
-
-    @property
-    def default_chunk_size(self) -> int:
-        """The prefill chunk a capture uses when none is given (fixed at load time for some backends)."""
-        return int(self.extra.get("chunk_size", DEFAULT_CHUNK_SIZE))
 
 
 @dataclass(frozen=True, eq=False)

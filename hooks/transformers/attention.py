@@ -14,8 +14,10 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from attnprobe_hooks.scoring import QueryScorer
 
@@ -74,7 +76,7 @@ def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kw
     end = start + query.shape[2]
     kv_len = key.shape[2]
     # Sliding-window caches keep only the newest keys: they are the last kv_len positions.
-    k_positions = torch.arange(end - kv_len, end)
+    k_start = end - kv_len
     window = kwargs.get("sliding_window")
     window = window if isinstance(window, int) and window > 0 else None
     for target, limit in state.targets:
@@ -85,20 +87,59 @@ def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kw
         cut = end - stop  # keys (and query rows) past the plan's limit are not its tokens
         q, k = query[0, :, :stop - start], key[0, :, :kv_len - cut]
         target.scorer.score_layer(
-            layer, q, k, start, k_positions[:kv_len - cut], kwargs.get("scaling"),
+            layer, q, k, start, k_start, kwargs.get("scaling"),
             sliding_window=window, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
         )
-        if layer in target.qk_layers:
-            target.saved_q.setdefault(layer, []).append(q.detach().float().cpu().clone())
-            target.saved_k.setdefault(layer, []).append(k[:, start - stop:].detach().float().cpu().clone())
+        if layer in target.qk_layers:  # kept on the device; moved to the host once, with the scores
+            target.saved_q.setdefault(layer, []).append(q.detach().clone())
+            target.saved_k.setdefault(layer, []).append(k[:, start - stop:].detach().clone())
 
 
 def _make(delegate_getter: Callable[[object], Callable]) -> Callable:
     def attention(module, query, key, value, attention_mask, **kwargs):
         _observe(module, query, key, kwargs)
+        if isinstance(attention_mask, CausalBias):
+            if kwargs.get("position_bias") is None:
+                return _lower_right(module, query, key, value, attention_mask, **kwargs)
+            q_len, kv_len = query.shape[2], key.shape[2]  # an additive bias needs the mask as a tensor
+            attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
         return delegate_getter(module)(module, query, key, value, attention_mask, **kwargs)
 
     return attention
+
+
+def chunk_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+               mask_function: Callable | None = None, attention_mask: torch.Tensor | None = None,
+               local_size: int | None = None, allow_is_causal_skip: bool = True, **kwargs: Any) -> Any:
+    """The SDPA mask of a prefill chunk that continues a cache: no [q, kv] tensor at all.
+
+    transformers builds a boolean [q, kv] mask for every chunk after the first (its SDPA mask skip
+    covers only q = kv and q = 1), and with a mask SDPA leaves the flash kernel, and on CUDA repeats
+    every cached key and value for each query head of a group. A plain causal chunk at the end of its
+    keys is exactly torch's lower-right causal bias, which SDPA runs in the flash kernel with no mask
+    and no copy. Anything else (padding, windows, custom mask functions, a static cache whose keys run
+    past the chunk) gets transformers' own mask.
+    """
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    plain = mask_function is None or mask_function is causal_mask_function
+    if (allow_is_causal_skip and plain and attention_mask is None and local_size is None and batch_size == 1
+            and isinstance(q_offset, int) and kv_offset == 0 and 1 < q_length < kv_length
+            and q_offset + q_length == kv_length):
+        return causal_lower_right(q_length, kv_length)
+    kw = {"mask_function": mask_function} if mask_function is not None else {}
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask,
+                     local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kw, **kwargs)
+
+
+def _lower_right(module, query, key, value, bias, dropout: float = 0.0, scaling: float | None = None,
+                 **_kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA of a chunk against its cache with the lower-right causal bias (as transformers' SDPA
+    function returns it: [b, q, H, d]). GQA stays grouped (``enable_gqa``): no key is repeated."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias, dropout_p=dropout if module.training else 0.0, scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _sdpa(_module):
@@ -119,10 +160,10 @@ def _eager(module):
 def register() -> None:
     """Register both attnprobe attention functions with transformers (once per process)."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import eager_mask, sdpa_mask
+    from transformers.masking_utils import eager_mask
 
     AttentionInterface.register(SDPA_NAME, _make(_sdpa))
-    AttentionMaskInterface.register(SDPA_NAME, sdpa_mask)
+    AttentionMaskInterface.register(SDPA_NAME, chunk_mask)
     AttentionInterface.register(EAGER_NAME, _make(_eager))
     AttentionMaskInterface.register(EAGER_NAME, eager_mask)
 

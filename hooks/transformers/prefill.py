@@ -56,21 +56,25 @@ def chunked_prefill(model: torch.nn.Module, input_ids: torch.Tensor, chunk_size:
     chunks = _chunks(start, n, chunk_size)
     bar = tqdm(chunks, desc=desc or "prefill", unit="chunk", disable=not progress, leave=False, **plain_bar())
     cache_kw_name = cache_kw(base)
+    ids = input_ids[start:].to(device).unsqueeze(0)  # one copy to the device, not one per chunk
     with torch.inference_mode():
         for s, e in bar:
             if on_chunk is not None:
                 on_chunk(s, e)
-            base(input_ids=input_ids[s:e].unsqueeze(0).to(device), use_cache=True,
+            base(input_ids=ids[:, s - start:e - start], use_cache=True,
                  position_ids=torch.arange(s, e, device=device).unsqueeze(0), **{cache_kw_name: cache})
     if own:
         del cache
 
 
 def _output(model: torch.nn.Module, target: PlanTarget) -> BackendOutput:
+    """The plan's output on the host: its scores in one device-to-host copy (:meth:`QueryScorer.to_host`),
+    and the q/k it was asked to keep (float32)."""
     qk = {}
     for layer in sorted(target.saved_q):
-        qk[f"layer{layer}.q"] = torch.cat(target.saved_q[layer], dim=1)
-        qk[f"layer{layer}.k"] = torch.cat(target.saved_k[layer], dim=1)
+        qk[f"layer{layer}.q"] = torch.cat(target.saved_q[layer], dim=1).float().cpu()
+        qk[f"layer{layer}.k"] = torch.cat(target.saved_k[layer], dim=1).float().cpu()
+    target.scorer.to_host()
     cfg = getattr(model.config, "text_config", None) or model.config
     info = {"num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
             "head_dim": getattr(cfg, "head_dim", None), "attention_calls": target.calls}

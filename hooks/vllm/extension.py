@@ -74,16 +74,10 @@ class _State:
         self.tp_size = 1
         self.show_progress = False
         self.bar: Any = None
-        self.aranges: torch.Tensor = torch.arange(0)
 
     @property
     def active(self) -> bool:
         return bool(self.plans)
-
-    def arange(self, n: int) -> torch.Tensor:
-        if len(self.aranges) < n:
-            self.aranges = torch.arange(max(n, 2 * len(self.aranges)))
-        return self.aranges[:n]
 
     def info_for_layer(self, layer: int) -> LayerInfo:
         for info in self.layers.values():
@@ -208,6 +202,7 @@ class AttnprobeWorkerExtension:
         tensors: dict[str, torch.Tensor] = {}
         out: dict[str, Any] = {}
         for tag, plan in st.plans.items():
+            plan.scorer.to_host()  # the step's scores stayed on the device until now: one copy per plan
             heads = {}
             for layer in plan.scorer.per_layer:
                 info = st.info_for_layer(layer)
@@ -217,9 +212,9 @@ class AttnprobeWorkerExtension:
             kv = {}
             for layer in sorted(plan.saved_q):
                 info = st.info_for_layer(layer)
-                tensors[f"{tag}|q{layer}"] = torch.cat(plan.saved_q[layer], dim=1).contiguous()
+                tensors[f"{tag}|q{layer}"] = torch.cat(plan.saved_q[layer], dim=1).float().cpu().contiguous()
                 if plan.saved_k.get(layer):
-                    tensors[f"{tag}|k{layer}"] = torch.cat(plan.saved_k[layer], dim=1).contiguous()
+                    tensors[f"{tag}|k{layer}"] = torch.cat(plan.saved_k[layer], dim=1).float().cpu().contiguous()
                     kv[str(layer)] = [info.kv_head_offset, info.num_kv_heads]
             out[tag] = {"heads": heads, "kv_heads": kv, **plan.report()}
         st.disarm()
@@ -294,8 +289,7 @@ class AttnprobeWorkerExtension:
         with torch.inference_mode():
             for sl in donor_order(st.step_map, info.layer):
                 sl.plan.observe_layer(info, query[sl.s:sl.e], None if key is None else key[sl.s:sl.e], sl.start,
-                                      shared_keys_layer=shared, donor=sl.donor, donor_from=sl.donor_from,
-                                      arange=st.arange)
+                                      shared_keys_layer=shared, donor=sl.donor, donor_from=sl.donor_from)
         dt = (time.perf_counter() - t0) / len(st.step_map)
         for sl in st.step_map:
             sl.plan.hook_seconds += dt

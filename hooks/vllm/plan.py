@@ -100,8 +100,8 @@ class Plan:
         return {"head_offset": info.head_offset, "total_heads": info.total_heads,
                 "sliding_window": info.sliding_window, "softcap": info.softcap, "sinks": info.sinks}
 
-    def receive(self, info: LayerInfo, donor: Plan, frm: int, upto: int, *, shared_keys_layer: int | None = None,
-                arange: Callable[[int], torch.Tensor] = torch.arange) -> None:
+    def receive(self, info: LayerInfo, donor: Plan, frm: int, upto: int, *,
+                shared_keys_layer: int | None = None, device: torch.device | None = None) -> None:
         """Take positions ``frm .. upto - 1`` of one layer from ``donor`` (a prefix-cache hit; ``frm`` is 0
         unless a recompute after preemption hits past what the plan had processed).
 
@@ -130,14 +130,14 @@ class Plan:
                 raise RuntimeError(f"attnprobe: {donor.tag} kept no query rows at {missing[:5]} for {self.tag}")
             q_rows = torch.stack([rows[int(p)] for p in qpos[lo:hi]], dim=1)
             last = int(qpos[hi - 1]) + 1
-            self.scorer.score_rows(layer, q_rows, lo, k_buf[:, :last], arange(last), info.scale, **self._score_kw(info))
+            self.scorer.score_rows(layer, q_rows, lo, k_buf[:, :last], 0, info.scale, **self._score_kw(info))
         else:
-            self.scorer.init_layer(layer, info.total_heads)
+            self.scorer.init_layer(layer, info.total_heads, device)
         self.done[layer] = upto
 
     def observe_layer(self, info: LayerInfo, query: torch.Tensor, key: torch.Tensor | None, start: int, *,
-                      shared_keys_layer: int | None = None, donor: Plan | None = None, donor_from: int = 0,
-                      arange: Callable[[int], torch.Tensor] = torch.arange) -> None:
+                      shared_keys_layer: int | None = None, donor: Plan | None = None,
+                      donor_from: int = 0) -> None:
         """One layer's rows of this plan in one step: buffer the keys, score the query rows in it.
 
         query: [length, local_heads * head_dim] (flat, as vLLM hands it), key: [length,
@@ -152,7 +152,7 @@ class Plan:
             return
         self.calls += 1
         if donor is not None:
-            self.receive(info, donor, donor_from, start, shared_keys_layer=shared_keys_layer, arange=arange)
+            self.receive(info, donor, donor_from, start, shared_keys_layer=shared_keys_layer, device=query.device)
         h, kvh, d = info.num_heads, info.num_kv_heads, info.head_dim
         length = int(query.shape[0])
         end = start + length
@@ -168,10 +168,10 @@ class Plan:
             k_buf = self.keys.get(shared_keys_layer) if shared_keys_layer is not None else None
         if k_buf is not None and self.has_query_in(start, end):
             stop = min(end, self.n_keys)
-            self.scorer.score_layer(layer, q.transpose(0, 1), k_buf[:, :stop], start, arange(stop), info.scale,
+            self.scorer.score_layer(layer, q.transpose(0, 1), k_buf[:, :stop], start, 0, info.scale,
                                     **self._score_kw(info))
         else:
-            self.scorer.init_layer(layer, info.total_heads)
+            self.scorer.init_layer(layer, info.total_heads, q.device)
         if len(self.share_qpos):
             lo, hi = np.searchsorted(self.share_qpos, [start, end])
             if hi > lo:
@@ -179,10 +179,10 @@ class Plan:
                 for p in self.share_qpos[lo:hi]:
                     rows[int(p)] = q[int(p) - start].clone()
         self.done[layer] = end
-        if layer in self.qk_layers:
-            self.saved_q.setdefault(layer, []).append(q.transpose(0, 1).float().cpu().clone())
+        if layer in self.qk_layers:  # kept on the device until the plan is collected
+            self.saved_q.setdefault(layer, []).append(q.transpose(0, 1).clone())
             if k is not None and info.kv_replica_first:
-                self.saved_k.setdefault(layer, []).append(k.transpose(0, 1).float().cpu().clone())
+                self.saved_k.setdefault(layer, []).append(k.transpose(0, 1).clone())
 
     def report(self) -> dict[str, Any]:
         """The JSON-able counters the driver checks and records."""

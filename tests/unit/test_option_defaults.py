@@ -123,21 +123,26 @@ def test_declared_differences_have_their_reason():
 
 
 def test_chunk_size_has_one_default():
-    """512 is written once (attnprobe_hooks.backend.DEFAULT_CHUNK_SIZE): the record, every parser, the
-    counterfactual record, IBIS's job and the model's default chunk agree."""
+    """The chunk is chosen for the device unless given (None everywhere: the record, every parser, the
+    counterfactual record, IBIS's job, the API); 512, the CPU's and a vLLM engine's default, is written once
+    (attnprobe_hooks.backend.DEFAULT_CHUNK_SIZE)."""
+    from attnprobe_hooks.chunking import ChunkChoice, choose_chunk
+
     assert DEFAULT_CHUNK_SIZE == 512
-    assert CaptureOptions().chunk_size == RunOptions().chunk_size == DEFAULT_CHUNK_SIZE
+    assert CaptureOptions().chunk_size is RunOptions().chunk_size is None
     assert {PARSERS[c]._option_string_actions["--chunk-size"].default for c in COMMAND_RECORDS
-            if "--chunk-size" in PARSERS[c]._option_string_actions} == {DEFAULT_CHUNK_SIZE}
-    assert field_defaults(AttentionJob)["chunk_size"] == DEFAULT_CHUNK_SIZE
-    assert inspect.signature(run_attention).parameters["chunk_size"].default == DEFAULT_CHUNK_SIZE
+            if "--chunk-size" in PARSERS[c]._option_string_actions} == {None}
+    assert field_defaults(AttentionJob)["chunk_size"] is None
+    assert inspect.signature(run_attention).parameters["chunk_size"].default is None
     # the vLLM engine's chunk, read from the source (importing the module imports torch)
     source = Path(importlib.util.find_spec("attnprobe_hooks.vllm").submodule_search_locations[0]) / "backend.py"
     load = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.FunctionDef) and n.name == "load")
     args = load.args.kwonlyargs
     assert ast.unparse(load.args.kw_defaults[[a.arg for a in args].index("chunk_size")]) == "DEFAULT_CHUNK_SIZE"
-    plain = LoadedModel(None, None, "spec", "name", "transformers", "float32", "hf-folder")
-    assert plain.default_chunk_size == DEFAULT_CHUNK_SIZE
+    plain = LoadedModel(None, None, "spec", "name", "transformers", "float32", "hf-folder", extra={"device": "cpu"})
+    assert choose_chunk(plain, 5000) == ChunkChoice(DEFAULT_CHUNK_SIZE, "the default on cpu (512 tokens)")
+    engine = LoadedModel(None, None, "spec", "name", "vllm", "float32", "hf-folder", extra={"chunk_size": 256})
+    assert choose_chunk(engine, 5000).size == 256 and choose_chunk(engine, 5000, requested=64).size == 64
 
 
 def test_api_functions_default_like_the_cli():

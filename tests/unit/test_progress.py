@@ -82,7 +82,7 @@ def test_a_job_notes_what_its_batch_is_doing(tmp_path, capsys):
 
 
 def traj(name: str) -> SimpleNamespace:
-    return SimpleNamespace(id=name)
+    return SimpleNamespace(id=name, n=10, query_positions=())  # the plan's view too (make_plan is faked)
 
 
 def fake_capture_setup(monkeypatch) -> tuple[SimpleNamespace, list]:
@@ -96,7 +96,7 @@ def fake_capture_setup(monkeypatch) -> tuple[SimpleNamespace, list]:
     monkeypatch.setattr(api, "weights_hash", lambda spec: None)
     monkeypatch.setattr(api, "make_plan", lambda *a, **kw: a[0])
     monkeypatch.setattr(api, "assemble", lambda model, t, *a: f"result {t.id}")
-    return SimpleNamespace(default_chunk_size=8, backend="fake", spec="x", num_layers=2), flags
+    return SimpleNamespace(extra={"chunk_size": 8}, backend="fake", spec="x", num_layers=2), flags
 
 
 TRAJS = [traj("t1"), traj("t2"), traj("t3")]
