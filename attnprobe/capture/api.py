@@ -132,6 +132,7 @@ class CaptureSettings:
     queries: str | Sequence[int]
     layers: list[int] | None  # validated and sorted, None = all
     chunk_size: int
+    chunk_reason: str  # why this chunk (attnprobe_hooks.chunking.choose_chunk)
     seconds: float  # wall time of the backend run that produced the result (per trajectory in a batch)
     weights_hash: str | None = None  # see weights_hash()
     layer_selection: str | None = None  # "full" / "all" when the layers were named, not listed
@@ -222,7 +223,7 @@ def assemble(model: LoadedModel, trajectory: Trajectory, rendered: Rendered, poi
         "device": model.extra.get("device"), "attn_implementation": model.attn_implementation,
         "chat_template_hash": rendered.template_hash, "rendering": rendered.rendering,
         "renderings_rejected": rendered.tried, "add_generation_prompt": rendered.add_generation_prompt,
-        "chunk_size": settings.chunk_size, "layers_requested": None if layers is None else list(layers),
+        "chunk_size": settings.chunk_size, "chunk_reason": settings.chunk_reason, "layers_requested": None if layers is None else list(layers),
         "layer_selection": settings.layer_selection,
         "num_model_layers": model.num_layers, "num_heads": int(lh_np.shape[2]),
         "queries_mode": queries if isinstance(queries, str) else "positions",
@@ -262,7 +263,7 @@ class PreparedRun:
 
 
 def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: str | Sequence[int],
-                 layers: list[int] | None, chunk_size: int, weights: str | None,
+                 layers: list[int] | None, chunk_size: int | None, weights: str | None,
                  layer_selection: str | None = None, save_qk_layers: Sequence[int] = (),
                  share_prefixes: bool = False, progress: bool = False, generate: Sequence = (),
                  what: str = "capture") -> PreparedRun:
@@ -271,9 +272,16 @@ def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: s
     ``layer_selection`` are recorded in every result's metadata. ``generate``: generation requests
     (:class:`attnprobe_hooks.backend.GenerationRequest`) that continue from the cache the capture builds
     (``capture_and_generate``; the backend must have it); their time is not counted as capture time.
-    ``capture_seconds`` is the call's wall time divided by the number of trajectories."""
+    ``capture_seconds`` is the call's wall time divided by the number of trajectories. ``chunk_size``: None
+    chooses it for the device and the longest plan (:func:`attnprobe_hooks.chunking.choose_chunk`: one pass
+    on a GPU when it fits, 512 on a CPU); the chunk and the reason are recorded in every result."""
+    from attnprobe_hooks.chunking import choose_chunk
+
     backend = get_backend(model.backend)
     plans = [make_plan(p.rendered, p.points, layers, save_qk_layers, desc=p.trajectory.id) for p in prepared]
+    choice = choose_chunk(model, max((p.n for p in plans), default=1),
+                          max((len(p.query_positions) for p in plans), default=0), chunk_size)
+    chunk_size = choice.size
     run = PreparedRun(results=[])
     t0 = time.perf_counter()
     generating = 0.0  # seconds spent generating inside the capture call (not capture time)
@@ -288,7 +296,7 @@ def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: s
         log.info("%s batch: %s", what, sharing.line())
     if len(outputs) != len(plans):
         raise RuntimeError(f"backend {backend.name!r} returned {len(outputs)} outputs for {len(plans)} plans")
-    settings = CaptureSettings(queries=queries, layers=layers, chunk_size=chunk_size,
+    settings = CaptureSettings(queries=queries, layers=layers, chunk_size=chunk_size, chunk_reason=choice.reason,
                                seconds=(time.perf_counter() - t0 - generating) / max(1, len(plans)),
                                weights_hash=weights, layer_selection=layer_selection)
     run.results = [assemble(model, p.trajectory, p.rendered, p.points, out, settings)
@@ -306,9 +314,10 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     Every trajectory is rendered and checked first, then handed to the backend in batches of
     ``batch_size`` (default: all at once). The vLLM backend runs a batch in one ``generate`` call
     (the requests are sliced apart inside the hooks); the transformers backend runs them one after
-    the other. Results are identical to calling :func:`capture` on each. ``chunk_size`` defaults to
-    the model's (``DEFAULT_CHUNK_SIZE``, 512, or the chunk a vLLM engine was built with). ``capture_seconds`` is the
-    batch's wall time divided by its size.
+    the other. Results are identical to calling :func:`capture` on each. ``chunk_size`` (default None) is
+    chosen per batch: one pass on a GPU when the longest trajectory fits, else the largest chunk that does;
+    512 on a CPU; the chunk a vLLM engine was built with (meta.json records it and why).
+    ``capture_seconds`` is the batch's wall time divided by its size.
 
     ``progress=True`` shows a bar over the trajectories (when there are several) and the backend's
     per-chunk prefill bar; ``tqdm.auto`` draws them as widgets in a notebook and as text on stderr
@@ -319,8 +328,8 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     (transformers: one cache cropped between plans; vLLM: its prefix cache, with what a hit skips taken from
     the plan that computed it; equal to independent captures within 1e-5, docs/prefix_sharing.md).
     """
-    chunk = model.default_chunk_size if chunk_size is None else int(chunk_size)
-    if chunk < 1:
+    chunk = None if chunk_size is None else int(chunk_size)
+    if chunk is not None and chunk < 1:
         raise ValueError("chunk_size must be >= 1")
     if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -353,7 +362,7 @@ def capture(model: LoadedModel, trajectory: Trajectory, queries: str | Sequence[
     "reasoning+decision", or a list of token positions. layers: model layer indices to score
     (default all attention layers), or ``"full"``: only the full-attention layers of a hybrid model
     (seed 002 E.1; :func:`full_attention_layers`). The forward pass is a chunked prefill with ``chunk_size``
-    tokens per step (default: the model's, as for :func:`capture_many`); no token is generated. (A vLLM engine's chunk is fixed when it is built; the
+    tokens per step (default: chosen for the device, as for :func:`capture_many`); no token is generated. (A vLLM engine's chunk is fixed when it is built; the
     metadata records the one used.) ``progress=True``: the prefill's per-chunk bar (``tqdm.auto``,
     so a widget in a notebook).
     """

@@ -76,8 +76,11 @@ class CaptureOptions:
         None, flag="--layers", type=parse_layers,
         help="layers to score: e.g. '0-3,10', 'full' (the full-attention layers of a hybrid model, "
              "seed 002 E.1) or 'all' (default)")
-    chunk_size: int = option(DEFAULT_CHUNK_SIZE, flag="--chunk-size", type=positive_int,
-                             help="prefill chunk size in tokens (default {default})")
+    chunk_size: int | None = option(
+        None, flag="--chunk-size", type=positive_int,
+        help="prefill chunk size in tokens (default: chosen for the device: one pass on a GPU when the "
+             f"trajectory fits its free memory, else the largest chunk that does; {DEFAULT_CHUNK_SIZE} on a CPU; "
+             "meta.json records the chunk and why)")
     rendering: str = option("auto", flag="--rendering", choices=RENDERINGS,
                             help="how the trajectory is rendered (default auto: the richest the chat template "
                                  "supports)")
@@ -168,8 +171,9 @@ class CaptureJob(JobBase):
                         meta_path, t.id)
             return False, None
         wanted = self.settings
+        # an automatic chunk (None) resumes a folder made with any chunk: chunks differ by float rounding only
         diffs = [f"{k} was {recorded[k]!r}, now {wanted[k]!r}" for k in wanted
-                 if k in recorded and recorded[k] != wanted[k]]
+                 if k in recorded and recorded[k] != wanted[k] and not (k == "chunk_size" and wanted[k] is None)]
         if self.weights and meta.get("weights_hash") and meta["weights_hash"] != self.weights:
             diffs.append(f"weights fingerprint was {meta['weights_hash']}, now {self.weights} (the model files "
                          "changed)")

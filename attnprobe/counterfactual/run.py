@@ -134,7 +134,7 @@ class RunOptions:
     rendering: str = same_as(CaptureOptions, "rendering")
     max_tokens: int | None = same_as(CaptureOptions, "max_tokens")
     layers: Sequence[int] | None = same_as(CaptureOptions, "layers")
-    chunk_size: int | None = same_as(CaptureOptions, "chunk_size")  # None: the model's own chunk
+    chunk_size: int | None = same_as(CaptureOptions, "chunk_size")  # None: chosen for the device
     actions: bool = option(False, flag="--actions", action="store_true",
                            help="also generate the next action (greedy) in both contexts and compare (transformers)")
     max_new_tokens: int = option(96, flag="--max-new-tokens", type=positive_int,
@@ -155,7 +155,8 @@ def settings_dict(model: LoadedModel, policy: str, opts: RunOptions) -> dict:
         "policy": policy,
         "rendering": opts.rendering,
         "layers": opts.layers if opts.layers is None or isinstance(opts.layers, str) else list(opts.layers),
-        "chunk_size": opts.chunk_size or model.default_chunk_size, "actions": opts.actions,
+        # a chunk changes scores only by float rounding: an automatic one (None) resumes any folder
+        **({"chunk_size": opts.chunk_size} if opts.chunk_size else {}), "actions": opts.actions,
         "max_new_tokens": opts.max_new_tokens if opts.actions else None, "logprob": opts.logprob,
         "semantics": SEMANTICS,
     }))
@@ -263,7 +264,6 @@ def capture_contexts(model: LoadedModel, batch: Batch, opts: RunOptions, chat=No
     from attnprobe_hooks.backend import get_backend
 
     chosen = check_layers(model, opts.layers)
-    chunk = opts.chunk_size or model.default_chunk_size
     trajs = batch.trajectories
     wanted = []
     if opts.actions and chat is not None and opts.share_prefixes and \
@@ -274,7 +274,7 @@ def capture_contexts(model: LoadedModel, batch: Batch, opts: RunOptions, chat=No
                    for (tid, mi, n), (k, cfx) in batch.counterfactual.items()]
     requests, pending = cache_requests(chat, batch.contexts, wanted, opts.max_new_tokens)
     run = run_prepared(model, [Prepared(c.trajectory, c.rendered, c.points) for c in batch.contexts],
-                       queries="positions", layers=chosen, chunk_size=chunk, weights=weights_hash(model.spec),
+                       queries="positions", layers=chosen, chunk_size=opts.chunk_size, weights=weights_hash(model.spec),
                        layer_selection=opts.layers if isinstance(opts.layers, str) else None,
                        share_prefixes=opts.share_prefixes, progress=opts.progress, generate=requests,
                        what="counterfactual")

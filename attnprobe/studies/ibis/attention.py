@@ -28,7 +28,6 @@ from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing,
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob
 from attnprobe.studies.ibis.layout import ATTENTION_INDEX, ModelFolderLayout
-from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
 def category_mass(result: CaptureResult, trajectory) -> np.ndarray:
@@ -50,7 +49,7 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
     return out
 
 
-def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int = DEFAULT_CHUNK_SIZE,
+def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int | None = None,
                   force: bool = False, progress: bool = True, protocol: str = "paper",
                   reminder: str | None = None, batch_size: int = CAPTURE_BATCH,
                   share_prefixes: bool = True) -> dict[str, int]:

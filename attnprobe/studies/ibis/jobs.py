@@ -28,7 +28,6 @@ from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_cat
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.layout import ModelFolderLayout
 from attnprobe.studies.ibis.position import SHIFTED, shifted_observer
-from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
 
 
 def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
@@ -134,7 +133,7 @@ class AttentionJob(JobBase):
     folder: Path
     ibis_items: Sequence[IbisItem]
     framings: Sequence[str] = FRAMINGS
-    chunk_size: int = DEFAULT_CHUNK_SIZE
+    chunk_size: int | None = None
     protocol: str = "paper"
     reminder: str | None = None
     force: bool = False
