@@ -103,6 +103,11 @@ class TransformersBackend:
         _CACHE[key] = loaded
         return loaded
 
+    def unload(self, model: LoadedModel) -> None:
+        """Forget a loaded model (the per-process cache holds it until then), so its memory can be freed."""
+        for key in [k for k, v in _CACHE.items() if v is model]:
+            del _CACHE[key]
+
     def run(self, model: LoadedModel, plans: Sequence[CapturePlan], *, chunk_size: int,
             progress: bool = False, share_prefixes: bool = True) -> BackendOutputs:
         """Plans one pass after the other (batch size 1 per forward pass), each unique token prefilled

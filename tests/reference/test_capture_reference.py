@@ -41,6 +41,12 @@ def test_matches_eager(tiny_smol, samples, tid, route):
         res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=chunk)
         assert q % chunk == 0 or q % chunk == chunk - 1 or chunk == 97
         _check(res, rows)
+    # The default chunk (chosen for the device: 512 on this CPU) and a forced one pass (issue 36).
+    n = len(base.input_ids)
+    for chunk, used in ((None, 512), (n, n)):
+        res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=chunk)
+        assert res.meta["chunk_size"] == used
+        _check(res, rows)
 
 
 @pytest.mark.slow  # the eager reference materialises [9, 6456, 6456] per layer: ~20 s even on the tiny model
