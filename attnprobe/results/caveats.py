@@ -15,7 +15,9 @@ does). study.md, attention.md, the runner's summary and the app's Study page pri
 - **injected system text** (:func:`injected_system`): calls sent without a system message whose chat
   template wrote a default one (SmolLM2, Qwen): attention.md's ``system`` is that text and the first token;
 - **past-turn filter** (:func:`past_turn_filter`): captured calls left out of the share tables by
-  ``--shares-min-past`` (seed 002 E.5), first calls included.
+  ``--shares-min-past`` (seed 002 E.5), first calls included;
+- **skipped records** (:func:`skipped_records`): recorded calls or histories ``study attention`` could not
+  read as trajectories (an older study's bad tool call), named by their first error line.
 """
 
 from __future__ import annotations
@@ -157,6 +159,18 @@ def past_turn_filter(doc: Mapping) -> list[str]:
             f"E.5): {', '.join(parts)}"]
 
 
+def skipped_records(doc: Mapping) -> list[str]:
+    """The caveat when ``study attention`` skipped recorded calls or histories the trajectory schema refused
+    (attention.json: per setting ``skipped``, one error line each): how many, and the first one's line."""
+    lines = [(s, e) for s, d in (doc.get("settings") or {}).items() if isinstance(d, Mapping)
+             for e in d.get("skipped") or []]
+    if not lines:
+        return []
+    first = lines[0][1] if len(lines[0][1]) <= 200 else lines[0][1][:197] + "..."
+    return [f"{len(lines)} recorded record{'' if len(lines) == 1 else 's'} skipped (not a valid trajectory), "
+            f"first of setting {lines[0][0]}: {first}"]
+
+
 def attention_caveats(doc: Mapping) -> list[str]:
     """attention.json's caveats: a capture model other than the agent's, too few questions for the CIs,
     injected system text, calls left out by the past-turn filter."""
@@ -167,7 +181,7 @@ def attention_caveats(doc: Mapping) -> list[str]:
                    "another model's reading of the agent's contexts, not the agent's own")
     ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
           for q in ("decision", "reasoning")]
-    return [*out, *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
+    return [*out, *skipped_records(doc), *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
 
 
 def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]:

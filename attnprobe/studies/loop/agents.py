@@ -41,7 +41,7 @@ from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
-from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
+from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.io.options import option, positive_int
 from attnprobe.studies.loop.pool import TOOLS, Browser
@@ -235,10 +235,10 @@ class Loop:
                 ep.tool_calls += 1
                 calls.append({"id": f"call{ep.tool_calls}", "type": "function", "function": dict(c["function"])})
             ep.append({"role": "assistant", "content": reply.content or "", "tool_calls": calls})
-            for c in calls:
-                ep.retrievals += c["function"]["name"] == "search"
+            for c, wrote in zip(calls, reply.tool_calls):  # a call that cannot run is no retrieval
+                ep.retrievals += c["function"]["name"] == "search" and RAW_ARGUMENTS not in wrote
                 ep.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                           "content": browser.execute(c)})
+                           "content": browser.execute(wrote)})
             self._refine()
 
     # ------------------------------------------------------------------ IRCoT

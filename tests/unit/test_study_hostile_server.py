@@ -1,0 +1,89 @@
+"""What a study records from a hostile served model is what its readers accept (issue 38, item 1).
+
+A seed002 study against a scripted endpoint whose first reply is a tool call with arguments that are not
+JSON, an integer call id, or arguments sent as a JSON object: every file the study writes passes the
+trajectory schema (``attnprobe capture``'s validation), the call that could not run is answered with an
+error observation, the raw text is kept in its own field, and what the model is sent back is JSON text with
+string ids. ``study attention`` skips (and names) a record the schema refuses instead of aborting.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.scripted_chat import ScriptedChat
+from support.scripted_server import scripted_endpoint
+
+from attnprobe.execution.local import LocalExecutor
+from attnprobe.generation.openai_chat import OpenAIChat
+from attnprobe.results.caveats import skipped_records
+from attnprobe.studies.loop.agents import LoopConfig
+from attnprobe.studies.loop.attention import histories, recorded_calls
+from attnprobe.studies.loop.study import run_study
+from attnprobe.trajectory.schema import load_trajectories
+
+QUESTION = {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"], "type": None}
+FINAL = "Explanation: known.\nExact Answer: Paris\nConfidence: 90%"
+MODES = {  # the first reply's tool call, as the hostile server sends it
+    "bad-arguments-json": {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{query: Paris"}},
+    "integer-id": {"id": 7, "type": "function", "function": {"name": "search", "arguments": '{"query": "Paris"}'}},
+    "object-arguments": {"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"query": "Paris"}}},
+}
+
+
+def _study(tmp_path, mode):
+    def reply(body):
+        if any(m.get("role") == "tool" for m in body["messages"]):
+            return FINAL
+        return {"content": "", "tool_calls": [MODES[mode]]}
+
+    with scripted_endpoint(reply=reply) as ep:
+        counts, _ = run_study(LocalExecutor(lambda: OpenAIChat(ep.url, "m", max_retries=0), progress=False),
+                              tmp_path, [QUESTION], ["none"], LoopConfig("seed002", max_turns=3), n_boot=10)
+        return counts, ep.bodies
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_file_a_study_writes_against_a_hostile_server_passes_validation(tmp_path, mode):
+    counts, bodies = _study(tmp_path, mode)
+    assert counts == {"done_before": 0, "done": 1, "failed": 0}
+    calls = load_trajectories(tmp_path / "none" / "calls" / "q1.jsonl")  # capture's validation: no error
+    history = load_trajectories(tmp_path / "none" / "history" / "q1.jsonl")[0]
+    assert [t.id for t in load_trajectories(tmp_path / "none" / "calls.jsonl")] == ["none/q1/step-1", "none/q1/step-2"]
+    made = calls[0].messages[-1]["tool_calls"][0]  # the reply as recorded
+    sent_back = bodies[1]["messages"][2]["tool_calls"][0]  # what the model was sent back next
+    obs = history.messages[3]["content"]
+    assert calls[1].messages[3]["content"] == obs  # the observation as it was sent
+    if mode == "bad-arguments-json":
+        assert made["function"]["arguments"] == "{}" and made["raw_arguments"] == "{query: Paris"
+        assert obs == "Error: the arguments of 'search' are not a JSON object ('{query: Paris'); nothing was run."
+        assert sent_back["function"]["arguments"] == "{}" and "raw_arguments" not in sent_back
+        assert json.loads((tmp_path / "none" / "results" / "q1.json").read_text())["retrievals"] == 0
+    else:
+        assert made["function"]["arguments"] == '{"query": "Paris"}' and "raw_arguments" not in made
+        assert sent_back["function"]["arguments"] == '{"query": "Paris"}'  # JSON text, not an object
+        assert not obs.startswith("Error")
+    assert made["id"] == ("7" if mode == "integer-id" else "c1")
+    assert sent_back["id"] == "call1"  # the history's own numbering
+
+
+def test_study_attention_skips_and_names_a_record_the_schema_refuses(tmp_path):
+    def script(messages, tools):
+        return FINAL
+
+    run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path,
+              [QUESTION, {**QUESTION, "id": "q2"}], ["none"], LoopConfig("seed002", max_turns=2), n_boot=10)
+    path = tmp_path / "none" / "calls" / "q1.jsonl"
+    rec = json.loads(path.read_text())  # as an older attnprobe kept a server's call: an integer id
+    rec["messages"][-1]["tool_calls"] = [{"id": 7, "type": "function", "function": {"name": "search",
+                                                                                     "arguments": "{}"}}]
+    path.write_text(json.dumps(rec) + "\n")
+    skipped: list[str] = []
+    kept = recorded_calls(tmp_path, "none", skipped)
+    assert [t.id for t in kept] == ["none/q2/step-1"]
+    assert skipped == [f"{path}, line 1, field 'messages[2].tool_calls[0].id': expected a string, got int"]
+    assert len(histories(tmp_path, "none")) == 2
+    doc = {"settings": {"none": {"skipped": skipped}}}
+    assert skipped_records(doc) == [f"1 recorded record skipped (not a valid trajectory), first of setting none: "
+                                    f"{skipped[0]}"]
