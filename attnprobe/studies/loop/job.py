@@ -4,7 +4,7 @@ A batch of items (``batch_size``, ``--batch-size``) runs as episodes stepped tog
 (:mod:`attnprobe.studies.loop.rollout`); each item is written as soon as its episode finishes, and what is
 written does not depend on the batch (timings aside).
 
-Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``; every path from
+Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``, one-to-one: :func:`.context.slug`; every path from
 :class:`attnprobe.studies.loop.layout.StudyLayout`), written by whoever runs the item, each atomically, the
 result last (its presence means the item is finished, :meth:`~attnprobe.studies.loop.layout.StudyLayout.done`):
 
