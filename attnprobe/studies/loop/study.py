@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
-from attnprobe.io.settings import check_settings
+from attnprobe.io.settings import check_settings, finished_something, record_settings
 from attnprobe.results.caveats import study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamp, with_attention
@@ -67,13 +67,16 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
               model: str | None = None, batch_size: int = 1) -> tuple[dict, dict]:
     """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
     A folder whose results were made with another loop config or ``model`` is refused before anything
-    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely.
+    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`; the options are recorded only once an
+    item is finished); settings may be added freely.
     ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
     # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
     # rerun of every item; the stamps carry it only when on
-    check_settings(out, "study interference", {**config.to_dict(), "structured_actions": config.structured_actions,
-                                               "model": model}, force=force, names=OPTION_NAMES)
+    wanted = {**config.to_dict(), "structured_actions": config.structured_actions, "model": model}
+    check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
                           batch_size=batch_size)
     counts = executor.run(job)
+    if finished_something(counts):  # a run that finished nothing (no model, every item failed) records nothing
+        record_settings(out, "study interference", wanted, force=force)
     return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
