@@ -300,3 +300,37 @@ def test_a_study_that_finished_nothing_leaves_no_settings_record(tmp_path):
                           LoopConfig("ircot", max_turns=3), n_boot=10, model="b")
     assert counts["done"] == len(QUESTIONS)
     assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "b"
+
+
+# ------------------------------------------------------------------ the corpus by its content (issue 38, item 4)
+def _corpus(path, city):
+    docs = [{"id": "d1", "title": "France", "url": "https://x/france", "text": f"The capital of France is {city}."},
+            {"id": "d2", "title": "Spain", "url": "https://x/spain", "text": "The capital of Spain is Madrid."}]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def test_a_changed_corpus_reruns_and_a_moved_identical_one_does_not(tmp_path):
+    def searcher(messages, tools):
+        return ("<think>x</think><answer>done</answer>" if len(messages) > 1
+                else "<think>x</think><search>capital of France</search>")
+
+    q = [{"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}]
+
+    def run(corpus):
+        cfg = LoopConfig("ircot", max_turns=2, top_k=1, corpus=corpus)
+        return run_study(LocalExecutor(lambda: ScriptedChat(searcher), progress=False), tmp_path / "s", q, ["none"],
+                         cfg, n_boot=10)[0]
+
+    first = _corpus(tmp_path / "a.jsonl", "Paris")
+    assert run(first)["done"] == 1
+    moved = tmp_path / "elsewhere" / "docs.jsonl"
+    moved.parent.mkdir()
+    (tmp_path / "a.jsonl").rename(moved)
+    assert run(str(moved)) == {"done_before": 1, "done": 0, "failed": 0}  # the same bytes at another path
+    _corpus(moved, "Lutetia")  # rewritten in place
+    assert run(str(moved)) == {"done_before": 0, "done": 1, "failed": 0}
+    history = json.loads((tmp_path / "s" / "none" / "history" / "q1.jsonl").read_text())
+    assert "The capital of France is Lutetia." in json.dumps(history)
+    result = json.loads((tmp_path / "s" / "none" / "results" / "q1.json").read_text())
+    assert result["config"]["corpus"].startswith("sha256:") and str(moved) not in json.dumps(result)

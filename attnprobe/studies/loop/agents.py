@@ -39,7 +39,7 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.search import SearchBackend
+from attnprobe.agents.search import SearchBackend, corpus_identity
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
@@ -96,7 +96,9 @@ class LoopConfig:
     search: str = option("bm25", flag="--search", choices=("bm25", "http"),
                          help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
     corpus: str | None = option(None, flag="--corpus",
-                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl); results "
+                                     "record its content hash, not its path (a changed corpus reruns, a moved one "
+                                     "does not)")
     preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
                                 help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
                                      "seed's setting); explicit --max-new-tokens / --temperature win")
@@ -126,7 +128,11 @@ class LoopConfig:
             raise ValueError("temperature must be >= 0")
 
     def to_dict(self) -> dict:
+        """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
+        shipped one), never its path."""
         d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        if self.search == "bm25":
+            d["corpus"] = corpus_identity(self.corpus)
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
             d.pop("final_call")
         if not self.structured_actions:

@@ -43,9 +43,9 @@ _SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas bui
 
 
 def search_backend(kind: str, corpus: str | None):
-    from attnprobe.agents.search import make_search
+    from attnprobe.agents.search import corpus_identity, make_search
 
-    key = (kind, corpus)
+    key = (kind, corpus, corpus_identity(corpus) if kind == "bm25" else None)  # a corpus changed in place: reindexed
     if key not in _SEARCH:
         _SEARCH[key] = make_search(kind, corpus)
     return _SEARCH[key]

@@ -72,7 +72,10 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
     ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
     # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
     # rerun of every item; the stamps carry it only when on
-    wanted = {**config.to_dict(), "structured_actions": config.structured_actions, "model": model}
+    # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
+    # changed corpus reruns the items and a moved identical one does not; the record leaves it out
+    wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
+              "structured_actions": config.structured_actions, "model": model}
     check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
                           batch_size=batch_size)
