@@ -42,6 +42,7 @@ from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.search import SearchBackend, corpus_identity
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
+from attnprobe.generation.grammars import follows_grammar
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.io.options import option, positive_int
 from attnprobe.studies.loop.pool import TOOLS, Browser
@@ -208,8 +209,9 @@ class Loop:
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
                       "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
                       "raw_text": reply.raw_text}}
-        if self.config.structured_actions:
+        if request.actions is not None:  # recorded as structured: checked against the grammar it was sent
             record["meta"]["structured_actions"] = True
+            record["meta"]["follows_grammar"] = follows_grammar(request.actions, reply.raw_text or reply.content or "")
         if tools:
             record["tools"] = tools
         ep.calls.append(record)

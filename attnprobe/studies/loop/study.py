@@ -17,7 +17,7 @@ from pathlib import Path
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings, finished_something, record_settings
-from attnprobe.results.caveats import study_caveats
+from attnprobe.results.caveats import structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamp, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
@@ -49,6 +49,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
              "scorer": label,
              "questions_total": len(questions), **summary, "results": stamps}
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
+    if config.structured_actions:  # every reply recorded as structured, checked against its grammar
+        study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
