@@ -64,6 +64,7 @@ class InterferenceJob(JobBase):
     batch_size: int = 1  # episodes in flight (--batch-size); no part of any stamp: records do not depend on it
     stage: str = "interference"
     unit: str = "run"
+    bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
     needs = "chat"  # run() is handed a chat backend (a Ray replica wraps its loaded model: chat_options)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,10 @@ class InterferenceJob(JobBase):
         return [WorkItem(key=f"{slug(s)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,
                          describe={"setting": s, "question_id": q["id"]}, data=(s, q))
                 for q in self.questions for s in self.settings]  # question-major: a partial study is paired
+
+    def bar_units(self, item: WorkItem) -> int:
+        """The most model calls an episode makes (the bar's bound): ``max_turns``, plus IRCoT's final call."""
+        return self.config.max_turns + int(self.config.scaffold == "ircot" and self.config.final_call)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         spec, q = item.data
@@ -129,7 +134,8 @@ class InterferenceJob(JobBase):
         def named(text: str) -> None:  # one episode: its calls, named as a sequential run always named them
             self.note(f"{specs[loops[0].run_id]} {loops[0].question['id']}: {text}")
 
-        rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note)
+        rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note,
+                on_call=lambda loop: self.advance(loop.run_id))  # run_id is the item's key
         return [results[lp.run_id] for lp in loops]
 
 
