@@ -12,7 +12,7 @@ from support.scripted_chat import ScriptedChat
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.local import LocalExecutor
-from attnprobe.io.settings import SETTINGS_FILE, check_settings, record_settings
+from attnprobe.io.settings import SETTINGS_FILE, check_settings
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import current_results, histories, read_study, recorded_calls
 from attnprobe.studies.loop.attention_report import ATTENTION_JSON, ATTENTION_MD, HEADING, results_stamp
@@ -80,6 +80,8 @@ def test_a_rerun_with_another_option_is_refused_in_one_line_unless_force(tmp_pat
 
 
 def _check_and_record(out, command, wanted, **kw):
+    from attnprobe.io.settings import record_settings
+
     check_settings(out, command, wanted, **kw)
     record_settings(out, command, wanted, force=kw.get("force", False))
 

@@ -15,7 +15,6 @@ from support.scripted_server import scripted_endpoint
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.generation.chat import ActionFormat, ChatRequest
-from attnprobe.generation.grammars import follows_grammar
 from attnprobe.generation.openai_chat import OpenAIChat
 from attnprobe.generation.server import Limits, make_server, parse_chat_request
 from attnprobe.generation.server.protocol import RequestError
@@ -41,6 +40,8 @@ SEED002 = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)
     (SEED002, "The answer is Paris.", False),
 ])
 def test_a_reply_is_checked_against_its_grammar(fmt, text, ok):
+    from attnprobe.generation.grammars import follows_grammar
+
     assert follows_grammar(fmt, text) is ok
 
 

@@ -17,7 +17,6 @@ from support.scripted_server import scripted_endpoint
 
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.generation.openai_chat import OpenAIChat
-from attnprobe.results.caveats import skipped_records
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import histories, recorded_calls
 from attnprobe.studies.loop.study import run_study
@@ -69,6 +68,8 @@ def test_every_file_a_study_writes_against_a_hostile_server_passes_validation(tm
 
 
 def test_study_attention_skips_and_names_a_record_the_schema_refuses(tmp_path):
+    from attnprobe.results.caveats import skipped_records
+
     def script(messages, tools):
         return FINAL
 
