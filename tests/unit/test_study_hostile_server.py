@@ -88,3 +88,33 @@ def test_study_attention_skips_and_names_a_record_the_schema_refuses(tmp_path):
     doc = {"settings": {"none": {"skipped": skipped}}}
     assert skipped_records(doc) == [f"1 recorded record skipped (not a valid trajectory), first of setting none: "
                                     f"{skipped[0]}"]
+
+
+@pytest.mark.slow  # the tiny model's captures: 10-20 s on a busy 2-core machine
+def test_study_attention_captures_every_call_of_a_study_against_every_hostile_mode(tmp_path, tiny_smol):
+    from attnprobe.capture.job import CaptureOptions
+    from attnprobe.studies.loop.attention import run_attention
+
+    questions = [{**QUESTION, "id": mode, "question": f"Capital of France ({mode})?"} for mode in MODES]
+
+    def reply(body):
+        if any(m.get("role") == "tool" for m in body["messages"]):
+            return FINAL
+        mode = next(m for m in MODES if f"({m})" in body["messages"][1]["content"])
+        return {"content": "", "tool_calls": [MODES[mode]]}
+
+    with scripted_endpoint(reply=reply) as ep:
+        counts, _ = run_study(LocalExecutor(lambda: OpenAIChat(ep.url, "m", max_retries=0), progress=False),
+                              tmp_path, questions, ["none"], LoopConfig("seed002", max_turns=3, top_k=1), n_boot=10)
+    assert counts["done"] == 3
+    path = tmp_path / "none" / "calls" / "integer-id.jsonl"  # and one record as an older attnprobe kept it
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    recs[0]["messages"][-1]["tool_calls"][0]["id"] = 7
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    _, doc = run_attention(LocalExecutor(lambda: tiny_smol, progress=False), tmp_path, model=tiny_smol,
+                           capture=CaptureOptions(queries="reasoning+decision", layers=[0], chunk_size=512),
+                           counterfactual=None, n_boot=10)
+    d = doc["settings"]["none"]
+    assert (d["recorded_calls"], d["captured_calls"]) == (5, 5)  # 6 calls, the one bad record skipped
+    assert d["skipped"] == [f"{path}, line 1, field 'messages[2].tool_calls[0].id': expected a string, got int"]
+    assert any(c.startswith("1 recorded record skipped") for c in doc["caveats"])
