@@ -336,3 +336,18 @@ def test_a_changed_corpus_reruns_and_a_moved_identical_one_does_not(tmp_path):
     assert "The capital of France is Lutetia." in json.dumps(history)
     result = json.loads((tmp_path / "s" / "none" / "results" / "q1.json").read_text())
     assert result["config"]["corpus"].startswith("sha256:") and str(moved) not in json.dumps(result)
+
+
+def test_a_run_killed_after_its_first_item_has_recorded_its_settings(tmp_path):
+    def killed_at_q1(messages, tools):
+        if "item 1" in messages[0]["content"]:
+            raise KeyboardInterrupt  # the run dies here (no executor catches it)
+        return script(messages, tools)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(LocalExecutor(lambda: ScriptedChat(killed_at_q1), progress=False), tmp_path, QUESTIONS, ["none"],
+                  LoopConfig("ircot", max_turns=3), n_boot=10, model="a")
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "a"
+    with pytest.raises(AttnprobeError, match="--model/--served-model was 'a', now 'b'"):  # q0 was made with 'a'
+        run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
+                  LoopConfig("ircot", max_turns=3), n_boot=10, model="b")

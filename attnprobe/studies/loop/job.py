@@ -62,6 +62,9 @@ class InterferenceJob(JobBase):
     force: bool = False
     model: str | None = None  # what generates (a label: path or served model name), part of every stamp
     batch_size: int = 1  # episodes in flight (--batch-size); no part of any stamp: records do not depend on it
+    # the options the folder's settings record gets once the first item is finished (collect, in the process
+    # that started the job: a killed run that finished an item has recorded them); None: not recorded here
+    settings_record: dict | None = None
     stage: str = "interference"
     unit: str = "run"
     bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
@@ -90,6 +93,14 @@ class InterferenceJob(JobBase):
         spec, q = item.data
         return self.layout.done(spec, q["id"], inputs_stamp(q, spec, self.config, self.model), since=since,
                                 fields=recorded_fields(spec, self.config))
+
+    def collect(self, item: WorkItem, result: Any) -> None:
+        """An item is finished: the folder's settings record gets this run's options (once per run)."""
+        if self.settings_record is not None:
+            from attnprobe.io.settings import record_settings
+
+            record_settings(self.out, "study interference", self.settings_record, force=self.force)
+            self.settings_record = None
 
     @property
     def prepare_key(self) -> Any:

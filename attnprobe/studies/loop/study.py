@@ -80,8 +80,8 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
               "structured_actions": config.structured_actions, "model": model}
     check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
-                          batch_size=batch_size)
+                          batch_size=batch_size, settings_record=wanted)  # recorded as its first item finishes
     counts = executor.run(job)
-    if finished_something(counts):  # a run that finished nothing (no model, every item failed) records nothing
-        record_settings(out, "study interference", wanted, force=force)
+    if finished_something(counts):  # and when every item was done before; a run that finished nothing (no
+        record_settings(out, "study interference", wanted, force=force)  # model, every item failed): nothing
     return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
