@@ -26,8 +26,8 @@ RAW_ARGUMENTS = "raw_arguments"  # a tool call's arguments as the model wrote th
 
 
 def normal_tool_call(call: Any) -> Any:
-    """A model's tool call in the form the trajectory schema accepts and a model is sent back: the id as a
-    string (a server may send an integer), the arguments as JSON text (a server may send an object: its
+    """A model's tool call in the form the trajectory schema accepts and a model is sent back: the id and the
+    name as strings (a server may send an integer; no name is ``unnamed``), the arguments as JSON text (a server may send an object: its
     JSON text, as the model is then sent it). Arguments that are not a JSON object (text that is not JSON,
     a list, a number) become ``"{}"`` and their text is kept in the call's own field :data:`RAW_ARGUMENTS`:
     the call cannot be run, and whoever runs it answers with an error (the loop's browser does). Idempotent;
@@ -37,6 +37,11 @@ def normal_tool_call(call: Any) -> Any:
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
         return call
     out, fn = dict(call), dict(call["function"])
+    name = fn.get("name")
+    if name is None or (isinstance(name, str) and not name.strip()):
+        fn["name"] = "unnamed"
+    elif not isinstance(name, str):  # a number, a list: its JSON text (a name no tool has)
+        fn["name"] = json.dumps(name, ensure_ascii=False)
     if out.get("id") is not None and not isinstance(out["id"], str):
         out["id"] = json.dumps(out["id"], ensure_ascii=False) if not isinstance(out["id"], int) else str(out["id"])
     args = fn.get("arguments", "{}")

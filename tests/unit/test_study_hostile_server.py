@@ -118,3 +118,23 @@ def test_study_attention_captures_every_call_of_a_study_against_every_hostile_mo
     assert (d["recorded_calls"], d["captured_calls"]) == (5, 5)  # 6 calls, the one bad record skipped
     assert d["skipped"] == [f"{path}, line 1, field 'messages[2].tool_calls[0].id': expected a string, got int"]
     assert any(c.startswith("1 recorded record skipped") for c in doc["caveats"])
+
+
+@pytest.mark.parametrize("call, normal", [
+    ({"id": 3, "function": {"name": "s", "arguments": {"a": 1}}},
+     {"id": "3", "function": {"name": "s", "arguments": '{"a": 1}'}}),
+    ({"id": "c", "function": {"name": "s", "arguments": "[1]"}},
+     {"id": "c", "function": {"name": "s", "arguments": "{}"}, "raw_arguments": "[1]"}),
+    ({"function": {"name": "s", "arguments": '{"a": NaN}'}},
+     {"function": {"name": "s", "arguments": "{}"}, "raw_arguments": '{"a": NaN}'}),
+    ({"function": {"name": 5, "arguments": ""}}, {"function": {"name": "5", "arguments": ""}}),
+    ({"function": {"name": None}}, {"function": {"name": "unnamed", "arguments": "{}"}}),
+])
+def test_a_call_is_normalised_once_and_then_left_alone(call, normal):
+    from attnprobe.generation.chat import ChatReply, normal_tool_call
+    from attnprobe.trajectory.schema import validate_record
+
+    assert normal_tool_call(call) == normal and normal_tool_call(normal) == normal
+    reply = ChatReply(content="", tool_calls=[call])
+    assert reply.tool_calls == [normal]
+    validate_record({"id": "x", "messages": [{"role": "user", "content": "q"}, reply.as_message()]})
