@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
+from attnprobe.generation.grammars import follows_grammar
 from attnprobe.io import append_jsonl, rewrite_jsonl
 
 # Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096" (per model call).
@@ -103,7 +104,8 @@ class Recorder:
                 reply = self.chat.complete_batch([ChatRequest(
                     copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
                     max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, actions=actions)])[0]
-                extra_meta = {**(extra_meta or {}), "structured_actions": actions.scaffold}
+                extra_meta = {**(extra_meta or {}), "structured_actions": actions.scaffold,
+                              "follows_grammar": follows_grammar(actions, reply.raw_text or reply.content or "")}
             if self.note is not None:  # per call, with its speed: a long wait is visibly generating
                 self.note(call_note(label, reply.output_tokens, time.perf_counter() - t0))
             self._write(call_id, agent, messages, tools, reply, extra_meta or {})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.io import located_error, read_jsonl
+from attnprobe.io import content_hash, located_error, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,18 @@ def default_corpus_path() -> Path:
     from attnprobe.resources import data_path
 
     return data_path("corpus", "docs.jsonl")
+
+
+def corpus_identity(corpus: str | Path | None) -> str | None:
+    """What a result records of its BM25 corpus: None for the shipped one (as every earlier version recorded
+    it, so shipped results stay done), else the corpus's content (:func:`attnprobe.io.content_hash`, also
+    for ``ATTNPROBE_CORPUS``): a corpus changed in place is another input, the same one moved is not."""
+    from attnprobe.resources import data_path
+
+    path = Path(corpus) if corpus else default_corpus_path()
+    if not corpus and path == data_path("corpus", "docs.jsonl"):
+        return None
+    return content_hash(path)
 
 
 def _snippet(text: str, n: int = 170) -> str:

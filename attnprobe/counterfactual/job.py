@@ -24,7 +24,7 @@ from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import recover_atomic_dirs
 from attnprobe.io.options import option_flags
-from attnprobe.io.settings import check_settings
+from attnprobe.io.settings import check_settings, finished_something, record_settings
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
@@ -144,9 +144,12 @@ def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[
     "skipped", "markdown": {query: table}}``. Other options than ``out`` was made with are refused before the
     model loads unless ``force`` (:func:`options_record`). The settings are made where the model is."""
     check_settings(out, "counterfactual", options_record(opts, model), force=force, names=OPTION_NAMES)
+    Path(out).mkdir(parents=True, exist_ok=True)  # its summary is written whatever the run finished
     settings = executor.call(counterfactual_settings, list(names), replace(opts, progress=False))
     job = CounterfactualJob(Path(out), list(steps), list(specs), settings, opts, batch_size=batch_size, force=force)
     counts = executor.run(job)
+    if finished_something(counts):  # recorded only once a step is finished (a failed run blocks no rerun)
+        record_settings(out, "counterfactual", options_record(opts, model), force=force)
     skipped: list = []
     summary = summarize_dir(out, skipped=skipped) if Path(out).is_dir() else {}
     for where, why in skipped:

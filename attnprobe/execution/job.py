@@ -84,12 +84,24 @@ class JobBase:
     force = False
     catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS
     _note = None  # set by an executor that shows progress
+    _advance = None  # set by an executor whose bar counts the job's units (see ``bar_units``)
+    # Optional: ``bar_units(item) -> int``, an upper bound of the item's units of progress (``bar_unit``, e.g. a
+    # study episode's model calls), so the local executor's bar counts units as the job reports them
+    # (:meth:`advance`) rather than finished items only; an item that ends below its bound drops the rest.
+    bar_units = None
+    bar_unit = "unit"
 
     def note(self, text: str) -> None:
         """What the running batch is doing now (e.g. "token 320/4096, 9/12 rows stopped"): shown beside
         the progress bar of the local executor; nothing elsewhere."""
         if self._note is not None:
             self._note(text)
+
+    def advance(self, key: str, n: int = 1) -> None:
+        """``n`` more units of item ``key`` are done (jobs with ``bar_units``): the local executor's bar moves;
+        nothing elsewhere."""
+        if self._advance is not None:
+            self._advance(key, n)
 
     def prepare(self, model: Any) -> Any:
         return model

@@ -49,8 +49,6 @@ class LocalExecutor:
 
     def run(self, job: Job) -> dict[str, int]:
         """Run the job's unfinished items; returns ``{"done_before", "done", "failed"}``."""
-        from attnprobe.io import progress_bar
-
         items = job.items()
         todo = list(items) if job.force else [it for it in items if not job.done(it)]
         counts = {"done_before": len(items) - len(todo), "done": 0, "failed": 0}
@@ -62,13 +60,13 @@ class LocalExecutor:
         state = job.prepare(self.model)
         groups = batches(todo, job.batch_size)
         redo: dict[str, float | None] = {}  # item of a failed batch -> when that batch started (for job.done)
-        with progress_bar(total=len(todo), desc=job.stage, unit=job.unit, disable=not self.progress) as bar:
+        with _Progress(job, todo, self.progress) as bar:
             while groups:
                 batch = groups.pop(0)
                 if batch[0].key in redo:
                     if job.done(batch[0], since=redo.pop(batch[0].key)):  # written before its batch failed
                         counts["done"] += 1
-                        bar.update(1)
+                        bar.ended([batch[0]])
                         continue
                 if len(batch) > 1:
                     bar.set_postfix_str(f"running a batch of {len(batch)}", refresh=True)
@@ -88,7 +86,7 @@ class LocalExecutor:
                         continue
                     self._failed(job, batch[0], exc)
                     counts["failed"] += 1
-                    bar.update(1)
+                    bar.ended(batch)
                     continue
                 finally:
                     if hasattr(job, "_note"):
@@ -98,7 +96,7 @@ class LocalExecutor:
                 for it, res in zip(batch, results):
                     job.collect(it, res)
                 counts["done"] += len(batch)
-                bar.update(len(batch))
+                bar.ended(batch)
         job.finish()
         return counts
 
@@ -106,3 +104,62 @@ class LocalExecutor:
     def _failed(job: Job, item: WorkItem, exc: BaseException) -> None:
         log_error(job.out / ERRORS_FILE, job.stage, item.describe or {"key": item.key}, exc)
         log.warning("%s: %s failed: %s: %s", job.stage, item.describe or item.key, type(exc).__name__, exc)
+
+
+class _Progress:
+    """The local executor's bar. By items (one step per finished item), or, for a job with ``bar_units``
+    (:class:`~attnprobe.execution.job.JobBase`), by those units: the total is every unfinished item's bound,
+    :meth:`JobBase.advance` moves the bar as units are done (never past an item's bound), and an item that
+    ends drops its unused units from the total, so a study of few long episodes shows its model calls
+    rather than 0% until an episode ends. The description counts the items ended ("interference 3/12 runs")."""
+
+    def __init__(self, job: Job, todo: list[WorkItem], show: bool):
+        from attnprobe.io import progress_bar
+
+        self.job, self.items = job, len(todo)
+        units = getattr(job, "bar_units", None)
+        self.bound = {it.key: max(1, int(units(it))) for it in todo} if callable(units) else None
+        self.got: dict[str, int] = {}
+        self.ended_items = 0
+        unit = getattr(job, "bar_unit", job.unit) if self.bound else job.unit
+        total = sum(self.bound.values()) if self.bound else len(todo)
+        self.bar = progress_bar(total=total, desc=self._desc(), unit=unit, disable=not show)
+
+    def _desc(self) -> str:
+        return f"{self.job.stage} {self.ended_items}/{self.items} {self.job.unit}s" if self.bound else self.job.stage
+
+    def __enter__(self):
+        self.bar.__enter__()
+        if self.bound:
+            self.job._advance = self.advance
+        return self
+
+    def __exit__(self, *exc):
+        if self.bound:
+            self.job._advance = None
+        return self.bar.__exit__(*exc)
+
+    def __getattr__(self, name):  # set_postfix_str, postfix, ...: the bar's
+        return getattr(self.bar, name)
+
+    def advance(self, key: str, n: int = 1) -> None:
+        if key not in self.bound:
+            return
+        n = max(0, min(n, self.bound[key] - self.got.get(key, 0)))
+        if n:
+            self.got[key] = self.got.get(key, 0) + n
+            self.bar.update(n)
+
+    def ended(self, batch: list[WorkItem]) -> None:
+        """These items are finished (done or failed)."""
+        self.ended_items += len(batch)
+        if not self.bound:
+            self.bar.update(len(batch))
+            return
+        for it in batch:
+            rest = self.bound.get(it.key, 0) - self.got.get(it.key, 0)
+            self.got[it.key] = self.bound.get(it.key, 0)
+            if rest > 0:
+                self.bar.total -= rest
+        self.bar.set_description(self._desc(), refresh=False)
+        self.bar.refresh()

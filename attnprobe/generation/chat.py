@@ -17,9 +17,46 @@ seeds decode).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+RAW_ARGUMENTS = "raw_arguments"  # a tool call's arguments as the model wrote them, when they are no JSON object
+
+
+def normal_tool_call(call: Any) -> Any:
+    """A model's tool call in the form the trajectory schema accepts and a model is sent back: the id and the
+    name as strings (a server may send an integer; no name is ``unnamed``), the arguments as JSON text (a server may send an object: its
+    JSON text, as the model is then sent it). Arguments that are not a JSON object (text that is not JSON,
+    a list, a number) become ``"{}"`` and their text is kept in the call's own field :data:`RAW_ARGUMENTS`:
+    the call cannot be run, and whoever runs it answers with an error (the loop's browser does). Idempotent;
+    anything that is not a call object is left for the schema to refuse."""
+    from attnprobe.trajectory.schema import ArgumentsError, call_arguments
+
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    out, fn = dict(call), dict(call["function"])
+    name = fn.get("name")
+    if name is None or (isinstance(name, str) and not name.strip()):
+        fn["name"] = "unnamed"
+    elif not isinstance(name, str):  # a number, a list: its JSON text (a name no tool has)
+        fn["name"] = json.dumps(name, ensure_ascii=False)
+    if out.get("id") is not None and not isinstance(out["id"], str):
+        out["id"] = json.dumps(out["id"], ensure_ascii=False) if not isinstance(out["id"], int) else str(out["id"])
+    args = fn.get("arguments", "{}")
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    try:
+        ok = isinstance(call_arguments({"arguments": text}), dict)
+    except ArgumentsError:
+        ok = False
+    if ok:
+        fn["arguments"] = text
+    else:
+        fn["arguments"] = "{}"
+        out[RAW_ARGUMENTS] = text
+    out["function"] = fn
+    return out
 
 
 @dataclass
@@ -34,7 +71,7 @@ class Prompt:
 @dataclass
 class ChatReply:
     content: str
-    tool_calls: list[dict] = field(default_factory=list)  # OpenAI format, arguments as JSON strings
+    tool_calls: list[dict] = field(default_factory=list)  # OpenAI format, normalised (normal_tool_call)
     raw_text: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
@@ -44,6 +81,9 @@ class ChatReply:
     # "" when unknown (a server's reply).
     stopped_by: str = ""
     prompt: Prompt | None = None  # in-process backends only
+
+    def __post_init__(self) -> None:  # every backend's calls in one form (ids strings, arguments JSON text)
+        self.tool_calls = [normal_tool_call(c) for c in self.tool_calls or []]
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}

@@ -2,13 +2,16 @@
 vLLM, SGLang), built from one small grammar tree so that the two accept the same texts.
 
 :func:`grammar_text` is the entry point; :data:`BOUNDS` bounds every free-text field in characters and
-:func:`token_caps` in tokens (from the reply's budget). Turning a grammar into token masks and server
+:func:`token_caps` in tokens (from the reply's budget). :func:`follows_grammar` checks a reply's text against
+the same grammar (its character bounds; a Python regex made from the same tree), so a study can tell when a
+server was sent the grammar and did not apply it. Turning a grammar into token masks and server
 options is :mod:`attnprobe.generation.structured`'s; docs/methods.md ("Structured actions") gives the rules.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -239,6 +242,17 @@ def _nis(fmt: ActionFormat):
     return _seq(_preamble(caps), _alt(*(_call(t, caps) for t in tools)))
 
 
+def _root(fmt: ActionFormat):
+    """The grammar tree of ``fmt``."""
+    if fmt.scaffold == "ircot":
+        return _ircot(fmt.final, token_caps(fmt))
+    if fmt.scaffold == "seed002":
+        return _seed002(fmt)
+    if fmt.scaffold in ("nis-manager", "nis-worker"):
+        return _nis(fmt)
+    raise ValueError(f"structured actions: unknown scaffold {fmt.scaffold!r}; use one of {', '.join(SCAFFOLDS)}")
+
+
 @lru_cache(maxsize=256)
 def grammar_text(fmt: ActionFormat, dialect: str = "lark") -> str:
     """The action grammar of ``fmt`` as Lark (``start`` rule; llguidance, vLLM's guidance backend) or GBNF
@@ -258,14 +272,7 @@ def grammar_text(fmt: ActionFormat, dialect: str = "lark") -> str:
     strings 1..200 characters without quotes, backslashes, brackets, ``<`` ``>``, backticks or control
     characters (no escapes to get wrong), integers up to 6 digits. With ``fmt.max_tokens`` the Lark text
     also caps the free-text fields in tokens (:func:`token_caps`), so the action closes within the budget."""
-    if fmt.scaffold == "ircot":
-        root = _ircot(fmt.final, token_caps(fmt))
-    elif fmt.scaffold == "seed002":
-        root = _seed002(fmt)
-    elif fmt.scaffold in ("nis-manager", "nis-worker"):
-        root = _nis(fmt)
-    else:
-        raise ValueError(f"structured actions: unknown scaffold {fmt.scaffold!r}; use one of {', '.join(SCAFFOLDS)}")
+    root = _root(fmt)
     if dialect == "lark":
         capped: dict[str, str] = {}
         text = f"start: {_emit(root, 'lark', capped)}\n"
@@ -275,3 +282,31 @@ def grammar_text(fmt: ActionFormat, dialect: str = "lark") -> str:
         text = f"root ::= {_emit(root, 'gbnf', named)}\n"
         return text + "".join(f"{name} ::= {body}\n" for body, name in named.items())
     raise ValueError(f"structured actions: dialect must be 'lark' or 'gbnf', not {dialect!r}")
+
+
+# ------------------------------------------------------------------ checking a reply (text, not tokens)
+def _regex(node) -> str:
+    """``node`` as a Python regex (the Lark terminals are regexes Python reads as they are)."""
+    if isinstance(node, _Lit):
+        return re.escape(node.text)
+    if isinstance(node, _Term):
+        return f"(?:{node.lark})"
+    if isinstance(node, _Seq):
+        return "".join(_regex(i) for i in node.items)
+    if isinstance(node, _Alt):
+        return "(?:" + "|".join(_regex(i) for i in node.items) + ")"
+    if isinstance(node, _Opt):
+        return f"(?:{_regex(node.item)})?"
+    raise TypeError(node)
+
+
+@lru_cache(maxsize=256)
+def _compiled(fmt: ActionFormat) -> re.Pattern:
+    return re.compile(_regex(_root(fmt)), re.S)
+
+
+def follows_grammar(fmt: ActionFormat, text: str) -> bool:
+    """Whether ``text`` (a reply as the model wrote it, blanks around it aside) is a complete action of
+    ``fmt``'s grammar, by its character bounds (token caps are a decoder's, not the text's). A reply that was
+    constrained always is; a server that ignored the grammar sends one that mostly is not."""
+    return bool(isinstance(text, str) and _compiled(fmt).fullmatch(text.strip()))

@@ -38,6 +38,46 @@ def structured():
     return module
 
 
+# Usage counts a reply may claim (issue 38): the prompt at most the request body's bytes (every token of what was
+# sent is at least one byte of it) plus PROMPT_SLACK for text the server adds (chat-template markers, an injected
+# default system prompt); the completion at most the max_tokens asked plus COMPLETION_SLACK (an end token some
+# servers count); cached tokens at most the prompt's.
+PROMPT_SLACK = 1024
+COMPLETION_SLACK = 16
+
+
+def usage_counts(url: str, usage: Any, *, sent_bytes: int, max_tokens: int) -> tuple[int, int, int]:
+    """(prompt, completion, cached) tokens of a reply's ``usage``, each checked: a whole number, not negative,
+    within what was sent and asked (:data:`PROMPT_SLACK`, :data:`COMPLETION_SLACK`); a missing count is 0.
+    Anything else is one :class:`AttnprobeError` line naming the endpoint and the field."""
+    if usage is None:
+        usage = {}
+    if not isinstance(usage, dict):
+        raise AttnprobeError(f"{url}: usage is {type(usage).__name__}, not an object")
+    details = usage.get("prompt_tokens_details") or {}
+    if not isinstance(details, dict):
+        raise AttnprobeError(f"{url}: usage.prompt_tokens_details is {type(details).__name__}, not an object")
+    out = []
+    for field, value, bound, why in (
+            ("prompt_tokens", usage.get("prompt_tokens"), sent_bytes + PROMPT_SLACK,
+             f"the request's {sent_bytes:,} bytes + {PROMPT_SLACK}"),
+            ("completion_tokens", usage.get("completion_tokens"), max_tokens + COMPLETION_SLACK,
+             f"max_tokens {max_tokens} + {COMPLETION_SLACK}"),
+            ("prompt_tokens_details.cached_tokens", details.get("cached_tokens"), None, "prompt_tokens")):
+        if bound is None:
+            bound = out[0]
+        if value is None:
+            value = 0
+        shown = _one_line(repr(value), 40)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or (
+                isinstance(value, float) and not value.is_integer()):
+            raise AttnprobeError(f"{url}: usage.{field} is {shown}, not a whole number of tokens")
+        if value < 0 or value > bound:
+            raise AttnprobeError(f"{url}: usage.{field} is {shown}, impossible: outside 0..{bound:,} ({why})")
+        out.append(int(value))
+    return out[0], out[1], out[2]
+
+
 def _one_line(text: Any, limit: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -187,14 +227,13 @@ class OpenAIChat(OneByOne):
             tool_calls = [{"id": tc["id"], "type": tc.get("type") or "function",
                            "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}}
                           for tc in (msg.get("tool_calls") or [])]
-            usage = resp.get("usage") or {}
-            input_tokens = int(usage.get("prompt_tokens") or 0)
-            output_tokens = int(usage.get("completion_tokens") or 0)
-            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
             finish = choice.get("finish_reason") or "stop"
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             raise AttnprobeError(f"{self.url}: malformed chat completion response: "
                                  f"{_one_line(json.dumps(resp)[:400])}") from None
+        input_tokens, output_tokens, cached = usage_counts(
+            self.url, resp.get("usage"), sent_bytes=len(json.dumps(payload, ensure_ascii=False).encode("utf-8")),
+            max_tokens=payload["max_tokens"])
         with self._stats_lock:
             for key, n in (("calls", 1), ("sent", input_tokens), ("cached", cached), ("generated", output_tokens)):
                 self.stats[key] += n

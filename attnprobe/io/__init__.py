@@ -35,6 +35,7 @@ from attnprobe.io.fs import (
     OutputInUse,
     OutsideFolder,
     check_regular_file,
+    content_hash,
     ensure_writable_dir,
     ensure_writable_file,
     file_kind,
@@ -72,7 +73,7 @@ from attnprobe.io.json import (
 __all__ = [
     "AtomicDir", "EXPECTED_ERRORS", "FINGERPRINT_SAMPLE", "LOCK_NAME", "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH", "NotRegularFile", "OutputInUse", "OutsideFolder", "RENAME_EXCHANGE", "STALE_AFTER_S", "append_jsonl",
-    "atomic_write_bytes", "atomic_write_text", "check_regular_file", "dumps_line", "ensure_writable_dir",
+    "atomic_write_bytes", "atomic_write_text", "check_regular_file", "content_hash", "dumps_line", "ensure_writable_dir",
     "ensure_writable_file", "file_kind", "fingerprint", "finite_json", "flocked", "hold_dir_lock",
     "ERRORS_FILE", "hold_file_lock", "hold_lock", "inside", "is_work_dir", "json_depth_ok", "layout_path", "load_json", "loads_strict",
     "located_error", "log_error", "naming", "parse_json", "read_jsonl", "read_records", "read_regular_bytes",

@@ -198,6 +198,29 @@ def fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=64)
+def _content_digest(path: str, size: int, mtime_ns: int) -> str:  # keyed on size and mtime: an edit rehashes
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(path: str | Path) -> str:
+    """``sha256:`` and 16 hex digits of the SHA-256 of a whole file: the identity of an input that decides
+    results (a study's corpus), so a file changed in place is another input and the same bytes at another
+    path are the same one. Unlike :func:`fingerprint` every byte is read (once per size and mtime)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise AttnprobeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not path.is_file():
+        raise AttnprobeError(f"{path}: not a regular file")
+    return "sha256:" + _content_digest(str(path.resolve()), st.st_size, st.st_mtime_ns)[:16]
+
+
 # ------------------------------------------------------------------------------- inside a folder
 class OutsideFolder(AttnprobeError):
     """A path inside an output folder that leads out of it (a symlink on the way, or ``..``)."""

@@ -15,7 +15,11 @@ does). study.md, attention.md, the runner's summary and the app's Study page pri
 - **injected system text** (:func:`injected_system`): calls sent without a system message whose chat
   template wrote a default one (SmolLM2, Qwen): attention.md's ``system`` is that text and the first token;
 - **past-turn filter** (:func:`past_turn_filter`): captured calls left out of the share tables by
-  ``--shares-min-past`` (seed 002 E.5), first calls included.
+  ``--shares-min-past`` (seed 002 E.5), first calls included;
+- **grammar not applied** (:func:`grammar_not_applied`): replies recorded as structured (``--structured-actions``)
+  that do not parse as the action grammar the backend was sent (:func:`structured_replies`);
+- **skipped records** (:func:`skipped_records`): recorded calls or histories ``study attention`` could not
+  read as trajectories (an older study's bad tool call), named by their first error line.
 """
 
 from __future__ import annotations
@@ -109,16 +113,38 @@ def few_questions(ns: Iterable[int], *, threshold: int = MIN_QUESTIONS) -> list[
             "questions)"]
 
 
+def structured_replies(calls: Iterable[Mapping]) -> dict[str, int]:
+    """Over recorded calls, ``{"replies": M, "off_grammar": N}``: M replies recorded as structured and checked
+    against their grammar (``meta.follows_grammar``), N of them that do not parse as an action of it."""
+    checked = [m["follows_grammar"] for c in calls if isinstance(c, Mapping)
+               and isinstance(m := c.get("meta"), Mapping) and isinstance(m.get("follows_grammar"), bool)]
+    return {"replies": len(checked), "off_grammar": checked.count(False)}
+
+
+def grammar_not_applied(counts: Mapping | None) -> list[str]:
+    """The caveat when replies recorded as structured do not follow the grammar the backend was sent
+    (study.json ``structured_replies``, :func:`structured_replies`)."""
+    n, m = (counts or {}).get("off_grammar") or 0, (counts or {}).get("replies") or 0
+    if not n:
+        return []
+    return [f"the server did not apply the grammar ({n} of {m} replies): --structured-actions is recorded, but "
+            f"{n} of the {m} replies do not parse as the scaffold's action grammar (decoded freely, or cut at the "
+            "token limit); these results are not those of constrained decoding"]
+
+
 def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
-    """study.json's caveats: settings that retrieved nothing (from ``calls``, setting -> its recorded calls,
-    where given; else from ART), and too few questions for the CIs."""
+    """study.json's caveats: replies recorded as structured that do not follow the grammar, settings that
+    retrieved nothing (from ``calls``, setting -> its recorded calls, where given; else from ART), and too
+    few questions for the CIs."""
     settings = study.get("settings") or {}
     if not isinstance(settings, Mapping):
         return []
     settings = {s: m for s, m in settings.items() if isinstance(m, Mapping)}  # a malformed entry says nothing
     config = study.get("config")
     temp = config.get("temperature") if isinstance(config, Mapping) else None
-    return [*retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp,
+    counts = study.get("structured_replies")
+    return [*grammar_not_applied(counts if isinstance(counts, Mapping) else None),
+            *retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp,
                                calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 
@@ -157,6 +183,18 @@ def past_turn_filter(doc: Mapping) -> list[str]:
             f"E.5): {', '.join(parts)}"]
 
 
+def skipped_records(doc: Mapping) -> list[str]:
+    """The caveat when ``study attention`` skipped recorded calls or histories the trajectory schema refused
+    (attention.json: per setting ``skipped``, one error line each): how many, and the first one's line."""
+    lines = [(s, e) for s, d in (doc.get("settings") or {}).items() if isinstance(d, Mapping)
+             for e in d.get("skipped") or []]
+    if not lines:
+        return []
+    first = lines[0][1] if len(lines[0][1]) <= 200 else lines[0][1][:197] + "..."
+    return [f"{len(lines)} recorded record{'' if len(lines) == 1 else 's'} skipped (not a valid trajectory), "
+            f"first of setting {lines[0][0]}: {first}"]
+
+
 def attention_caveats(doc: Mapping) -> list[str]:
     """attention.json's caveats: a capture model other than the agent's, too few questions for the CIs,
     injected system text, calls left out by the past-turn filter."""
@@ -167,7 +205,7 @@ def attention_caveats(doc: Mapping) -> list[str]:
                    "another model's reading of the agent's contexts, not the agent's own")
     ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
           for q in ("decision", "reasoning")]
-    return [*out, *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
+    return [*out, *skipped_records(doc), *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
 
 
 def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]:

@@ -84,3 +84,54 @@ def test_cli_run_with_stderr_to_a_file_shows_call_speed_without_escape_codes(tmp
     log.close()
     text = (tmp_path / "stderr.log").read_text()
     assert "s02: call 1 (manager): 2 tok in" in text and "\x1b[" not in text
+
+
+# ------------------------------------------------------------------ the study's bar counts model calls (issue 38)
+class _Bar:
+    """A stand-in progress bar: what the executor set and updated, in order."""
+
+    def __init__(self, total, desc, unit, disable, **kw):
+        self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, 0, ""
+        self.seen: list[tuple[int, int]] = []  # (n, total) after every change
+        self.descs: list[str] = [desc]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        self.n += n
+        self.seen.append((self.n, self.total))
+
+    def refresh(self):
+        self.seen.append((self.n, self.total))
+
+    def set_description(self, desc, refresh=True):
+        self.descs.append(desc)
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfix = text
+
+
+def test_the_study_bar_counts_model_calls_not_only_episodes(tmp_path, monkeypatch):
+    import attnprobe.io
+    from attnprobe.studies.loop.study import run_study
+
+    bars: list[_Bar] = []
+    monkeypatch.setattr(attnprobe.io, "progress_bar", lambda **kw: bars.append(_Bar(**kw)) or bars[-1])
+
+    def script(messages, tools):  # q0 answers at its 1st call, q1 never (3 turns + the final call)
+        if "item 0" in messages[0]["content"]:
+            return "<think>x</think><answer>0</answer>"
+        return "<think>x</think>no action"
+
+    questions = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in (1, 0)]
+    run_study(LocalExecutor(lambda: ScriptedChat(script)), tmp_path, questions, ["none"],
+              LoopConfig("ircot", max_turns=3), n_boot=10)
+    bar = bars[0]
+    assert (bar.unit, bar.seen[0]) == ("call", (1, 8))  # 2 episodes x (3 turns + final call); the first call shows
+    assert [n for n, _ in bar.seen[:4]] == [1, 2, 3, 4]  # q1's four calls move the bar before any episode ends
+    assert bar.seen[-1] == (5, 5)  # q0 took 1 of its 4: the 3 unused dropped from the total
+    assert bar.descs == ["interference 0/2 runs", "interference 1/2 runs", "interference 2/2 runs"]

@@ -304,3 +304,59 @@ def test_the_masking_layout(tmp_path):
     (tmp_path / "captures").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OutsideFolder, match="captures: is a symlink inside"):
         _ = layout.captures_dir
+
+
+# ------------------------------------------------------------------ folder names are one-to-one (issue 38, item 2)
+URL = "refine:openai:http://127.0.0.1:8000/v1"
+
+
+@pytest.mark.parametrize("a, b", [(f"{URL}:a/b", f"{URL}:a_b"), ("refine:openai:http://h/v1:m", "refine:openai:http://h_v1:m"),
+                                  ("refine:openai:http://h/v1:m-x", "refine:openai:http://h/v1-m:x"),
+                                  ("refine:openai:http://h/v1:M", "refine:openai:http://h/v1:m")])
+def test_two_settings_never_share_a_folder(tmp_path, a, b):
+    from attnprobe.studies.loop.context import slug
+
+    assert slug(a).lower() != slug(b).lower()
+    assert StudyLayout(tmp_path).setting_dir(a) != StudyLayout(tmp_path).setting_dir(b)
+    StudyLayout(tmp_path).check([a, b])  # no refusal
+
+
+def test_folder_names_without_free_text_are_kept_and_with_it_are_readable():
+    from attnprobe.studies.loop.context import slug
+
+    assert [slug(s) for s in ("none", "mask:5", "mask-obs:2", "ircot:oqp", "refine:bm25:3", "ircot:oq+refine:bm25:3")] == [
+        "none", "mask-5", "mask-obs-2", "ircot-oqp", "refine-bm25-3", "ircot-oq_refine-bm25-3-503a6f5b"]
+    name = slug(f"{URL}:a/b")
+    assert name.startswith("refine-openai-http-_127.0.0.1-8000_v1-a_b-") and len(name.rsplit("-", 1)[1]) == 12
+
+
+def test_two_settings_that_would_share_a_folder_are_refused_before_anything_runs(tmp_path, monkeypatch, caplog):
+    from attnprobe.studies.loop import context
+
+    monkeypatch.setattr(L, "slug", lambda spec: "same")
+    with pytest.raises(AttnprobeError, match=r"settings 'mask:1' and 'mask:2' would share the folder 'same'; run "
+                                             r"them in two studies"):
+        StudyLayout(tmp_path).check(["mask:1", "mask:2"])
+    monkeypatch.undo()
+    spec = f"{URL}:a/b"
+    (tmp_path / context.legacy_slug(spec)).mkdir()  # a folder of the name before issue 38
+    StudyLayout(tmp_path).check([spec])
+    assert f"made by an older attnprobe under the folder name of setting {spec}" in caplog.text
+
+
+def test_a_study_of_two_refiner_models_keeps_both_rows(tmp_path):
+    from support.scripted_chat import ScriptedChat
+
+    from attnprobe.execution.local import LocalExecutor
+    from attnprobe.studies.loop.agents import LoopConfig
+    from attnprobe.studies.loop.study import run_study
+
+    a, b = f"{URL}:a/b", f"{URL}:a_b"
+    q = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}
+    chat = ScriptedChat(lambda messages, tools: "<think>known</think><answer>Paris</answer>")
+    counts, study = run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [q], [a, b],
+                              LoopConfig("ircot", max_turns=2), n_boot=10)
+    assert counts["done"] == 2 and [study["settings"][s]["questions"] for s in (a, b)] == [1, 1]
+    assert [json.loads(StudyLayout(tmp_path).result(s, "q1").read_text())["setting"] for s in (a, b)] == [a, b]
+    assert run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [q], [a, b],
+                     LoopConfig("ircot", max_turns=2), n_boot=10)[0]["done_before"] == 2  # a rerun redoes neither

@@ -76,3 +76,44 @@ def test_a_good_reply_still_works(server):
     reply = OpenAIChat(f"http://127.0.0.1:{server.server_port}/v1", "m", max_retries=0, timeout=10).complete(
         [{"role": "user", "content": "hi"}])
     assert (reply.content, reply.input_tokens, reply.output_tokens, reply.tool_calls) == ("hello", 3, 1, [])
+
+
+# ------------------------------------------------------------------ usage counts validated (issue 38, item 6)
+@pytest.mark.parametrize("usage, line", [
+    ({"prompt_tokens": -100, "completion_tokens": 3}, "usage.prompt_tokens is -100, impossible: outside 0..{p}"),
+    ({"prompt_tokens": 5, "completion_tokens": 1e15}, "usage.completion_tokens is 1000000000000000.0, impossible: outside 0..32 "
+                                                      "(max_tokens 16 + 16)"),
+    ({"prompt_tokens": 10 ** 6, "completion_tokens": 3}, "usage.prompt_tokens is 1000000, impossible: outside 0..{p}"),
+    ({"prompt_tokens": "12", "completion_tokens": 3}, "usage.prompt_tokens is '12', not a whole number of tokens"),
+    ({"prompt_tokens": 5, "completion_tokens": 2.5}, "usage.completion_tokens is 2.5, not a whole number of tokens"),
+    ({"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 6}},
+     "usage.prompt_tokens_details.cached_tokens is 6, impossible: outside 0..5 (prompt_tokens)"),
+])
+def test_impossible_usage_counts_are_one_line_naming_the_endpoint_and_field(usage, line):
+    import json
+
+    from support.scripted_server import scripted_endpoint
+
+    with scripted_endpoint(usage=lambda body, text: usage) as ep:
+        with pytest.raises(AttnprobeError) as exc:
+            OpenAIChat(ep.url, "m", max_retries=0).complete([{"role": "user", "content": "hi"}], max_tokens=16)
+        sent = len(json.dumps(ep.bodies[0], ensure_ascii=False).encode())  # the body the client sent
+    msg = str(exc.value)
+    assert "\n" not in msg and len(msg) <= 400
+    assert msg.startswith(f"{ep.url}/chat/completions: ")
+    if "{p}" in line:
+        assert line.split("{p}")[0] in msg and "(the request's " in msg and " bytes + 1024)" in msg
+        bound = int(msg.split("outside 0..")[1].split(" ")[0].replace(",", ""))
+        assert abs(bound - (sent + 1024)) < 64  # the body's bytes, as sent (key order aside) + the slack
+    else:
+        assert msg.endswith(line)
+
+
+def test_plausible_usage_counts_are_kept():
+    from support.scripted_server import scripted_endpoint
+
+    with scripted_endpoint(usage=lambda body, text: {"prompt_tokens": 9, "completion_tokens": 16,
+                                                     "prompt_tokens_details": {"cached_tokens": 4}}) as ep:
+        chat = OpenAIChat(ep.url, "m", max_retries=0)
+        reply = chat.complete([{"role": "user", "content": "hi"}], max_tokens=16)
+    assert (reply.input_tokens, reply.output_tokens, chat.stats["cached"]) == (9, 16, 4)

@@ -79,27 +79,37 @@ def test_a_rerun_with_another_option_is_refused_in_one_line_unless_force(tmp_pat
     assert counts == {"done_before": 3, "done": 3, "failed": 0}
 
 
+def _check_and_record(out, command, wanted, **kw):
+    from attnprobe.io.settings import record_settings
+
+    check_settings(out, command, wanted, **kw)
+    record_settings(out, command, wanted, force=kw.get("force", False))
+
+
 def test_settings_record_names_the_option_and_keeps_older_keys(tmp_path):
-    check_settings(tmp_path, "cmd", {"a": 1, "layers": [0, 1]})
-    check_settings(tmp_path, "cmd", {"a": 1, "layers": [0, 1], "new": "x"})  # a key the record lacks: no conflict
-    check_settings(tmp_path, "other", {"a": 2})  # another command's entry in the same folder
+    _check_and_record(tmp_path, "cmd", {"a": 1, "layers": [0, 1]})
+    _check_and_record(tmp_path, "cmd", {"a": 1, "layers": [0, 1], "new": "x"})  # a key the record lacks: no conflict
+    _check_and_record(tmp_path, "other", {"a": 2})  # another command's entry in the same folder
     with pytest.raises(AttnprobeError, match=r"cmd ran there with other options: --alpha was 1, now 3 \(and 1 "
                                              r"more\); use --force to redo or another --out$"):
         check_settings(tmp_path, "cmd", {"a": 3, "layers": [2]}, names={"a": "--alpha"})
-    check_settings(tmp_path, "cmd", {"a": 3, "layers": [2]}, force=True)
+    _check_and_record(tmp_path, "cmd", {"a": 3, "layers": [2]}, force=True)
     assert json.loads((tmp_path / SETTINGS_FILE).read_text()) == {"cmd": {"a": 3, "layers": [2]},
                                                                   "other": {"a": 2}}
 
 
 # ------------------------------------------------------------------ 3. counterfactual without --actions
 class _Executor:
-    """Enough of an executor for run_steps' bookkeeping: no model, nothing to run."""
+    """Enough of an executor for run_steps' bookkeeping: no model, nothing to run (``done`` steps said done)."""
+
+    def __init__(self, done: int = 1):
+        self.done = done
 
     def call(self, fn, names, opts):
         return {n: {} for n in names}
 
     def run(self, job):
-        return {"done_before": 0, "done": 0, "failed": 0}
+        return {"done_before": 0, "done": self.done, "failed": 1 - self.done}
 
 
 def test_a_counterfactual_rerun_without_actions_is_refused_unless_force(tmp_path):
@@ -107,6 +117,8 @@ def test_a_counterfactual_rerun_without_actions_is_refused_unless_force(tmp_path
     from attnprobe.counterfactual.run import RunOptions
 
     model = {"spec": "toy", "backend": "transformers", "dtype": "float32"}
+    run_steps(_Executor(done=0), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model)
+    assert not (tmp_path / SETTINGS_FILE).exists()  # nothing finished: nothing recorded (issue 38)
     run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=True), model=model)
     with pytest.raises(AttnprobeError, match=r"counterfactual ran there with other options: --actions was True, "
                                              r"now False \(and 1 more\); use --force to redo or another --out"):
@@ -265,3 +277,77 @@ def test_study_attention_counterfactual_summary_names_both_models(tmp_path):
     run_attention(NoCapture(), tmp_path, model=model, counterfactual=RunOptions(), min_past=0, n_boot=10, models=same)
     md = (tmp_path / "ircot-o" / "counterfactual" / "summary.md").read_text()
     assert md.startswith("Steps with >= 0 past turns.\n\n## query: decision") and "agent model" not in md
+
+
+# ------------------------------------------------------------------ a run that finished nothing records nothing (issue 38)
+def test_a_study_that_finished_nothing_leaves_no_settings_record(tmp_path):
+    from attnprobe.errors import ModelNotFoundError
+
+    def no_model():
+        raise ModelNotFoundError("model 'x' is not available locally")
+
+    def down(messages, tools):
+        raise RuntimeError("endpoint down")
+
+    cfg = LoopConfig("ircot", max_turns=3)
+    with pytest.raises(ModelNotFoundError):  # exit 3: no model loaded
+        run_study(LocalExecutor(no_model, progress=False), tmp_path, QUESTIONS, ["none"], cfg, n_boot=10, model="a")
+    assert not (tmp_path / SETTINGS_FILE).exists()
+    counts, _ = run_study(LocalExecutor(lambda: ScriptedChat(down), progress=False), tmp_path, QUESTIONS, ["none"],
+                          cfg, n_boot=10, model="a")  # every item fails
+    assert counts["done"] == 0 and counts["failed"] == len(QUESTIONS)
+    assert not (tmp_path / SETTINGS_FILE).exists()
+    # the corrected command (another model) is not refused, and is recorded once it has finished something
+    counts, _ = run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
+                          LoopConfig("ircot", max_turns=3), n_boot=10, model="b")
+    assert counts["done"] == len(QUESTIONS)
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "b"
+
+
+# ------------------------------------------------------------------ the corpus by its content (issue 38, item 4)
+def _corpus(path, city):
+    docs = [{"id": "d1", "title": "France", "url": "https://x/france", "text": f"The capital of France is {city}."},
+            {"id": "d2", "title": "Spain", "url": "https://x/spain", "text": "The capital of Spain is Madrid."}]
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def test_a_changed_corpus_reruns_and_a_moved_identical_one_does_not(tmp_path):
+    def searcher(messages, tools):
+        return ("<think>x</think><answer>done</answer>" if len(messages) > 1
+                else "<think>x</think><search>capital of France</search>")
+
+    q = [{"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}]
+
+    def run(corpus):
+        cfg = LoopConfig("ircot", max_turns=2, top_k=1, corpus=corpus)
+        return run_study(LocalExecutor(lambda: ScriptedChat(searcher), progress=False), tmp_path / "s", q, ["none"],
+                         cfg, n_boot=10)[0]
+
+    first = _corpus(tmp_path / "a.jsonl", "Paris")
+    assert run(first)["done"] == 1
+    moved = tmp_path / "elsewhere" / "docs.jsonl"
+    moved.parent.mkdir()
+    (tmp_path / "a.jsonl").rename(moved)
+    assert run(str(moved)) == {"done_before": 1, "done": 0, "failed": 0}  # the same bytes at another path
+    _corpus(moved, "Lutetia")  # rewritten in place
+    assert run(str(moved)) == {"done_before": 0, "done": 1, "failed": 0}
+    history = json.loads((tmp_path / "s" / "none" / "history" / "q1.jsonl").read_text())
+    assert "The capital of France is Lutetia." in json.dumps(history)
+    result = json.loads((tmp_path / "s" / "none" / "results" / "q1.json").read_text())
+    assert result["config"]["corpus"].startswith("sha256:") and str(moved) not in json.dumps(result)
+
+
+def test_a_run_killed_after_its_first_item_has_recorded_its_settings(tmp_path):
+    def killed_at_q1(messages, tools):
+        if "item 1" in messages[0]["content"]:
+            raise KeyboardInterrupt  # the run dies here (no executor catches it)
+        return script(messages, tools)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(LocalExecutor(lambda: ScriptedChat(killed_at_q1), progress=False), tmp_path, QUESTIONS, ["none"],
+                  LoopConfig("ircot", max_turns=3), n_boot=10, model="a")
+    assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "a"
+    with pytest.raises(AttnprobeError, match="--model/--served-model was 'a', now 'b'"):  # q0 was made with 'a'
+        run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
+                  LoopConfig("ircot", max_turns=3), n_boot=10, model="b")

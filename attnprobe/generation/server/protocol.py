@@ -18,6 +18,13 @@ DEFAULT_CONTEXT = 8192  # prompt-token limit when the model config names no cont
 DEFAULT_MAX_TOKENS = 256
 
 
+# Fields that ask a server to constrain the reply (vLLM's structured_outputs and guided_*, SGLang's ebnf / regex /
+# json_schema, OpenAI's response_format beyond plain text). attnprobe serve decodes freely, so it refuses them
+# rather than answer with free text that a client would record as constrained (issue 38).
+STRUCTURED_FIELDS = ("structured_outputs", "guided_grammar", "guided_json", "guided_regex", "guided_choice", "ebnf",
+                     "regex", "json_schema")
+
+
 class RequestError(Exception):
     """A request the server refuses: HTTP ``status`` and an OpenAI-style error body."""
 
@@ -76,6 +83,14 @@ def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
     if req.get("stream"):
         raise RequestError(400, "stream=true is not supported by attnprobe serve: send the request without "
                                 "'stream' (the whole reply comes in one response)", param="stream")
+    asked = [f for f in STRUCTURED_FIELDS if req.get(f) is not None]
+    fmt = req.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        asked.append("response_format")
+    if asked:
+        raise RequestError(400, f"{asked[0]} is not supported by attnprobe serve: it decodes freely and cannot "
+                                "constrain a reply to a grammar or schema (for structured actions use --generator "
+                                "transformers in process, or a vLLM or SGLang server)", param=asked[0])
     if req.get("n") not in (None, 1):
         raise RequestError(400, "only n=1 is supported", param="n")
     if "messages" not in req:

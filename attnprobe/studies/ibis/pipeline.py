@@ -127,7 +127,7 @@ def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
 def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
     """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
     the folder's aggregate."""
-    from attnprobe.io.settings import check_settings
+    from attnprobe.io.settings import check_settings, finished_something, record_settings
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import invariants, update_run
     from attnprobe.studies.ibis.framings import resolve_reminder
@@ -137,13 +137,15 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
         prepare(opts, target, items, "transformers")
     force = opts.force or opts.force_capture
     # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
-    check_settings(target.folder, "ibis capture", {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
-                                                   "reminder": resolve_reminder(opts.protocol, opts.reminder),
-                                                   "chunk_size": opts.chunk_size}, force=force)
+    wanted = {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
+              "reminder": resolve_reminder(opts.protocol, opts.reminder), "chunk_size": opts.chunk_size}
+    check_settings(target.folder, "ibis capture", wanted, force=force)
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
                        force=force, reminder=opts.reminder, share_prefixes=opts.share_prefixes)
     counts = ex.run(job)
+    if finished_something(counts):  # recorded only once a capture is finished
+        record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
     index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder) if aggregate_now else None
     update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": opts.chunk_size,

@@ -39,9 +39,10 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.search import SearchBackend
+from attnprobe.agents.search import SearchBackend, corpus_identity
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
-from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
+from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
+from attnprobe.generation.grammars import follows_grammar
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.io.options import option, positive_int
 from attnprobe.studies.loop.pool import TOOLS, Browser
@@ -96,7 +97,9 @@ class LoopConfig:
     search: str = option("bm25", flag="--search", choices=("bm25", "http"),
                          help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
     corpus: str | None = option(None, flag="--corpus",
-                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl); results "
+                                     "record its content hash, not its path (a changed corpus reruns, a moved one "
+                                     "does not)")
     preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
                                 help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
                                      "seed's setting); explicit --max-new-tokens / --temperature win")
@@ -126,7 +129,11 @@ class LoopConfig:
             raise ValueError("temperature must be >= 0")
 
     def to_dict(self) -> dict:
+        """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
+        shipped one), never its path."""
         d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        if self.search == "bm25":
+            d["corpus"] = corpus_identity(self.corpus)
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
             d.pop("final_call")
         if not self.structured_actions:
@@ -202,8 +209,9 @@ class Loop:
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
                       "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
                       "raw_text": reply.raw_text}}
-        if self.config.structured_actions:
+        if request.actions is not None:  # recorded as structured: checked against the grammar it was sent
             record["meta"]["structured_actions"] = True
+            record["meta"]["follows_grammar"] = follows_grammar(request.actions, reply.raw_text or reply.content or "")
         if tools:
             record["tools"] = tools
         ep.calls.append(record)
@@ -235,10 +243,10 @@ class Loop:
                 ep.tool_calls += 1
                 calls.append({"id": f"call{ep.tool_calls}", "type": "function", "function": dict(c["function"])})
             ep.append({"role": "assistant", "content": reply.content or "", "tool_calls": calls})
-            for c in calls:
-                ep.retrievals += c["function"]["name"] == "search"
+            for c, wrote in zip(calls, reply.tool_calls):  # a call that cannot run is no retrieval
+                ep.retrievals += c["function"]["name"] == "search" and RAW_ARGUMENTS not in wrote
                 ep.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                           "content": browser.execute(c)})
+                           "content": browser.execute(wrote)})
             self._refine()
 
     # ------------------------------------------------------------------ IRCoT

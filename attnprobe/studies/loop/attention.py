@@ -53,7 +53,7 @@ from attnprobe.agents.policies import default_min_past, parse_policy
 from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.counterfactual.job import run_on_executor
 from attnprobe.counterfactual.run import RunOptions
-from attnprobe.errors import AttnprobeError
+from attnprobe.errors import AttnprobeError, TrajectoryError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock
 from attnprobe.render.segments import ROLES
 from attnprobe.results.analysis import R, category_masks, token_owners
@@ -94,29 +94,38 @@ def current_results(out: Path, setting: str) -> dict[str, str]:
     return StudyLayout(Path(out)).current_results(setting, read_study(out))
 
 
-def _trajectories(out: Path, setting: str, part: str) -> list[Trajectory]:
-    """The setting's stamped records of its current results (:meth:`StudyLayout.stamped`) as trajectories."""
+def _trajectories(out: Path, setting: str, part: str, skipped: list[str] | None = None) -> list[Trajectory]:
+    """The setting's stamped records of its current results (:meth:`StudyLayout.stamped`) as trajectories. A
+    record the trajectory schema refuses (a study of an older attnprobe kept a served model's bad tool call
+    as it came) is skipped, not fatal: its one error line (file, line, field) is logged and appended to
+    ``skipped``, and the rest of the study goes on."""
     layout = StudyLayout(Path(out))
-    return [_trajectory(rec, path, line)
-            for path, line, rec in layout.stamped(setting, current_results(out, setting), part)]
+    trajs = []
+    for path, line, rec in layout.stamped(setting, current_results(out, setting), part):
+        try:
+            traj = Trajectory.from_dict(rec, path=str(path), line=line)
+        except TrajectoryError as exc:
+            log.warning("study attention: skipped %s", exc)
+            if skipped is not None:
+                skipped.append(str(exc))
+            continue
+        traj.origin = f"{path}, line {line}"
+        trajs.append(traj)
+    return trajs
 
 
-def _trajectory(rec: dict, path: Path, line: int) -> Trajectory:
-    traj = Trajectory.from_dict(rec, path=str(path), line=line)
-    traj.origin = f"{path}, line {line}"
-    return traj
-
-
-def recorded_calls(out: Path, setting: str) -> list[Trajectory]:
+def recorded_calls(out: Path, setting: str, skipped: list[str] | None = None) -> list[Trajectory]:
     """The setting's recorded calls of its current results (:func:`current_results`), in question order:
-    never a call of a question no longer in the study, of a deleted result, or of an earlier run."""
-    return _trajectories(out, setting, CALLS)
+    never a call of a question no longer in the study, of a deleted result, or of an earlier run; one
+    the schema refuses is skipped and named in ``skipped`` (:func:`_trajectories`)."""
+    return _trajectories(out, setting, CALLS, skipped)
 
 
-def histories(out: Path, setting: str) -> list[Trajectory]:
+def histories(out: Path, setting: str, skipped: list[str] | None = None) -> list[Trajectory]:
     """The setting's full histories of its current results (:func:`current_results`; an item interrupted
-    after its history was written has no result), in question order."""
-    return _trajectories(out, setting, HISTORY)
+    after its history was written has no result), in question order; unreadable ones as in
+    :func:`recorded_calls`."""
+    return _trajectories(out, setting, HISTORY, skipped)
 
 
 def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | None]:
@@ -350,11 +359,12 @@ def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, 
 
 
 # ------------------------------------------------------------------ the run
-def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions, force: bool) -> dict[str, CaptureJob]:
+def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions, force: bool,
+                  skipped: dict[str, list[str]]) -> dict[str, CaptureJob]:
     jobs = {}
     layout = StudyLayout(out)
     for s in settings:
-        trajs = recorded_calls(out, s)
+        trajs = recorded_calls(out, s, skipped.setdefault(s, []))
         jobs[s] = CaptureJob(layout.capture_dir(s), trajs, capture, model=model.spec,
                              backend=model.backend, dtype=model.dtype, force=force)
     conflicts = [c for j in jobs.values() for c in ([] if force else j.conflicts())]
@@ -390,14 +400,15 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         settings = [s for s in settings if s in only]
     with hold_dir_lock(out, "study folder"):
         layout.check(list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
-        jobs = _capture_jobs(out, settings, model, capture, force)  # refused before any model loads
+        skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
+        jobs = _capture_jobs(out, settings, model, capture, force, skipped)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
         for job in jobs.values():
             if job.trajectories:
                 for k, v in executor.run(job).items():
                     counts[k] += v
         cf: dict[str, dict] = {}
-        base_hist = histories(out, baseline)
+        base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
         for s in settings:
             spec, why = counterfactual_spec(s, baseline)
             if spec is None:
@@ -414,7 +425,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
-                                 min_past=shares_min_past, models=models)
+                                 min_past=shares_min_past, models=models, skipped=skipped)
         current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
         doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
         atomic_write_text(layout.attention_json, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
@@ -441,9 +452,10 @@ def _captured(job: CaptureJob) -> list[CaptureResult]:
 
 def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict[str, CaptureJob],
                        cf: dict[str, dict], *, model, n_boot: int, min_past: int = SHARES_MIN_PAST,
-                       models=None) -> dict:
+                       models=None, skipped: dict[str, list[str]] | None = None) -> dict:
     """attention.json: per setting the capture counts, shares and per-token shares (filtered, and per
-    step), the paired difference with the baseline, and the counterfactual report."""
+    step), the paired difference with the baseline, the counterfactual report, and ``skipped``: the
+    records (calls, or the baseline's histories) the schema refused, one error line each."""
     per: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     layout = StudyLayout(out)
@@ -453,6 +465,8 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
         per[s] = {"recorded_calls": len(jobs[s].trajectories), "captured_calls": len(results),
                   "capture_folder": str(jobs[s].out.relative_to(out)),
                   **setting_attention(results, n_boot=n_boot, min_past=min_past, records=records[s])}
+        if (skipped or {}).get(s):
+            per[s]["skipped"] = skipped[s]
         if s in cf:
             per[s]["counterfactual"] = {**cf[s], "folder": layout.counterfactual_dir(s).relative_to(out).as_posix()}
     if baseline not in records:  # --policy without the baseline: its captures of its current calls, if made

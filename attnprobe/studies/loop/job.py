@@ -4,7 +4,7 @@ A batch of items (``batch_size``, ``--batch-size``) runs as episodes stepped tog
 (:mod:`attnprobe.studies.loop.rollout`); each item is written as soon as its episode finishes, and what is
 written does not depend on the batch (timings aside).
 
-Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``; every path from
+Files under ``OUT/<setting slug>/`` (slug: ``:`` -> ``-``, one-to-one: :func:`.context.slug`; every path from
 :class:`attnprobe.studies.loop.layout.StudyLayout`), written by whoever runs the item, each atomically, the
 result last (its presence means the item is finished, :meth:`~attnprobe.studies.loop.layout.StudyLayout.done`):
 
@@ -43,9 +43,9 @@ _SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas bui
 
 
 def search_backend(kind: str, corpus: str | None):
-    from attnprobe.agents.search import make_search
+    from attnprobe.agents.search import corpus_identity, make_search
 
-    key = (kind, corpus)
+    key = (kind, corpus, corpus_identity(corpus) if kind == "bm25" else None)  # a corpus changed in place: reindexed
     if key not in _SEARCH:
         _SEARCH[key] = make_search(kind, corpus)
     return _SEARCH[key]
@@ -62,8 +62,12 @@ class InterferenceJob(JobBase):
     force: bool = False
     model: str | None = None  # what generates (a label: path or served model name), part of every stamp
     batch_size: int = 1  # episodes in flight (--batch-size); no part of any stamp: records do not depend on it
+    # the options the folder's settings record gets once the first item is finished (collect, in the process
+    # that started the job: a killed run that finished an item has recorded them); None: not recorded here
+    settings_record: dict | None = None
     stage: str = "interference"
     unit: str = "run"
+    bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
     needs = "chat"  # run() is handed a chat backend (a Ray replica wraps its loaded model: chat_options)
 
     def __post_init__(self) -> None:
@@ -81,10 +85,22 @@ class InterferenceJob(JobBase):
                          describe={"setting": s, "question_id": q["id"]}, data=(s, q))
                 for q in self.questions for s in self.settings]  # question-major: a partial study is paired
 
+    def bar_units(self, item: WorkItem) -> int:
+        """The most model calls an episode makes (the bar's bound): ``max_turns``, plus IRCoT's final call."""
+        return self.config.max_turns + int(self.config.scaffold == "ircot" and self.config.final_call)
+
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         spec, q = item.data
         return self.layout.done(spec, q["id"], inputs_stamp(q, spec, self.config, self.model), since=since,
                                 fields=recorded_fields(spec, self.config))
+
+    def collect(self, item: WorkItem, result: Any) -> None:
+        """An item is finished: the folder's settings record gets this run's options (once per run)."""
+        if self.settings_record is not None:
+            from attnprobe.io.settings import record_settings
+
+            record_settings(self.out, "study interference", self.settings_record, force=self.force)
+            self.settings_record = None
 
     @property
     def prepare_key(self) -> Any:
@@ -129,7 +145,8 @@ class InterferenceJob(JobBase):
         def named(text: str) -> None:  # one episode: its calls, named as a sequential run always named them
             self.note(f"{specs[loops[0].run_id]} {loops[0].question['id']}: {text}")
 
-        rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note)
+        rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note,
+                on_call=lambda loop: self.advance(loop.run_id))  # run_id is the item's key
         return [results[lp.run_id] for lp in loops]
 
 

@@ -38,7 +38,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import written_since
 from attnprobe.io import inside, load_json, read_jsonl
 from attnprobe.io.layout import FolderLayout
-from attnprobe.studies.loop.context import slug
+from attnprobe.studies.loop.context import legacy_slug, slug
 from attnprobe.studies.loop.metrics import MEASURES
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class StudyLayout(FolderLayout):
 
     @staticmethod
     def setting_name(spec: str) -> str:
-        """The name of setting ``spec``'s folder (``:`` written ``-``; :func:`.context.slug`)."""
+        """The name of setting ``spec``'s folder (``:`` written ``-``, one-to-one: :func:`.context.slug`)."""
         return slug(spec)
 
     def setting(self, spec: str) -> SettingLayout:
@@ -118,10 +118,24 @@ class StudyLayout(FolderLayout):
     def check(self, settings) -> None:
         """One line (:class:`attnprobe.io.OutsideFolder`) when a setting's folder, or a part of it that the
         study writes or reads (:data:`SETTING_PARTS`), is a symlink: a received study folder must not make
-        us write or read outside it. Checked before any model loads."""
+        us write or read outside it; also when two settings would share one folder (:func:`.context.slug`
+        is one-to-one, so only a hash collision or two names equal up to case, which share a folder on
+        macOS and Windows, can do it). A setting whose folder name changed in issue 38 (a refiner URL or
+        model: :func:`.context.legacy_slug`) is named in a warning when its old folder is there: it is left
+        alone and the setting runs again in its new folder. Checked before any model loads."""
+        seen: dict[str, str] = {}
         for s in settings:
+            name = slug(s)
+            if seen.get(name.lower(), s) != s:
+                raise AttnprobeError(f"{self.folder}: settings {seen[name.lower()]!r} and {s!r} would share the "
+                                     f"folder {name!r}; run them in two studies")
+            seen[name.lower()] = s
+            old = legacy_slug(s)
+            if old != name and (self.folder / old).is_dir() and not (self.folder / name).exists():
+                log.warning("%s: made by an older attnprobe under the folder name of setting %s; left alone, the "
+                            "setting runs in %s", self.folder / old, s, name)
             for part in SETTING_PARTS:
-                inside(self.folder, self.folder / slug(s) / part)
+                inside(self.folder, self.folder / name / part)
 
     @classmethod
     def of_capture(cls, rel: str | Path, root: Path | None = None) -> SettingLayout | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tools import arg, call_args
+from attnprobe.generation.chat import RAW_ARGUMENTS
 
 
 def _tool(name: str, description: str, params: dict[str, tuple[str, str]], required: list[str]) -> dict:
@@ -133,8 +134,13 @@ class Browser:
         return f"[{page.cursor}] {page.title}\n" + "\n".join(hits)
 
     def execute(self, call: dict) -> str:
-        """Run one OpenAI-format tool call."""
+        """Run one OpenAI-format tool call; one whose arguments were no JSON object (kept in
+        :data:`~attnprobe.generation.chat.RAW_ARGUMENTS`) is not run: its observation is an error."""
         name = call["function"]["name"]
+        if RAW_ARGUMENTS in call:
+            raw = call[RAW_ARGUMENTS]
+            shown = repr(raw) if len(raw) <= 120 else repr(raw[:117]) + "..."
+            return f"Error: the arguments of {name!r} are not a JSON object ({shown}); nothing was run."
         args = call_args(call)
         if name == "search":
             return self.search(arg(args, "query", "q"))

@@ -35,13 +35,14 @@ class _Active:
 
 
 def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None] | None = None,
-            note: Callable[[str], None] | None = None) -> None:
+            note: Callable[[str], None] | None = None, on_call: Callable[[Any], None] | None = None) -> None:
     """Run ``loops`` to the end together, one batched model call per turn.
 
     ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: from its start to its end,
     which in a batch includes the other episodes' share of each turn); ``note`` is told of every turn
     ("turn 3: 5 episodes", then its output tokens per second), or, when run alone, of its calls ("call N",
-    as a sequential run always was). When a call or an episode fails, the
+    as a sequential run always was); ``on_call(loop)`` of every reply an episode is handed (progress in model
+    calls). When a call or an episode fails, the
     exception goes up (the executor redoes the batch item by item) and the backend is told that every
     unfinished episode has ended."""
     active: list[_Active] = []
@@ -53,14 +54,14 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
                 active.append(_Active(loop, gen, next(gen), t0))
             except StopIteration:  # an episode that needs no model call (none today)
                 _finish(chat, loop, t0, on_done)
-        _turns(chat, active, on_done, note, alone=len(loops) == 1)
+        _turns(chat, active, on_done, note, on_call, alone=len(loops) == 1)
     finally:  # a failed batch (its episodes are redone): free what the backend kept for the unfinished ones
         for a in active:
             if not a.finished:
                 chat.end_episode(a.loop.run_id)
 
 
-def _turns(chat, active: list[_Active], on_done, note, *, alone: bool) -> None:
+def _turns(chat, active: list[_Active], on_done, note, on_call, *, alone: bool) -> None:
     turn = 0
     while active:
         turn += 1
@@ -77,6 +78,8 @@ def _turns(chat, active: list[_Active], on_done, note, *, alone: bool) -> None:
             note(call_note(label, sum(r.output_tokens for r in replies), time.perf_counter() - t0))
         for a, reply in zip(active, replies):
             a.calls += 1
+            if on_call is not None:
+                on_call(a.loop)
             if not _step(a, reply):
                 a.finished = True
                 _finish(chat, a.loop, a.t0, on_done)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
-from attnprobe.io.settings import check_settings
-from attnprobe.results.caveats import study_caveats
+from attnprobe.io.settings import check_settings, finished_something, record_settings
+from attnprobe.results.caveats import structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamp, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
@@ -49,6 +49,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
              "scorer": label,
              "questions_total": len(questions), **summary, "results": stamps}
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
+    if config.structured_actions:  # every reply recorded as structured, checked against its grammar
+        study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
@@ -67,13 +69,19 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
               model: str | None = None, batch_size: int = 1) -> tuple[dict, dict]:
     """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
     A folder whose results were made with another loop config or ``model`` is refused before anything
-    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`); settings may be added freely.
+    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`; the options are recorded only once an
+    item is finished); settings may be added freely.
     ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
     # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
     # rerun of every item; the stamps carry it only when on
-    check_settings(out, "study interference", {**config.to_dict(), "structured_actions": config.structured_actions,
-                                               "model": model}, force=force, names=OPTION_NAMES)
+    # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
+    # changed corpus reruns the items and a moved identical one does not; the record leaves it out
+    wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
+              "structured_actions": config.structured_actions, "model": model}
+    check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
-                          batch_size=batch_size)
+                          batch_size=batch_size, settings_record=wanted)  # recorded as its first item finishes
     counts = executor.run(job)
+    if finished_something(counts):  # and when every item was done before; a run that finished nothing (no
+        record_settings(out, "study interference", wanted, force=force)  # model, every item failed): nothing
     return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
