@@ -50,13 +50,15 @@ def _rows(
     seg_out = torch.empty(nq, num_heads, num_segments, dtype=torch.float32, device=device)
     tok_out = torch.zeros(nq, kv_len, dtype=torch.float32, device=device)
     block = max(1, _BLOCK_FLOATS // max(1, num_heads * kv_len))
+    last = min(kv_len, int(qpos[-1]) - k0 + 1)  # keys past the last query are never visible
+    kf = k[:, :last].float()  # once per call (a no-op view in float32), not once per block
     for s in range(0, nq, block):
         e = min(nq, s + block)
         p_min, p_max = int(qpos[s]), int(qpos[e - 1])
         qp = qpos_dev[s:e]
         lo = max(0, p_min - sliding_window + 1 - k0) if sliding_window is not None else 0
         hi = min(kv_len, p_max - k0 + 1)  # keys beyond the last query are masked for every row
-        kb = k[:, lo:hi].float()
+        kb = kf[:, lo:hi]
         qb = rearrange(q[:, s:e].float(), "(kvh g) n d -> kvh (g n) d", g=group)
         logits = torch.matmul(qb, kb.transpose(1, 2))
         logits = rearrange(logits, "kvh (g n) kv -> n (kvh g) kv", g=group).mul_(scale)
