@@ -39,7 +39,7 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.search import SearchBackend
+from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS, SearchBackend
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
@@ -93,10 +93,8 @@ class LoopConfig:
     judge: str = option("exact", flag="--judge",
                         help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
-    search: str = option("bm25", flag="--search", choices=("bm25", "http"),
-                         help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
-    corpus: str | None = option(None, flag="--corpus",
-                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+    search: str = option("bm25", flag="--search", choices=SEARCH_KINDS, help=SEARCH_HELP)
+    corpus: str | None = option(None, flag="--corpus", help=CORPUS_HELP)
     preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
                                 help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
                                      "seed's setting); explicit --max-new-tokens / --temperature win")
@@ -243,8 +241,14 @@ class Loop:
 
     # ------------------------------------------------------------------ IRCoT
     def _passages(self, query: str) -> list[tuple[str, str]]:
+        """(title, text) per hit. A backend that gives the whole passage (the retrieval server) is shown it
+        as it came, its own newlines kept, as Search-R1 does; otherwise the fetched page (or the snippet) on
+        one line."""
         out = []
         for r in self.search.search(query, self.config.top_k):
+            if r.text is not None:
+                out.append((r.title, r.text))
+                continue
             text = self.search.fetch(r.url) or r.snippet
             if text.startswith(f"{r.title}\n\n"):
                 text = text[len(r.title) + 2:]
