@@ -215,10 +215,11 @@ def test_segments_decision_and_reasoning_start_on_the_real_template(qwen, family
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3.5"])
 def test_ircot_tag_turns_cannot_be_rendered_by_templates_that_strip_earlier_think(qwen, family):
-    """Qwen3 and Qwen3.5 drop the <think> text of every assistant turn before the last user message (and the
-    IRCoT scaffold sends each observation as a user message), so the multi-turn IRCoT form cannot be sent
-    to these models in process: every part must be found, and none of the renderings finds the first turn.
-    Qwen2.5 keeps the text (Search-R1's single stream, issue 37 item 1, avoids the question)."""
+    """Qwen3 drops the <think> text of every assistant turn before the last user message (and the IRCoT
+    scaffold sends each observation as a user message); Qwen3.5 rewrites every <think>p</think> as
+    <think>\np\n</think>\n\n. So the multi-turn IRCoT form cannot be sent to these models in process:
+    every part must be found, and no rendering finds the first turn as written. Qwen2.5 keeps the text
+    (Search-R1's single stream, issue 37 item 1, avoids the question)."""
     chat = ScriptedChat(lambda m, tools: R1 if len(m) == 1 else R2 if len(m) == 3 else R3)
     _, calls, _ = run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", max_turns=3), IRCOT_Q,
                                run_id="run", scorer=Scorer())
