@@ -247,3 +247,22 @@ def test_an_endpoints_reasoning_content_is_kept_and_wins(monkeypatch):
         assert [c["function"] for c in reply.tool_calls] == [{"name": "search", "arguments": '{"query": "q1 a"}'}]
         assert Loop._native(reply) == {"role": "assistant", "content": "", "reasoning_content": "plan",
                                        "tool_calls": reply.tool_calls}
+
+
+def test_the_in_process_backend_reads_xml_calls_and_stops_after_a_complete_one(tiny_smol):
+    """TransformersChat.make_reply parses a Qwen3.5 reply's two XML calls; with stop-at-call (the runner's
+    default) generation would stop once the first call's </function> is written, as it does after a JSON call."""
+    from attnprobe.generation.chat import Prompt
+    from attnprobe.generation.transformers_chat import TransformersChat
+    from attnprobe.studies.loop.agents import Loop
+
+    chat = TransformersChat(tiny_smol, stop_check_every=1)
+    text = "I need two searches.\n</think>\n\n" + xml("search", query="q1 a") + "\n" + xml("search", query="q2 b")
+    ids = chat.tokenizer(text, add_special_tokens=False)["input_ids"]
+    reply = chat.make_reply(Prompt([1], "p", "native"), ids, TOOLS, 500, [{"role": "user", "content": "q"}])
+    assert reply.tool_calls == [call(1, "search", query="q1 a"), call(2, "search", query="q2 b")]
+    assert (reply.raw_text, reply.finish_reason) == (text, "tool_calls")
+    assert Loop._native(reply) == {"role": "assistant", "content": "", "reasoning_content": "I need two searches.",
+                                   "tool_calls": reply.tool_calls}
+    cut = chat.tokenizer.decode(chat.cut_at_call(ids, NAMES))
+    assert cut.endswith("</function>") and parse_tool_calls(cut, NAMES)[1] == [ParsedCall("search", {"query": "q1 a"})]
