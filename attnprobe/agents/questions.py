@@ -12,7 +12,11 @@ Accepted field names (the first present one wins):
   default ``q<line>``;
 - hops/type, kept for the per-type tables: ``type`` (HotpotQA/2Wiki), ``metadata.type`` (FlashRAG), ``hops``.
 
-Every error names the file, the line and the field, before any model is loaded.
+Files: JSON Lines (FlashRAG's test splits, ``RUC-NLPIR/FlashRAG_datasets``: ``{"id", "question",
+"golden_answers", "metadata"}`` per line) or Parquet (``.parquet``: Search-R1's ``test.parquet``, written by
+``scripts/data_process/qa_search_test_merge.py`` from those splits; the FlashRAG columns are kept beside its
+``prompt`` / ``reward_model`` / ``extra_info``, so the same fields are read; ``pyarrow`` is needed, as for any
+Parquet file). Every error names the file, the line (Parquet: the row) and the field, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -35,22 +39,22 @@ class QuestionsError(AttnprobeError, ValueError):
     """A questions file that cannot be read (names file, line and field)."""
 
 
-def _bad(path: Path, line: int, field: str, message: str) -> QuestionsError:
-    return QuestionsError(f"{path}, line {line}: field '{field}': {message}")
+def _bad(path: Path, line: str, field: str, message: str) -> QuestionsError:
+    return QuestionsError(f"{path}, {line}: field '{field}': {message}")
 
 
 def _scalar(v: Any) -> bool:
     return isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v).strip() != ""
 
 
-def _answer_list(value: Any, path: Path, line: int, field: str) -> list[str]:
+def _answer_list(value: Any, path: Path, line: str, field: str) -> list[str]:
     answers = _answer_items(value, path, line, field)
     if any("\x00" in a for a in answers):
         raise _bad(path, line, field, "contains a NUL character")
     return answers
 
 
-def _answer_items(value: Any, path: Path, line: int, field: str) -> list[str]:
+def _answer_items(value: Any, path: Path, line: str, field: str) -> list[str]:
     if field == "possible_answers" and isinstance(value, str) and value.strip().startswith("["):
         try:  # PopQA stores the list as a JSON string
             value = json.loads(value)
@@ -75,6 +79,20 @@ def _first(rec: dict, fields: tuple[str, ...]) -> str | None:
     return next((f for f in fields if f in rec), None)
 
 
+def _parquet_rows(path: Path):
+    """(row number from 1, record) of a Parquet file."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise QuestionsError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), "
+                             "or give the split as JSON Lines") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow's errors have no common base; name the file and the reason
+        raise QuestionsError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})"[:400]) from None
+    return enumerate(rows, 1)
+
+
 def read_questions(path: str | Path) -> list[dict]:
     """Questions as ``{"id", "question", "answers": [...], "type"}`` (``answers`` empty when the file has
     none: such questions are run but not scored; :func:`attnprobe.agents.answers.exact_match` scores
@@ -83,9 +101,12 @@ def read_questions(path: str | Path) -> list[dict]:
     if not path.exists():  # anything else (a folder, a FIFO) is named by read_jsonl
         raise QuestionsError(f"questions file not found: {path}")
     out, seen = [], set()
-    for line, rec in read_jsonl(path, error=located_error(QuestionsError)):
+    parquet = path.suffix.lower() == ".parquet"
+    rows = _parquet_rows(path) if parquet else read_jsonl(path, error=located_error(QuestionsError))
+    for n, rec in rows:
+        line = f"row {n}" if parquet else f"line {n}"
         if not isinstance(rec, dict):
-            raise QuestionsError(f"{path}, line {line}: expected a JSON object, got {type(rec).__name__}")
+            raise QuestionsError(f"{path}, {line}: expected a JSON object, got {type(rec).__name__}")
         qf = _first(rec, QUESTION_FIELDS)
         if qf is None:
             raise _bad(path, line, "question", f"missing (looked for {', '.join(QUESTION_FIELDS)})")
@@ -95,7 +116,7 @@ def read_questions(path: str | Path) -> list[dict]:
         if "\x00" in q:
             raise _bad(path, line, qf, "contains a NUL character")
         idf = _first(rec, ID_FIELDS)
-        qid = rec[idf] if idf else f"q{line:03d}"
+        qid = rec[idf] if idf else f"q{n:03d}"
         problem = id_problem(qid)  # the id names files (calls/<id>.jsonl): checked before any model loads
         if problem:
             raise _bad(path, line, idf or "id", problem)

@@ -1,16 +1,19 @@
-"""Search backends: an offline BM25 index over the bundled corpus and a pluggable HTTP search API.
+"""Search backends: an offline BM25 index over the bundled corpus, a pluggable HTTP search API and a client
+for a Search-R1 / FlashRAG retrieval server (``POST /retrieve``, the retriever seed 004 ran).
 
-Both return :class:`SearchResult` lists and fetch page text for ``visit_page``. Nothing here runs
+All return :class:`SearchResult` lists and fetch page text for ``visit_page``. Nothing here runs
 model-written code: queries and URLs are plain strings, patterns are matched literally.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import logging
 import os
 import re
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,6 +37,7 @@ class SearchResult:
     title: str
     url: str
     snippet: str
+    text: str | None = None  # the whole passage as the backend gave it (own newlines kept), where it gives one
 
 
 class SearchBackend(Protocol):
@@ -55,18 +59,21 @@ def default_corpus_path() -> Path:
 
 
 def corpus_identity(corpus: str | Path | None) -> str | None:
-    """What a result records of its BM25 corpus: None for the shipped one (as every earlier version recorded
-    it, so shipped results stay done), else the corpus's content (:func:`attnprobe.io.content_hash`, also
-    for ``ATTNPROBE_CORPUS``): a corpus changed in place is another input, the same one moved is not."""
+    """What a result records of its corpus: None for the shipped one (as every earlier version recorded
+    it, so shipped results stay done), a retrieval server's URL as given, else the corpus's content
+    (:func:`attnprobe.io.content_hash`, also for ``ATTNPROBE_CORPUS``): a corpus changed in place is another
+    input, the same one moved is not."""
     from attnprobe.resources import data_path
 
+    if corpus and str(corpus).startswith(("http://", "https://")):
+        return str(corpus)
     path = Path(corpus) if corpus else default_corpus_path()
     if not corpus and path == data_path("corpus", "docs.jsonl"):
         return None
     return content_hash(path)
 
 
-def _snippet(text: str, n: int = 170) -> str:
+def short_snippet(text: str, n: int = 170) -> str:
     text = " ".join(text.split())
     if len(text) <= n:
         return text
@@ -112,7 +119,7 @@ class BM25Search:
             if s <= 0:
                 continue
             d = self.docs[int(i)]
-            out.append(SearchResult(d["title"], d["url"], _snippet(d["text"])))
+            out.append(SearchResult(d["title"], d["url"], short_snippet(d["text"])))
         return out
 
     def fetch(self, url: str) -> str | None:
@@ -189,13 +196,7 @@ class HTTPSearch:
         self.allow_private = os.environ.get("ATTNPROBE_ALLOW_PRIVATE_URLS") == "1"
 
     def _get_json(self, req: urllib.request.Request) -> dict:
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read(self.max_bytes).decode("utf-8", errors="replace"))
-        except urllib.error.HTTPError as exc:
-            raise AttnprobeError(f"search API {self.url}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
-            raise AttnprobeError(f"search API {self.url}: {exc}") from None
+        return request_json(req, timeout=self.timeout, max_bytes=self.max_bytes, what=f"search API {self.url}")
 
     def search(self, query: str, k: int = 4) -> list[SearchResult]:
         if self.provider == "serper":
@@ -216,7 +217,7 @@ class HTTPSearch:
             data = self._get_json(req)
             items = [(r.get("title", ""), r.get("url", ""), r.get("snippet") or r.get("content", ""))
                      for r in data.get("results", [])]
-        return [SearchResult(html_to_text(t), u, _snippet(html_to_text(s))) for t, u, s in items[:k] if u]
+        return [SearchResult(html_to_text(t), u, short_snippet(html_to_text(s))) for t, u, s in items[:k] if u]
 
     def fetch(self, url: str) -> str | None:
         """The page as text, or None when it cannot be fetched. The model writes these URLs, so only
@@ -236,6 +237,18 @@ class HTTPSearch:
             log.info("visit_page could not fetch %s: %s", url, exc)
             return None
         return html_to_text(raw) if "<" in raw else raw
+
+
+def request_json(req: urllib.request.Request, *, timeout: float, max_bytes: int, what: str):
+    """The JSON body of ``req``'s reply; an HTTP error, a refused connection, a timeout or a body that is not
+    JSON is an :class:`AttnprobeError` naming ``what`` (the same policy for every search backend)."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read(max_bytes).decode("utf-8", errors="replace"))
+    except urllib.error.HTTPError as exc:
+        raise AttnprobeError(f"{what}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, OSError, json.JSONDecodeError) as exc:
+        raise AttnprobeError(f"{what}: {exc}") from None
 
 
 def private_address(url: str) -> str | None:
@@ -271,12 +284,114 @@ class _PublicRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
+# ------------------------------------------------------------------ the Search-R1 / FlashRAG retrieval server
+# A client for a Search-R1 / FlashRAG retrieval server: the retriever seed 004's agents ran (E5 over the
+# 2018 Wikipedia dump, served by ``search_r1/search/retrieval_server.py`` of PeterGriffinJin/Search-R1).
+#
+# The server's protocol (``retrieval_server.py``: ``QueryRequest`` and ``retrieve_endpoint``)::
+#
+#     POST /retrieve   {"queries": ["q1", ...], "topk": 3, "return_scores": true}
+#     -> {"result": [[{"document": {"id": "...", "contents": "\"Title\"\ntext..."}, "score": 0.87}, ...], ...]}
+#
+# one list per query, best first (with ``return_scores`` false a list holds the documents themselves). Search-R1
+# asks exactly that (``search_r1/llm_agent/generation.py``, ``_batch_search``: ``"return_scores": True``) and
+# reads a passage as its ``contents``: the first line is the title, the rest the text, joined again with
+# ``\n`` (``_passages2string``: ``title = content.split("\n")[0]``, ``text = "\n".join(content.split("\n")[1:])``).
+# This client does the same, so the passage's own newlines and the title line as the corpus has it (wiki-18:
+# in double quotes) reach the agent unchanged; :func:`attnprobe.studies.loop.prompts.ircot_passages` then
+# writes ``Doc i(Title: title) text``.
+#
+# Errors are handled as for the other search backends (:func:`attnprobe.agents.search.request_json`): a refused
+# connection, a timeout, an HTTP error or a reply that is not the shape above is an ``AttnprobeError`` naming
+# the server, and the work item fails (``errors.jsonl``) rather than seeing an empty observation.
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """(title, text) of a corpus ``contents`` string, as Search-R1's ``_passages2string`` splits it."""
+    lines = contents.split("\n")
+    return lines[0], "\n".join(lines[1:])
+
+
+class RetrieverSearch:
+    """``search(query, k)`` = one ``POST /retrieve`` for ``[query]`` with ``topk`` k and ``return_scores``
+    true; ``retrieve(queries, k)`` sends a batch in one request. ``fetch(url)`` returns a passage this
+    client has returned before (``url`` is ``retriever:<document id>``) as ``title\\n\\ntext``: the server
+    has no page to open."""
+
+    name = "retriever"
+
+    def __init__(self, url: str | None, *, timeout: float = 20.0, max_bytes: int = 50_000_000):
+        if not url:
+            raise SearchConfigError("the retriever needs the retrieval server's URL: pass --corpus "
+                                    "http://HOST:PORT/retrieve (Search-R1's retrieval_server.py)")
+        parts = urllib.parse.urlparse(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise SearchConfigError(f"retrieval server URL must be http(s)://HOST:PORT[/retrieve], not {url!r}")
+        if parts.path in ("", "/"):  # the server's one endpoint
+            url = urllib.parse.urlunparse(parts._replace(path="/retrieve"))
+        self.url = url
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self._docs: dict[str, str] = {}  # url -> contents of every passage returned so far (fetch)
+        self._lock = threading.Lock()
+
+    def body(self, queries: list[str], k: int) -> dict:
+        """The request body Search-R1 sends (generation.py ``_batch_search``)."""
+        return {"queries": list(queries), "topk": k, "return_scores": True}
+
+    def retrieve(self, queries: list[str], k: int) -> list[list[SearchResult]]:
+        what = f"retrieval server {self.url}"
+        req = urllib.request.Request(self.url, data=json.dumps(self.body(queries, k)).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        data = request_json(req, timeout=self.timeout, max_bytes=self.max_bytes, what=what)
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            raise AttnprobeError(f"{what}: expected {{\"result\": [one list per query]}} for {len(queries)} "
+                                 f"queries, got {json.dumps(data)[:200]}")
+        return [[self._passage(item, what) for item in hits[:k]] for hits in result]
+
+    def _passage(self, item, what: str) -> SearchResult:
+        doc = item.get("document") if isinstance(item, dict) and "document" in item else item
+        contents = doc.get("contents") if isinstance(doc, dict) else None
+        if not isinstance(contents, str):
+            raise AttnprobeError(f"{what}: a passage without a 'contents' string: {json.dumps(item)[:200]}")
+        doc_id = doc.get("id")
+        key = str(doc_id) if doc_id is not None else hashlib.sha256(contents.encode()).hexdigest()[:16]
+        url = f"retriever:{key}"
+        with self._lock:
+            self._docs[url] = contents
+        title, text = split_contents(contents)
+        return SearchResult(title, url, short_snippet(text), text)
+
+    def search(self, query: str, k: int = 3) -> list[SearchResult]:
+        return self.retrieve([query], k)[0]
+
+    def fetch(self, url: str) -> str | None:
+        with self._lock:
+            contents = self._docs.get(url.strip())
+        if contents is None:
+            return None
+        title, text = split_contents(contents)
+        return f"{title}\n\n{text}"
+
+
+SEARCH_KINDS = ("bm25", "http", "retriever")
+SEARCH_HELP = ("bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*); retriever = a "
+               "Search-R1/FlashRAG retrieval server, its URL given as --corpus (http://HOST:PORT/retrieve)")
+CORPUS_HELP = ("bm25: the JSONL corpus (default: trajectories/corpus/docs.jsonl; results record its content hash, "
+               "not its path: a changed corpus reruns, a moved one does not); retriever: the retrieval server's URL")
+
+
 def make_search(kind: str = "bm25", corpus: str | Path | None = None) -> SearchBackend:
+    """The search backend ``kind`` (:data:`SEARCH_KINDS`); ``corpus`` says where its passages come from: the
+    JSONL file for bm25, the server's URL for retriever."""
     if kind == "bm25":
         return BM25Search(corpus)
     if kind == "http":
         return HTTPSearch()
-    raise ValueError(f"unknown search backend {kind!r}; use 'bm25' or 'http'")
+    if kind == "retriever":
+        return RetrieverSearch(str(corpus) if corpus else None)
+    raise ValueError(f"unknown search backend {kind!r}; use one of {', '.join(SEARCH_KINDS)}")
 
 
 def find_lines(text: str, pattern: str, limit: int = 8) -> list[str]:

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
+from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
 from attnprobe.cli.options import (
     OnceAction,
     add_cluster_options,
@@ -64,9 +65,8 @@ def register(sub) -> None:
     g.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
     g.add_argument("--name", help="setting name used in run ids and the table (default: the preset, or 'custom' with "
                                   "overrides, joined with the context policy: baseline_mask-1)")
-    g.add_argument("--search", choices=("bm25", "http"), default="bm25",
-                   help="bm25 = offline corpus (default); http = web search API (ATTNPROBE_SEARCH_* variables)")
-    g.add_argument("--corpus", help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl)")
+    g.add_argument("--search", choices=SEARCH_KINDS, default="bm25", help=SEARCH_HELP)
+    g.add_argument("--corpus", help=CORPUS_HELP)
     add_options(g, RunSettings, ("manager_steps", "worker_steps", "max_rewrites", "validation_extra_steps",
                                  "max_validation_steps"))
     g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")

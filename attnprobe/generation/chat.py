@@ -81,12 +81,17 @@ class ChatReply:
     # "" when unknown (a server's reply).
     stopped_by: str = ""
     prompt: Prompt | None = None  # in-process backends only
+    # the reasoning an endpoint returned apart from the content (vLLM's reasoning parsers: message
+    # "reasoning_content" or "reasoning"); None when it gave none (in process it stays in the text)
+    reasoning_content: str | None = None
 
     def __post_init__(self) -> None:  # every backend's calls in one form (ids strings, arguments JSON text)
         self.tool_calls = [normal_tool_call(c) for c in self.tool_calls or []]
 
     def as_message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning_content is not None:
+            msg["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             msg["tool_calls"] = self.tool_calls
         return msg

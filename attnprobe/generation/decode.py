@@ -94,7 +94,7 @@ class StopRules:
         check_budget = self.budget is not None and n == self.budget
         if check_call or check_budget:
             text = self.tokenizer.decode(new, skip_special_tokens=True)
-            if check_call and ("}" in text or ")" in text) and parse_tool_calls(text, row.stop_names)[1]:
+            if check_call and ("}" in text or ")" in text or "</function>" in text) and parse_tool_calls(text, row.stop_names)[1]:
                 return "call"
             if check_budget and not self.opens_call(text, row.stop_names):
                 return "no_call"

@@ -228,6 +228,9 @@ class OpenAIChat(OneByOne):
                            "function": {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}}
                           for tc in (msg.get("tool_calls") or [])]
             finish = choice.get("finish_reason") or "stop"
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning") or None  # as the release reads it
+            if reasoning is not None and not isinstance(reasoning, str):
+                raise TypeError("reasoning is not a string")
         except (AttributeError, IndexError, KeyError, TypeError, ValueError):
             raise AttnprobeError(f"{self.url}: malformed chat completion response: "
                                  f"{_one_line(json.dumps(resp)[:400])}") from None
@@ -244,4 +247,4 @@ class OpenAIChat(OneByOne):
             if not tool_calls:
                 content = text.strip()
         return ChatReply(content=content, tool_calls=tool_calls, raw_text=text, input_tokens=input_tokens,
-                         output_tokens=output_tokens, finish_reason=finish)
+                         output_tokens=output_tokens, finish_reason=finish, reasoning_content=reasoning)

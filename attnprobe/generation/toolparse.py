@@ -1,6 +1,8 @@
 """Parse the next action out of generated text, whatever tool-call syntax the model used.
 
-Small models rarely follow one format: we accept Qwen/Hermes ``<tool_call>{...}</tool_call>``,
+Small models rarely follow one format: we accept Qwen/Hermes ``<tool_call>{...}</tool_call>``, Qwen3.5 /
+Qwen3-Coder XML calls inside ``<tool_call>`` (``<function=name><parameter=p>value</parameter></function>``,
+read as seed 002's release reads them: :func:`xml_calls`),
 Llama-3 style bare JSON (``{"name": ..., "parameters": ...}``), the smolagents ``Calling tools:
 [...]`` list (JSON, or the Python repr that seed 001 appendix E writes: ``[{'id': ..., 'function':
 {'name': 'web_search', 'arguments': {'query': ...}}}]``), fenced ```json blocks, ``Action: {...}`` and
@@ -122,17 +124,62 @@ def _calls_from(obj, known) -> list[ParsedCall]:
     return [c for c in (_as_call(x, known) for x in items) if c is not None]
 
 
+_FUNCTION = re.compile(r"<function=([\w.]+)>")
+_PARAMETER = re.compile(r"<parameter=(\w+)>")
+
+
+def xml_value(raw: str):
+    """A ``<parameter>`` value as the release decodes it (``utils/tool_parsers.py: parse_xml_tool_calls``):
+    stripped, one pair of surrounding double quotes dropped, then JSON if it parses (the release uses json5;
+    we use json, so json5's extras such as single-quoted strings stay text), else the text."""
+    value = raw.strip()
+    if value.startswith('"') and value.endswith('"'):
+        value = value[1:-1]
+    try:
+        return json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        return int(value) if value.isdigit() else value
+
+
+def xml_calls(body: str, known: set[str] | None = None) -> list[ParsedCall]:
+    """Qwen3.5 / Qwen3-Coder XML calls in one ``<tool_call>`` body, as seed 002's release parses them
+    (i-DeepSearch/observation-masking, ``utils/tool_parsers.py: parse_xml_tool_calls``): every
+    ``<function=([\\w.]+)>`` block up to its ``</function>`` (or the end) is one call, so one block may hold
+    several; its parameters are ``<parameter=(\\w+)>`` up to the next ``</parameter>``, decoded by
+    :func:`xml_value`. Read with ``str.find`` in linear time, as the release's regexes read it."""
+    out = []
+    heads = list(_FUNCTION.finditer(body))
+    for m in heads:
+        end = body.find("</function>", m.end())
+        inner = body[m.end():] if end < 0 else body[m.end():end]
+        args, pos = {}, 0
+        while (p := _PARAMETER.search(inner, pos)) is not None:
+            close = inner.find("</parameter>", p.end())
+            if close < 0:  # no later parameter can close either
+                break
+            args[p.group(1)] = xml_value(inner[p.end():close])
+            pos = close + len("</parameter>")
+        if not known or m.group(1) in known:
+            out.append(ParsedCall(m.group(1), args))
+    return out
+
+
 def parse_tool_calls(text: str, known_tools: list[str] | None = None) -> tuple[str, list[ParsedCall]]:
-    """Return (text before the first call, calls). ``known_tools`` restricts names (recommended)."""
+    """Return (text before the first call, calls). ``known_tools`` restricts names (recommended). A
+    ``<tool_call>`` block is read as JSON first and, if that gives no call, as XML calls
+    (:func:`xml_calls`), the release's order (``parse_tool_call_block``)."""
     known = set(known_tools) if known_tools else None
     for kind in (_TAGGED, _FENCED):
         calls, first = [], None
         for start, body in _blocks(text, *kind):
-            for _, _, obj in _json_objects(body):
-                found = _calls_from(obj, known)
-                if found and first is None:
-                    first = start
-                calls += found
+            xml = kind is _TAGGED and body.lstrip().startswith("<function=")  # never JSON (the release's json5 fails)
+            found = xml_calls(body, known) if xml else [c for _, _, obj in _json_objects(body)
+                                                        for c in _calls_from(obj, known)]
+            if not found and kind is _TAGGED and not xml:
+                found = xml_calls(body, known)
+            if found and first is None:
+                first = start
+            calls += found
         if calls:
             return text[:first].strip(), calls
     for literals in (_json_objects, _python_literals):
@@ -193,6 +240,41 @@ def _py_args(src: str) -> dict | None:
     except (ValueError, SyntaxError):
         return None
     return args
+
+
+# ------------------------------------------------------------------ seed 002's native turn (the release)
+def split_think(text: str) -> tuple[str | None, str]:
+    """(reasoning, the rest) of a reply, as seed 002's release splits it (``deploy_agent.py``, "Step 1: Extract
+    and remove <think> tags"): the text is cut at ``<tool_response>`` (a turn the model invented); with both
+    tags the first ``<think>(.*?)</think>`` is the reasoning (stripped) and is removed; with ``</think>`` alone
+    (a template that opened ``<think>\\n`` in the generation prompt, Qwen3.5's) the text up to the first
+    ``</think>`` is. No ``</think>``: no reasoning (None)."""
+    if "<tool_response>" in text:
+        text = text[:text.find("<tool_response>")]
+    if "<think>" in text and "</think>" in text:
+        m = re.search(r"<think>(.*?)</think>", text, re.S)
+        if m:
+            return m.group(1).strip(), text.replace(m.group(0), "").strip()
+    if "</think>" in text:
+        head, _, rest = text.partition("</think>")
+        return head.strip(), rest.strip()
+    return None, text
+
+
+def native_turn(text: str, reasoning: str | None, has_calls: bool) -> tuple[str, str | None]:
+    """(content, reasoning_content) of the assistant message seed 002's release keeps for a reply
+    (``deploy_agent.py``: ``"content": non_thinking_content if tool_call_text is None else ""`` and
+    ``"reasoning_content": reasoning_content``): the reasoning is what :func:`split_think` finds unless the
+    backend already gave it apart (``reasoning``: an endpoint's ``reasoning_content``); a turn with tool
+    calls keeps no content; any other keeps the text after the first ``</think>``, stripped. Ours: the
+    release empties the content when a ``<tool_call>`` block was written, we when calls were parsed (any
+    syntax :func:`parse_tool_calls` reads)."""
+    found, _ = split_think(text)
+    if reasoning is None:
+        reasoning = found
+    if has_calls:
+        return "", reasoning
+    return (text.split("</think>", 1)[1].strip() if "</think>" in text else text.strip()), reasoning
 
 
 # ------------------------------------------------------------------ tag-format agents (Search-R1 / IRCoT)

@@ -168,7 +168,7 @@ class TransformersChat(OneByOne):
                             continue
                         text = tok.decode(input_ids[r, n_prompt:], skip_special_tokens=True)
                         # every call syntax toolparse accepts closes with "}" or ")": skip the parse until then
-                        if check_call and ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
+                        if check_call and ("}" in text or ")" in text or "</function>" in text) and parse_tool_calls(text, names)[1]:
                             self._stop(r, n_new, "call")
                         elif check_budget and not opens_call(text, names):
                             self._stop(r, n_new, "no_call")
@@ -328,7 +328,7 @@ class TransformersChat(OneByOne):
         for n in range(1, len(new) + 1):
             if n % self.stop_check_every == 0:
                 text = self.tokenizer.decode(new[:n], skip_special_tokens=True)
-                if ("}" in text or ")" in text) and parse_tool_calls(text, names)[1]:
+                if ("}" in text or ")" in text or "</function>" in text) and parse_tool_calls(text, names)[1]:
                     return new[:n]
         return new
 

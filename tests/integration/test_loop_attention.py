@@ -39,7 +39,7 @@ def script(messages, tools):
     turns = sum(m["role"] == "assistant" for m in messages)
     if "two plus two" in messages[1]["content"] or turns >= len(QUERIES_Q1):
         return FINAL
-    return f"Step {turns}: search again.", [tool_call(f"c{turns}", "search", query=QUERIES_Q1[turns])]
+    return f"<think>Step {turns}: search again.</think>", [tool_call(f"c{turns}", "search", query=QUERIES_Q1[turns])]
 
 
 @pytest.fixture(scope="module")

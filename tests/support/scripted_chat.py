@@ -66,3 +66,25 @@ class ScriptedChat(OneByOne):
         return ChatReply(content=text, tool_calls=calls, raw_text=text, input_tokens=words(messages),
                          output_tokens=len(text.split()) + sum(len(c["function"]["arguments"].split()) for c in calls),
                          finish_reason="tool_calls" if calls else "stop")
+
+
+class ParsingChat(ScriptedChat):
+    """A scripted chat whose script writes raw model text, parsed into calls as the in-process backends parse
+    it (``TransformersChat.make_reply``: :func:`parse_tool_calls` over the offered tools, ``call<n>`` ids,
+    the content the text before the first call); ``tokenizer`` is the one whose chat template the loop reads
+    (seed002's parallel-call sentence)."""
+
+    def __init__(self, script, tokenizer, **kwargs):
+        super().__init__(script, **kwargs)
+        self.tokenizer = tokenizer
+
+    def complete(self, messages, tools=None, *, max_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
+        from attnprobe.generation.chat import tool_names
+        from attnprobe.generation.toolparse import call_ids, parse_tool_calls
+
+        reply = super().complete(messages, tools, max_tokens=max_tokens, temperature=temperature)
+        content, calls = parse_tool_calls(reply.raw_text, tool_names(tools))
+        reply.tool_calls = [c.to_openai(i) for c, i in zip(calls, call_ids(messages, len(calls)))]
+        reply.content = content if calls else reply.raw_text.strip()
+        reply.finish_reason = "tool_calls" if calls else "stop"
+        return reply

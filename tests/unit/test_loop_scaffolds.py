@@ -18,7 +18,7 @@ from attnprobe.agents.tagtext import unlabelled
 from attnprobe.studies.loop.agents import LoopConfig, as_tags, run_question
 from attnprobe.studies.loop.context import Setting, parse_setting
 from attnprobe.studies.loop.pool import Browser
-from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_PARALLEL, SEED002_SYSTEM
+from attnprobe.studies.loop.prompts import IRCOT_INVALID, IRCOT_PROMPT, SEED002_SYSTEM
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.schema import Trajectory
 
@@ -150,7 +150,7 @@ def test_context_length_and_tokens_are_the_means_and_sums_of_what_was_sent():
 
 # ------------------------------------------------------------------ seed 002
 SYS = {"role": "system", "content": (
-    f"{SEED002_SYSTEM}\n\n{SEED002_PARALLEL}\n\nTools:\n"
+    f"{SEED002_SYSTEM}\n\nTools:\n"  # the scripted chat has no template: the release's "none" family, no sentence
     "- search(query): Search for pages; returns results with their cursor numbers, titles, URLs and snippets.\n"
     "- open(id, loc): Open a page by cursor number or URL; returns its numbered lines from line loc on.\n"
     "- find(id, pattern): Find the lines of a page that contain a pattern (exact text, case-insensitive).\n"
@@ -164,7 +164,7 @@ def seed002_script(messages, tools):
     if turns == 0:  # two searches in parallel
         return "", [tool_call("x1", "search", query="q1 a"), tool_call("x2", "search", query="q2 b")]
     if turns == 1:  # open a page by cursor, find in it, and a bad cursor (an error)
-        return "look", [tool_call("x3", "open", id="2"), tool_call("x4", "find", id="2", pattern="answer"),
+        return "<think>look</think>", [tool_call("x3", "open", id="2"), tool_call("x4", "find", id="2", pattern="answer"),
                         tool_call("x5", "open", id="9")]
     return FINAL
 
@@ -200,7 +200,8 @@ def _calls(*specs):
 
 TURN1 = {"role": "assistant", "content": "", "tool_calls": _calls((1, ("search", {"query": "q1 a"})),
                                                                   (2, ("search", {"query": "q2 b"})))}
-TURN2 = {"role": "assistant", "content": "look", "tool_calls": _calls(
+# the release's turns: <think> text as reasoning_content, no content beside tool calls (deploy_agent.py)
+TURN2 = {"role": "assistant", "content": "", "reasoning_content": "look", "tool_calls": _calls(
     (3, ("open", {"id": "2"})), (4, ("find", {"id": "2", "pattern": "answer"})), (5, ("open", {"id": "9"})))}
 
 
@@ -241,16 +242,17 @@ def seed002_longer(messages, tools):
     if turns < 2:
         return seed002_script(messages, tools)
     if turns == 2:
-        return "retry", [tool_call("x6", "open", id="7")]
+        return "<think>retry</think>", [tool_call("x6", "open", id="7")]
     if turns == 3:
-        return "check", [tool_call("x7", "find", id="0", pattern="Alpha")]
+        return "check</think>", [tool_call("x7", "find", id="0", pattern="Alpha")]
     return FINAL
 
 
 ERR7 = "Error: no page with cursor 7 in the pool (cursors 0-2)."
 FIND0 = "[0] A\nL1: Alpha one.\nL2: Alpha two."
-TURN3 = {"role": "assistant", "content": "retry", "tool_calls": _calls((6, ("open", {"id": "7"})))}
-TURN4 = {"role": "assistant", "content": "check", "tool_calls": _calls((7, ("find", {"id": "0", "pattern": "Alpha"})))}
+TURN3 = {"role": "assistant", "content": "", "reasoning_content": "retry", "tool_calls": _calls((6, ("open", {"id": "7"})))}
+TURN4 = {"role": "assistant", "content": "", "reasoning_content": "check",  # "</think>" alone: Qwen3.5's opened <think>
+         "tool_calls": _calls((7, ("find", {"id": "0", "pattern": "Alpha"})))}
 
 
 def test_seed002_mask_1_is_the_released_rule_at_every_step():

@@ -39,11 +39,11 @@ from typing import Any
 
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.search import SearchBackend, corpus_identity
+from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS, SearchBackend, corpus_identity
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.grammars import follows_grammar
-from attnprobe.generation.toolparse import parse_tags
+from attnprobe.generation.toolparse import native_turn, parse_tags
 from attnprobe.io.options import option, positive_int
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
@@ -53,6 +53,7 @@ from attnprobe.studies.loop.prompts import (
     ircot_passages,
     prompts_hash,
     seed002_system,
+    template_family,
 )
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.trajectory.schema import message_text
@@ -94,12 +95,8 @@ class LoopConfig:
     judge: str = option("exact", flag="--judge",
                         help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
-    search: str = option("bm25", flag="--search", choices=("bm25", "http"),
-                         help="bm25 = the offline corpus (default); http = a web search API (ATTNPROBE_SEARCH_*)")
-    corpus: str | None = option(None, flag="--corpus",
-                                help="JSONL corpus for bm25 (default: trajectories/corpus/docs.jsonl); results "
-                                     "record its content hash, not its path (a changed corpus reruns, a moved one "
-                                     "does not)")
+    search: str = option("bm25", flag="--search", choices=SEARCH_KINDS, help=SEARCH_HELP)
+    corpus: str | None = option(None, flag="--corpus", help=CORPUS_HELP)
     preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
                                 help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
                                      "seed's setting); explicit --max-new-tokens / --temperature win")
@@ -159,8 +156,8 @@ class Episode(ContextHistory):
 
 
 def _chars(messages: list[dict]) -> int:
-    return sum(len(message_text(m.get("content"))) + sum(len(json.dumps(c.get("function", {})))
-                                                          for c in m.get("tool_calls") or []) for m in messages)
+    return sum(len(message_text(m.get("content"))) + len(m.get("reasoning_content") or "")
+               + sum(len(json.dumps(c.get("function", {}))) for c in m.get("tool_calls") or []) for m in messages)
 
 
 class Loop:
@@ -174,6 +171,9 @@ class Loop:
         self.run_id, self.question = run_id, question
         self.note = note  # progress callback (the driver tells it of each call and its tokens per second)
         self.ep = Episode(setting, f"{run_id}/history")
+        # seed002: the release's parallel-call sentence for this model's chat template (prompts.template_family)
+        template = getattr(getattr(chat, "tokenizer", None), "chat_template", None)
+        self.family = template_family(template if isinstance(template, str) else None, getattr(chat, "name", "") or "")
 
     # ------------------------------------------------------------------ one model call
     def _actions(self, final: bool) -> ActionFormat | None:
@@ -194,8 +194,8 @@ class Loop:
                               max_tokens=self.config.max_tokens, temperature=self.config.temperature,
                               episode=self.run_id, actions=self._actions(final))
         reply: ChatReply = yield request
-        msg: dict[str, Any] = reply.as_message()
-        if not (msg.get("content") or "").strip() and not msg.get("tool_calls"):
+        msg: dict[str, Any] = self._native(reply) if self.config.scaffold == "seed002" else reply.as_message()
+        if not (msg.get("content") or "").strip() and not msg.get("tool_calls") and msg.get("reasoning_content") is None:
             msg["content"] = "(empty reply)"
         if self.config.scaffold == "ircot":  # the reply's <search> span is its tool call (tag text)
             msg = annotate_reply(msg)
@@ -224,25 +224,40 @@ class Loop:
     def _refine(self) -> None:
         self.ep.refine()
 
+    @staticmethod
+    def _native(reply: ChatReply) -> dict[str, Any]:
+        """The assistant message seed 002's release keeps for ``reply`` (:func:`native_turn`): ``<think>`` text
+        as ``reasoning_content``, no content in a tool-call turn; the calls as the backend parsed them."""
+        content, reasoning = native_turn(reply.raw_text or reply.content or "", reply.reasoning_content,
+                                         bool(reply.tool_calls))
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        if reply.tool_calls:
+            msg["tool_calls"] = reply.tool_calls
+        return msg
+
     # ------------------------------------------------------------------ seed 002
     def _seed002(self) -> None:
         ep = self.ep
         browser = self.browser = Browser(self.search, top_k=self.config.top_k, open_lines=self.config.open_lines)
-        ep.append({"role": "system", "content": seed002_system(TOOLS)})
+        ep.append({"role": "system", "content": seed002_system(TOOLS, self.family)})
         ep.append({"role": "user", "content": SEED002_TASK.format(question=self.question["question"])})
         for _ in range(self.config.max_turns):
             cf = ep.view()
             reply = yield from self._call(cf.messages, cf, TOOLS)
+            said = ep.calls[-1]["messages"][-1]  # the release's message for the reply (Loop._native)
+            thought = {"reasoning_content": said["reasoning_content"]} if "reasoning_content" in said else {}
             if not reply.tool_calls:
-                ep.append({"role": "assistant", "content": reply.content or "(empty reply)"})
-                ep.response = reply.content or ""
+                ep.append({"role": "assistant", "content": said["content"], **thought})
+                ep.response = "" if said["content"] == "(empty reply)" else said["content"]
                 ep.answer = extract_answer(ep.response)
                 return
             calls = []
             for c in reply.tool_calls:  # ids numbered over the history, whatever the backend called them
                 ep.tool_calls += 1
                 calls.append({"id": f"call{ep.tool_calls}", "type": "function", "function": dict(c["function"])})
-            ep.append({"role": "assistant", "content": reply.content or "", "tool_calls": calls})
+            ep.append({"role": "assistant", "content": said["content"], **thought, "tool_calls": calls})
             for c, wrote in zip(calls, reply.tool_calls):  # a call that cannot run is no retrieval
                 ep.retrievals += c["function"]["name"] == "search" and RAW_ARGUMENTS not in wrote
                 ep.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
@@ -251,8 +266,14 @@ class Loop:
 
     # ------------------------------------------------------------------ IRCoT
     def _passages(self, query: str) -> list[tuple[str, str]]:
+        """(title, text) per hit. A backend that gives the whole passage (the retrieval server) is shown it
+        as it came, its own newlines kept, as Search-R1 does; otherwise the fetched page (or the snippet) on
+        one line."""
         out = []
         for r in self.search.search(query, self.config.top_k):
+            if r.text is not None:
+                out.append((r.title, r.text))
+                continue
             text = self.search.fetch(r.url) or r.snippet
             if text.startswith(f"{r.title}\n\n"):
                 text = text[len(r.title) + 2:]

@@ -61,18 +61,53 @@ SEED002_FORMAT = (
 SEED002_SYSTEM = f"{SEED002_INTRO}\n\n{SEED002_BROWSER}\n\n{SEED002_FORMAT}"
 
 # Seed 002 §F.4 (parallel tool-call instruction): "Independent calls can appear as consecutive tool-call
-# blocks in one response." The release's template-neutral wording (utils/tool_parsers.py,
-# parallel_tool_instruction_for_model, its DeepSeek branch), verbatim.
-SEED002_PARALLEL = ("When several function calls are independent, issue them as MULTIPLE parallel tool calls in "
-                    "the same response.")
+# blocks in one response." The release picks the sentence per chat template (i-DeepSearch/observation-masking,
+# utils/tool_parsers.py, parallel_tool_instruction_for_model), verbatim here: a DeepSeek model id gets the
+# DeepSeek sentence; a template with "<tool_call>" and "<function=" (Qwen3.5, Qwen3-Coder: XML calls) the Qwen
+# sentence (QWEN_STYLE_PARALLEL_TOOL_INSTRUCTION); a template with "<tool_call>" alone (JSON calls: Qwen2.5,
+# Qwen3, Hermes) the <tool_call> sentence; any other template none (SmolLM2's).
+SEED002_PARALLEL = {
+    "deepseek": ("When several function calls are independent, issue them as MULTIPLE parallel tool calls in "
+                 "the same response."),
+    "qwen-xml": ("When several function calls are independent, you may issue parallel tool calls by outputting "
+                 "multiple consecutive `<tool_call>...</tool_call>` blocks in the same assistant turn, one "
+                 "function call per block."),
+    "tool-call": ("When several function calls are independent, issue them in parallel by outputting multiple "
+                  "consecutive <tool_call>...</tool_call> blocks in the same response, one function call per "
+                  "block."),
+    "none": "",
+}
+# The JSON call shown after the tool list (ours, below); never for XML-call templates, whose own instructions
+# show the XML form.
+SEED002_CALL_EXAMPLE = 'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.'
 
 
-def seed002_system(tools: list[dict]) -> str:
-    """The system prompt with the tools listed and one call shown (ours): chat templates that ignore the
-    ``tools`` argument (SmolLM2's) would otherwise never show the model its tools; with a native tool
-    template the list is shown twice, which costs tokens but changes no tool. The same for every setting."""
-    return (f"{SEED002_SYSTEM}\n\n{SEED002_PARALLEL}\n\nTools:\n{tool_lines(tools)}\n"
-            + 'Call a tool with JSON, for example {"name": "search", "arguments": {"query": "keywords"}}.')
+def template_family(chat_template: str | None, model: str = "") -> str:
+    """The release's choice of parallel-call sentence (a key of :data:`SEED002_PARALLEL`) for a model id and
+    its chat template. Where the template is not at hand (a served model), ours: the model name decides
+    ("qwen3.5", "qwen3.6" or "qwen3-coder": qwen-xml; another "qwen": tool-call; else none)."""
+    model = (model or "").lower()
+    if "deepseek" in model:
+        return "deepseek"
+    if chat_template is not None:
+        if "<tool_call>" in chat_template and "<function=" in chat_template:
+            return "qwen-xml"
+        return "tool-call" if "<tool_call>" in chat_template else "none"
+    if any(k in model for k in ("qwen3.5", "qwen3.6", "qwen3-coder")):
+        return "qwen-xml"
+    return "tool-call" if "qwen" in model else "none"
+
+
+def seed002_system(tools: list[dict], family: str = "none") -> str:
+    """The system prompt: the release's text, its parallel-call sentence for the template ``family``
+    (:func:`template_family`), then the tools listed and, unless the template calls in XML, one JSON call
+    shown (ours: chat templates that ignore the ``tools`` argument, SmolLM2's, would otherwise never show
+    the model its tools; with a native tool template the list is shown twice, which costs tokens but changes
+    no tool). The same for every setting."""
+    parallel = SEED002_PARALLEL[family]
+    example = "" if family == "qwen-xml" else SEED002_CALL_EXAMPLE
+    return (f"{SEED002_SYSTEM}\n\n" + (f"{parallel}\n\n" if parallel else "")
+            + f"Tools:\n{tool_lines(tools)}" + (f"\n{example}" if example else ""))
 
 
 # The release sends the question alone as the user message (deploy_agent.py: {"role": "user", "content":
@@ -113,6 +148,6 @@ confidence score available."""
 
 def prompts_hash(scaffold: str) -> str:
     """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
-    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot"
-             else (seed002_system(TOOLS), SEED002_TASK))
+    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot"  # seed002: the prompt of every template family
+             else (*(seed002_system(TOOLS, f) for f in SEED002_PARALLEL), SEED002_TASK))
     return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
