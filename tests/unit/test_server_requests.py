@@ -207,11 +207,10 @@ def test_prompt_limit_is_exact(tok):
 def test_time_limit_stops_generation(tok):
     loaded = fake(tok, delay=0.02)
     with running(loaded, max_seconds=0.5) as port:
-        status, _, body, elapsed = post(port, {"messages": USER, "max_tokens": 3000})
+        status, _, body, _ = post(port, {"messages": USER, "max_tokens": 3000})
     assert status == 503 and "stopped after 0.5 s" in body["error"]["message"]
     assert body["error"]["type"] == "server_error"
-    assert len(loaded.model.runs) == 1 and loaded.model.runs[0] < 3000
-    assert elapsed < 30  # 3000 tokens would take 60 s
+    assert len(loaded.model.runs) == 1 and loaded.model.runs[0] < 3000  # counted: stopped before 3000 tokens
 
 
 def test_disconnect_stops_generation_and_queued_requests(tok, capsys):
