@@ -226,12 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. The only error boundary of the CLI: every failure becomes one line
     ``attnprobe: error: ...`` on stderr and an exit code (see EXIT_CODES); ``-v`` adds the traceback."""
     from attnprobe.cli.options import finish_args
+    from attnprobe.io.options import deprecation_warnings
 
     parser = build_parser()
     args = parser.parse_args(argv)
     verbose = args.verbose + getattr(args, "sub_verbose", 0)
     quiet = args.quiet or getattr(args, "sub_quiet", False)
     setup_logging(verbose, quiet)
+    for line in deprecation_warnings(args):  # an old spelling of an option: one line each
+        log.warning(line)
     if quiet and hasattr(args, "no_progress"):
         args.no_progress = True  # -q: only warnings and errors, no progress bars either
     if not getattr(args, "func", None):

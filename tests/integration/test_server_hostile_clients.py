@@ -22,8 +22,8 @@ USER = [{"role": "user", "content": "Say hi."}]
 
 @pytest.fixture(scope="module")
 def server():
-    args = ["--api-key-env", "ATTNPROBE_TEST_SERVE_KEY", "--read-timeout", str(READ_TIMEOUT),
-            "--request-timeout", str(REQUEST_TIMEOUT),
+    args = ["--require-key-env", "ATTNPROBE_TEST_SERVE_KEY", "--read-timeout", str(READ_TIMEOUT),
+            "--receive-timeout", str(REQUEST_TIMEOUT),
             "--max-body-bytes", str(MAX_BODY), "--max-prompt-tokens", str(MAX_PROMPT)]
     with served(cli=True, host="0.0.0.0", args=args, env={"ATTNPROBE_TEST_SERVE_KEY": KEY}) as info:
         info["port"] = int(info["url"].rsplit(":", 1)[1].split("/")[0])
@@ -143,7 +143,7 @@ def test_bearer_token(server):
 def test_non_loopback_host_warns_once(server):
     lines = [ln for ln in server["stderr"]().splitlines() if "WARNING" in ln]
     assert lines == ["attnprobe serve: WARNING: listening on 0.0.0.0, beyond this machine; plain HTTP, "
-                     "bearer token required (--api-key-env)"]
+                     "bearer token required (--require-key-env)"]
 
 
 def test_reply_equals_the_in_process_chat(server, smol):
