@@ -55,6 +55,32 @@ EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 
               "(finished results are kept; rerun to resume).")
 
 
+# The papers the help texts cite as "seed NNN" (section numbers such as "E.5" are theirs: seed 002's
+# appendix E.5); docs/methods.md quotes each definition with its section.
+SEEDS = {
+    "000": "From Inertia to Objectivity: Improving Deep Research Agents with Noise Isolation (IBIS, NIS-Agent)",
+    "001": "From Inertia to Objectivity: Improving Deep Research Agents with Noise Isolation (its full text: "
+           "IBIS's framings and reminders)",
+    "002": "Masking Stale Observations Helps Search Agents -- Until It Doesn't: A Regime Map and Its Mechanism "
+           "(arXiv 2606.00408)",
+    "004": "Mitigating Context Interference for Reliable and Efficient Search Agents (arXiv 2608.10743)",
+}
+_SEED_REF = re.compile(r"\bseeds? (00\d)(?:/(00\d))?")
+
+
+def seeds_note(text: str) -> str:
+    """The lines naming each paper ``text`` cites as "seed NNN" ('' when it cites none)."""
+    cited = sorted({n for m in _SEED_REF.finditer(" ".join(text.split())) for n in m.groups() if n in SEEDS})
+    if not cited:
+        return ""
+    width = max(60, min(100, shutil.get_terminal_size((80, 24)).columns)) - 2
+    lines = textwrap.wrap("'seed NNN' cites a paper attnprobe reproduces, and a section after it is that paper's "
+                          "('seed 002 E.5': its appendix E.5); docs/methods.md quotes each definition:", width)
+    for n in cited:
+        lines.extend(textwrap.wrap(SEEDS[n], width, initial_indent=f"  seed {n}: ", subsequent_indent=" " * 12))
+    return "\n".join(lines)
+
+
 MAX_ERROR_CHARS = 400
 """No error line is longer than this, whatever the input (a huge bad value is cut with an ellipsis)."""
 
@@ -69,10 +95,16 @@ def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its usage errors cut to :data:`MAX_ERROR_CHARS` (argparse repeats the bad value)."""
+    """argparse with its usage errors cut to :data:`MAX_ERROR_CHARS` (argparse repeats the bad value); a help
+    that cites a seed paper ends with its title (:func:`seeds_note`)."""
 
     def error(self, message: str):
         super().error(shorten(message))
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        note = seeds_note(text)
+        return f"{text}\n{note}\n" if note else text
 
 
 _ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|obj):`~?([^`]+)`")
