@@ -42,6 +42,15 @@ SUBCOMMAND_MODULES = [
     "attnprobe.cli.study",  # study masking
 ]
 
+# The module that registers each command: `attnprobe COMMAND ...` imports only that one (its --help loads
+# no other command's option records); the bare `attnprobe` and an unknown command import them all.
+COMMAND_MODULES = {
+    "capture": "attnprobe.cli.capture", "demo": "attnprobe.cli.capture", "report": "attnprobe.cli.report",
+    "import": "attnprobe.cli.importer", "serve": "attnprobe.cli.serve", "convert": "attnprobe.cli.convert",
+    "ibis": "attnprobe.cli.ibis", "compare": "attnprobe.cli.ibis", "run": "attnprobe.cli.run",
+    "app": "attnprobe.cli.app", "counterfactual": "attnprobe.cli.counterfactual", "study": "attnprobe.cli.study",
+}
+
 # How `attnprobe --help` groups the commands; a command not listed here shows under "other".
 COMMAND_GROUPS = [
     ("attention in recorded trajectories", ["capture", "report", "demo", "counterfactual"]),
@@ -153,7 +162,14 @@ def _command_listing(helps: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the global options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the arguments about to be parsed, only the module of the command they
+    name is imported (:data:`COMMAND_MODULES`), so ``attnprobe COMMAND --help`` stays fast."""
     parser = Parser(
         prog="attnprobe", usage="%(prog)s [-h] [--version] [-v] [-q] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
@@ -165,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)")
     sub = Commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="attnprobe",
                                          parser_class=CommandParser))
-    for name in SUBCOMMAND_MODULES:
+    command = command_of(argv) if argv is not None else None
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else SUBCOMMAND_MODULES
+    for name in modules:
         if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and importlib.util.find_spec(name) is None:
             continue  # feature module not present in this build
         importlib.import_module(name).register(sub)
@@ -260,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     from attnprobe.cli.options import finish_args
     from attnprobe.io.options import deprecation_warnings
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     verbose = args.verbose + getattr(args, "sub_verbose", 0)
     quiet = args.quiet or getattr(args, "sub_quiet", False)

@@ -57,3 +57,25 @@ def test_statistics_load_scipy_and_sklearn_when_used():
               "print(before, round(lo, 4), round(hi, 4), auc)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["[]", "0.1078", "0.6032", "0.75"]
+
+
+def test_a_command_builds_only_its_own_parser_and_it_equals_the_full_ones():
+    """`attnprobe COMMAND ...` imports the module of COMMAND only (main.COMMAND_MODULES); the parser it
+    builds shows the same help as the full parser's, for every command (a wrong or missing entry fails)."""
+    from attnprobe.cli.main import COMMAND_MODULES, build_parser
+
+    full = {n: p for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)
+            for n, p in a.choices.items()}
+    assert set(COMMAND_MODULES) == set(full)
+    for name, parser in full.items():
+        own = next(a for a in build_parser([name, "--help"])._actions if isinstance(a.choices, dict))
+        assert own.choices[name].format_help() == parser.format_help(), name
+
+
+def test_a_commands_help_imports_no_other_commands_module():
+    script = ("import contextlib, io, sys\nfrom attnprobe.cli.main import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()):\n"
+              "    try:\n        main(['capture', '--help'])\n    except SystemExit:\n        pass\n"
+              "print(sorted(m for m in sys.modules if m.startswith('attnprobe.cli.') or m.startswith('attnprobe.studies')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["['attnprobe.cli.capture',", "'attnprobe.cli.main',", "'attnprobe.cli.options']"]
