@@ -14,13 +14,13 @@ pytest_plugins = ("pytester",)  # tests/unit/test_suite_time_limit.py runs the t
 def pytest_configure(config):
     # one compute thread per process when other jobs hold the cores (support/threads.py: 7x faster there)
     config.attnprobe_threads = limit_threads()
+    # tests/vllm_backend is its own CI phase (.ci/vllm.sh, its own venv and budget; an engine starts in minutes)
+    register_time_limit(config, exempt_dirs=("vllm_backend",))
 
 
 def pytest_report_header(config):
     n = getattr(config, "attnprobe_threads", None)
     return f"compute threads per process: {n} (tests/support/threads.py)" if n else None
-    # tests/vllm_backend is its own CI phase (.ci/vllm.sh, its own venv and budget; an engine starts in minutes)
-    register_time_limit(config, exempt_dirs=("vllm_backend",))
 
 
 @pytest.fixture(scope="session")

@@ -14,3 +14,8 @@ def test_one_thread_when_the_cores_are_taken_else_the_libraries_choice():
     assert suite_threads(0.1, 2, {THREADS_ENV: "3"}) == 3
     assert suite_threads(9.0, 2, {THREADS_ENV: "0"}) is None
 
+
+
+def test_the_suite_time_limit_is_registered(request):
+    """The conftest registers the 20 s rule (an edit once left it unreachable after a return)."""
+    assert request.config.pluginmanager.get_plugin("attnprobe-time-limit") is not None
