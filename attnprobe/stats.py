@@ -18,20 +18,39 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import sklearn
-from scipy import optimize, stats
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedGroupKFold
 
-# scipy >= 1.15 takes ``rng``; older releases take the same Generator as ``random_state``
-_RNG_KW = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
-_PERM_RNG_KW = "rng" if "rng" in inspect.signature(stats.permutation_test).parameters else "random_state"
+
+class _Lazy:
+    """A module imported on first attribute access: scipy and scikit-learn take over a second to import,
+    and every command's ``--help`` reaches this module through the option records it builds."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+sklearn = _Lazy("sklearn")
+stats = _Lazy("scipy.stats")
+optimize = _Lazy("scipy.optimize")
+_linear_model = _Lazy("sklearn.linear_model")
+_metrics = _Lazy("sklearn.metrics")
+_model_selection = _Lazy("sklearn.model_selection")
+
+
+@functools.cache
+def _rng_kw(function: str) -> str:
+    """scipy >= 1.15 takes ``rng``; older releases take the same Generator as ``random_state``."""
+    return "rng" if "rng" in inspect.signature(getattr(stats, function)).parameters else "random_state"
+
 _BATCH_ELEMENTS = 1 << 24  # resampled values held at once by bootstrap_mean_ci (128 MiB of float64)
 
 
@@ -59,7 +78,7 @@ def _bootstrap(arrays: Sequence[np.ndarray], stat: Callable, n_boot: int, seed: 
         return v, v
     res = stats.bootstrap(arrays, stat, n_resamples=n_boot, batch=batch, vectorized=vectorized, paired=True, axis=0,
                           confidence_level=1 - alpha, method="percentile",
-                          **{_RNG_KW: np.random.default_rng(seed)})
+                          **{_rng_kw("bootstrap"): np.random.default_rng(seed)})
     return res.confidence_interval.low, res.confidence_interval.high
 
 
@@ -92,7 +111,7 @@ def roc_auc(y: Sequence[int], score: Sequence[float]) -> float:
     y = np.asarray(y, dtype=int)
     if len(np.unique(y)) < 2:
         return float("nan")
-    return float(roc_auc_score(y, np.asarray(score, dtype=np.float64)))
+    return float(_metrics.roc_auc_score(y, np.asarray(score, dtype=np.float64)))
 
 
 def rounded(x, nd: int = 4):
@@ -130,14 +149,14 @@ def stratified_group_folds(y: Sequence[int], groups: Sequence, n_splits: int = 5
                          f"{per_class[0]} with a negative)")
     note = None if k == n_splits else (f"n_splits reduced from {n_splits} to {k}: the rarer class occurs in only "
                                        f"{k} query groups")
-    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    cv = _model_selection.StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
     folds = [test for _, test in cv.split(np.zeros((len(y), 1)), y, codes) if len(test)]
     return folds, note
 
 
 def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1.0, iters: int = 100) -> tuple[np.ndarray, float]:
     """L2-penalised logistic regression (penalty l2/2 * |w|^2, intercept unpenalised)."""
-    model = LogisticRegression(C=1.0 / l2, solver="newton-cholesky", tol=1e-10, max_iter=iters)
+    model = _linear_model.LogisticRegression(C=1.0 / l2, solver="newton-cholesky", tol=1e-10, max_iter=iters)
     model.fit(X, y)
     return model.coef_[0], float(model.intercept_[0])
 
@@ -318,7 +337,7 @@ def spearman_permutation(x, y, *, n_resamples: int = 9999, seed: int = 0) -> tup
 
     res = stats.permutation_test((stats.rankdata(y),), rho, permutation_type="pairings", vectorized=True,
                                  n_resamples=n_resamples, alternative="two-sided",
-                                 **{_PERM_RNG_KW: np.random.default_rng(seed)})
+                                 **{_rng_kw("permutation_test"): np.random.default_rng(seed)})
     return float(res.statistic), float(res.pvalue)
 
 

@@ -6,7 +6,7 @@
 # The bundled SmolLM2-135M-Instruct runs IRCoT on the first 4 shipped questions under three settings
 # (none, mask:1, ircot:oq) with --structured-actions, so that it writes valid <search> and <answer> tags
 # (free decoding, as the seeds decode, gives 0 retrievals with this model: docs/loop.md). The episodes
-# are stepped together (--batch-size 12) with each episode's KV cache kept between turns. Then
+# are stepped together (--episodes-per-batch 12) with each episode's KV cache kept between turns. Then
 # `study attention` captures every recorded call and the app opens on the study (Ctrl-C stops it).
 # Structured actions change the agent's behaviour: these numbers are not comparable with the seeds'.
 set -euo pipefail
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 head -n 4 trajectories/questions_loop.jsonl > "$OUT/questions.jsonl"
 echo "demo_loop: the study (12 episodes stepped together) -> $OUT/study"
 "$AP" study interference "$OUT/questions.jsonl" --scaffold ircot --policy none --policy mask:1 \
-    --policy ircot:oq --structured-actions --batch-size 12 --out "$OUT/study"
+    --policy ircot:oq --structured-actions --episodes-per-batch 12 --out "$OUT/study"
 echo "demo_loop: its attention side -> $OUT/study/attention.md"
 "$AP" study attention "$OUT/study" --layers 0,14,29
 if [ -n "${DEMO_NO_APP:-}" ]; then exit 0; fi

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import pytest
 from support.paths import SAMPLE_FILES, TRAJ_DIR
+from support.threads import limit_threads
 from support.time_limit import one_off, register_time_limit
 
 pytest_plugins = ("pytester",)  # tests/unit/test_suite_time_limit.py runs the time limit on generated files
 
 
 def pytest_configure(config):
+    # one compute thread per process when other jobs hold the cores (support/threads.py: 7x faster there)
+    config.attnprobe_threads = limit_threads()
     # tests/vllm_backend is its own CI phase (.ci/vllm.sh, its own venv and budget; an engine starts in minutes)
     register_time_limit(config, exempt_dirs=("vllm_backend",))
+
+
+def pytest_report_header(config):
+    n = getattr(config, "attnprobe_threads", None)
+    return f"compute threads per process: {n} (tests/support/threads.py)" if n else None
 
 
 @pytest.fixture(scope="session")

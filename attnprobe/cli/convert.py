@@ -42,5 +42,5 @@ def register(subparsers) -> None:
                      help="dtype of the saved weights: " + dtype_help(why="the exact dequantized values"))
     add_output_options(p, out=False, progress=False,
                        force_help="replace an existing non-empty output folder (old name: --overwrite)")
-    add_hidden_alias(p, "--overwrite", "force", action="store_true")
+    add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
     p.set_defaults(func=_convert)

@@ -8,6 +8,7 @@ from pathlib import Path
 from attnprobe.cli.options import (
     add_capture_options,
     add_cluster_options,
+    add_hidden_alias,
     add_model_options,
     add_options,
     add_output_options,
@@ -44,9 +45,10 @@ def add_counterfactual_options(p) -> None:
     g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
     g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
     add_options(g, RunOptions, ("actions", "max_new_tokens", "logprob"))
-    g.add_argument("--batch-size", type=positive_int, default=1,
+    g.add_argument("--trajectories-per-call", dest="batch_size", type=positive_int, default=1, metavar="N",
                    help="trajectories per backend call; the steps of one trajectory always share one call, which "
                         "prefills their common prefixes once (vLLM batches all their contexts in one generate)")
+    add_hidden_alias(p, "--batch-size", "batch_size", new="--trajectories-per-call", type=positive_int)
     add_capture_options(p, only=("layers", "rendering", "max_tokens", "share_prefixes"))
 
 

@@ -66,14 +66,13 @@ def _add_generation(p):
                         f"{DEFAULT_NO_CALL_TOKENS}; 0 = never), so one reply never holds its batch for the whole "
                         "token limit; recorded and compared on resume")
     g.add_argument(
-        "--batch-size", type=positive_int, default=12,
+        "--prompts-per-batch", dest="batch_size", type=positive_int, default=12, metavar="N",
         help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
+    add_hidden_alias(p, "--batch-size", "batch_size", new="--prompts-per-batch", type=positive_int)
 
 
-def _add_capture(p, *, force_capture: bool):
-    g = add_capture_options(p, only=("share_prefixes",))
-    if force_capture:
-        g.add_argument("--force-capture", action="store_true", help="recapture finished items (capture stage only)")
+def _add_capture(p):
+    add_capture_options(p, only=("share_prefixes",))
 
 
 def _add_report(p):
@@ -105,7 +104,7 @@ def register(subparsers) -> None:
     _add_items(p_all)
     add_model_options(p_all)
     _add_generation(p_all)
-    _add_capture(p_all, force_capture=True)
+    _add_capture(p_all)
     add_cluster_options(p_all)
     _add_report(p_all)
     _add_output(p_all, force_help="redo finished items in every stage instead of resuming")
@@ -128,10 +127,10 @@ def register(subparsers) -> None:
                     "FOLDER/attention.safetensors. Resumable.")
     _add_items(p_cap)
     add_model_options(p_cap)
-    _add_capture(p_cap, force_capture=False)
+    _add_capture(p_cap)
     add_cluster_options(p_cap)
     _add_output(p_cap, force_help="recapture finished items (old name: --force-capture)")
-    add_hidden_alias(p_cap, "--force-capture", "force", action="store_true")
+    add_hidden_alias(p_cap, "--force-capture", "force", new="--force", action="store_true")
     p_cap.set_defaults(func=cmd_capture)
     p_rep = sub.add_parser(
         "report", help="metrics.json, report.md and report.html from a model folder",
@@ -172,7 +171,7 @@ def ibis_options(args):
     a = vars(args)
     keep = {k: a[k] for k in ("items", "ids", "limit", "results", "folder", "base_url", "served_model", "model",
                               "dtype", "protocol", "reminder", "framings", "max_new_tokens", "batch_size",
-                              "no_call_tokens", "chunk_size", "force", "force_capture") if a.get(k) is not None}
+                              "no_call_tokens", "chunk_size", "force") if a.get(k) is not None}
     return IbisOptions(**keep, generator=a.get("generator") or "transformers",
                        share_prefixes=a.get("share_prefixes", True))
 

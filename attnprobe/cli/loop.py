@@ -20,6 +20,7 @@ from attnprobe.cli.options import (
     add_capture_options,
     add_cluster_options,
     add_generation_options,
+    add_hidden_alias,
     add_model_options,
     add_options,
     add_output_options,
@@ -37,7 +38,7 @@ Examples:
       --policy none --policy ircot:o --policy ircot:oq --policy ircot:oqp --policy refine:bm25:3 --out runs/ircot
   attnprobe study interference q.jsonl --scaffold seed002 --policy none --policy mask:5 --policy mask-obs:5 \\
       --out runs/masking --generator openai --base-url http://127.0.0.1:8000/v1 --served-model my-model
-  attnprobe study interference q.jsonl --scaffold seed002 --preset cpu --policy none --policy mask:1 --out runs/cpu
+  attnprobe study interference q.jsonl --scaffold seed002 --generation-preset cpu --policy none --policy mask:1 --out runs/cpu
   attnprobe capture runs/ircot/ircot-oq/calls.jsonl --out runs/ircot/captures   # the recorded calls, as sent
 
 Settings: none | mask:K | mask-obs:K | ircot:o|oq|oqp | refine:bm25[:N] | refine:openai:URL:MODEL,
@@ -45,7 +46,7 @@ joined with '+' (e.g. ircot:oq+refine:bm25:3). mask:K is seed 002's released rul
 than the K-th most recent turn with a non-error call become "[Auto-archived browser result] tool=... | args:
 ..."; mask-obs:K keeps the K most recent observations instead. The refiner runs once per round on that
 round's documents. seed002 generates as seed 002's appendix C does (8192 tokens, temperature 1.0);
---preset cpu (128 tokens, greedy) keeps the bundled model usable on a CPU.
+--generation-preset cpu (128 tokens, greedy) keeps the bundled model usable on a CPU.
 Questions: JSONL with question/Question/query and golden_answers/answers/answer/Answer (NQ, HotpotQA, 2Wiki,
 MuSiQue, Bamboogle, FlashRAG, BrowseComp-Plus).
 """
@@ -53,7 +54,7 @@ MuSiQue, Bamboogle, FlashRAG, BrowseComp-Plus).
 
 def register(studies) -> None:
     """Add ``interference`` to the ``study`` subcommands."""
-    from attnprobe.studies.loop.agents import LoopConfig
+    from attnprobe.studies.loop.agents import PRESETS, LoopConfig
 
     p = studies.add_parser("interference", help="seeds 002/004: agents with context policies in the loop, "
                                                 "settings side by side (EM, ART, tokens, fixed/broken)",
@@ -70,18 +71,20 @@ def register(studies) -> None:
     add_options(g, LoopConfig, ("max_turns", "top_k", "open_lines", "judge", "search", "corpus"))
     g.add_argument("--limit", type=positive_int, help="only the first N questions")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
-    g.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+    g.add_argument("--episodes-per-batch", dest="batch_size", type=positive_int, default=None, metavar="N",
                    help="episodes (setting x question) in flight, stepped together: one batched model call per "
                         "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
+    add_hidden_alias(p, "--batch-size", "batch_size", new="--episodes-per-batch", type=positive_int)
     add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
     add_options(g, LoopConfig, ("preset",))
+    add_hidden_alias(p, "--preset", "preset", new="--generation-preset", choices=tuple(PRESETS))
     add_generation_options(p, max_new_tokens=None, temperature=True,
                            max_new_tokens_help="generation limit per model call (default: seed002 8192, seed 002 "
-                                               "appendix C; ircot 128, ours: seed 004 gives none; --preset cpu "
-                                               "128; 'run' uses 4096, seed 000 C.3, the runner's seed)",
+                                               "appendix C; ircot 128, ours: seed 004 gives none; "
+                                               "--generation-preset cpu 128; 'run' uses 4096, seed 000 C.3, the runner's seed)",
                            temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
-                                            "appendix C; ircot 0; --preset cpu 0)")
+                                            "appendix C; ircot 0; --generation-preset cpu 0)")
     add_cluster_options(p)
     add_output_options(p, out_required=True,
                        out_help=f"study folder (one subfolder per setting, {_names()['study_md']})")
@@ -206,8 +209,9 @@ def _register_attention(studies) -> None:
         epilog=ATTENTION_EPILOG.format(**n), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
     g = p.add_argument_group("study")
-    g.add_argument("--policy", dest="policies", action="append", metavar="SETTING",
+    g.add_argument("--only-setting", dest="policies", action="append", metavar="SETTING",
                    help="only this setting of the study (repeatable; default: every setting)")
+    add_hidden_alias(p, "--policy", "policies", new="--only-setting", action="append", metavar="SETTING")
     g.add_argument("--min-past", type=non_negative_int, default=None,
                    help="counterfactual steps with at least this many past turns (default per policy, as "
                         "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
@@ -241,7 +245,10 @@ def cmd_attention(args) -> int:
 
     out = Path(args.out)
     if args.policies:
-        args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
+        try:
+            args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
+        except ValueError as exc:  # the policy parser names --policy, this command's option is --only-setting
+            raise ValueError(str(exc).replace("--policy ", "--only-setting ", 1)) from None
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
     opts = from_args(RunOptions, args, progress=not args.no_progress)  # the capture group's fields
     with hold_dir_lock(out, "study folder"):  # not while the study itself runs

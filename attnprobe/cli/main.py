@@ -42,6 +42,15 @@ SUBCOMMAND_MODULES = [
     "attnprobe.cli.study",  # study masking
 ]
 
+# The module that registers each command: `attnprobe COMMAND ...` imports only that one (its --help loads
+# no other command's option records); the bare `attnprobe` and an unknown command import them all.
+COMMAND_MODULES = {
+    "capture": "attnprobe.cli.capture", "demo": "attnprobe.cli.capture", "report": "attnprobe.cli.report",
+    "import": "attnprobe.cli.importer", "serve": "attnprobe.cli.serve", "convert": "attnprobe.cli.convert",
+    "ibis": "attnprobe.cli.ibis", "compare": "attnprobe.cli.ibis", "run": "attnprobe.cli.run",
+    "app": "attnprobe.cli.app", "counterfactual": "attnprobe.cli.counterfactual", "study": "attnprobe.cli.study",
+}
+
 # How `attnprobe --help` groups the commands; a command not listed here shows under "other".
 COMMAND_GROUPS = [
     ("attention in recorded trajectories", ["capture", "report", "demo", "counterfactual"]),
@@ -53,6 +62,32 @@ COMMAND_GROUPS = [
 EXIT_CODES = ("Exit codes: 0 ok, 1 some items failed (the rest were written), 2 bad input or an output that\n"
               "cannot be written (read-only, disk full), 3 model not available locally, 130 interrupted\n"
               "(finished results are kept; rerun to resume).")
+
+
+# The papers the help texts cite as "seed NNN" (section numbers such as "E.5" are theirs: seed 002's
+# appendix E.5); docs/methods.md quotes each definition with its section.
+SEEDS = {
+    "000": "From Inertia to Objectivity: Improving Deep Research Agents with Noise Isolation (IBIS, NIS-Agent)",
+    "001": "From Inertia to Objectivity: Improving Deep Research Agents with Noise Isolation (its full text: "
+           "IBIS's framings and reminders)",
+    "002": "Masking Stale Observations Helps Search Agents -- Until It Doesn't: A Regime Map and Its Mechanism "
+           "(arXiv 2606.00408)",
+    "004": "Mitigating Context Interference for Reliable and Efficient Search Agents (arXiv 2608.10743)",
+}
+_SEED_REF = re.compile(r"\bseeds? (00\d)(?:/(00\d))?")
+
+
+def seeds_note(text: str) -> str:
+    """The lines naming each paper ``text`` cites as "seed NNN" ('' when it cites none)."""
+    cited = sorted({n for m in _SEED_REF.finditer(" ".join(text.split())) for n in m.groups() if n in SEEDS})
+    if not cited:
+        return ""
+    width = max(60, min(100, shutil.get_terminal_size((80, 24)).columns)) - 2
+    lines = textwrap.wrap("'seed NNN' cites a paper attnprobe reproduces, and a section after it is that paper's "
+                          "('seed 002 E.5': its appendix E.5); docs/methods.md quotes each definition:", width)
+    for n in cited:
+        lines.extend(textwrap.wrap(SEEDS[n], width, initial_indent=f"  seed {n}: ", subsequent_indent=" " * 12))
+    return "\n".join(lines)
 
 
 MAX_ERROR_CHARS = 400
@@ -69,10 +104,16 @@ def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its usage errors cut to :data:`MAX_ERROR_CHARS` (argparse repeats the bad value)."""
+    """argparse with its usage errors cut to :data:`MAX_ERROR_CHARS` (argparse repeats the bad value); a help
+    that cites a seed paper ends with its title (:func:`seeds_note`)."""
 
     def error(self, message: str):
         super().error(shorten(message))
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        note = seeds_note(text)
+        return f"{text}\n{note}\n" if note else text
 
 
 _ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|obj):`~?([^`]+)`")
@@ -121,7 +162,14 @@ def _command_listing(helps: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the global options take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given the arguments about to be parsed, only the module of the command they
+    name is imported (:data:`COMMAND_MODULES`), so ``attnprobe COMMAND --help`` stays fast."""
     parser = Parser(
         prog="attnprobe", usage="%(prog)s [-h] [--version] [-v] [-q] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES)
@@ -133,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors (no progress bars)")
     sub = Commands(parser.add_subparsers(dest="command", metavar="COMMAND", prog="attnprobe",
                                          parser_class=CommandParser))
-    for name in SUBCOMMAND_MODULES:
+    command = command_of(argv) if argv is not None else None
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else SUBCOMMAND_MODULES
+    for name in modules:
         if importlib.util.find_spec(name.rsplit(".", 1)[0]) is not None and importlib.util.find_spec(name) is None:
             continue  # feature module not present in this build
         importlib.import_module(name).register(sub)
@@ -226,12 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. The only error boundary of the CLI: every failure becomes one line
     ``attnprobe: error: ...`` on stderr and an exit code (see EXIT_CODES); ``-v`` adds the traceback."""
     from attnprobe.cli.options import finish_args
+    from attnprobe.io.options import deprecation_warnings
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     verbose = args.verbose + getattr(args, "sub_verbose", 0)
     quiet = args.quiet or getattr(args, "sub_quiet", False)
     setup_logging(verbose, quiet)
+    for line in deprecation_warnings(args):  # an old spelling of an option: one line each
+        log.warning(line)
     if quiet and hasattr(args, "no_progress"):
         args.no_progress = True  # -q: only warnings and errors, no progress bars either
     if not getattr(args, "func", None):

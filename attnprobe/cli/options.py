@@ -33,6 +33,7 @@ from dataclasses import replace
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
     CLI,
     MAX_LIST_ITEMS,
+    add_deprecated_alias,
     add_options,
     cli_fields,
     from_args,
@@ -181,9 +182,10 @@ def add_output_options(p: argparse.ArgumentParser, *, out: bool = True, out_help
     return g
 
 
-def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, **kw) -> None:
-    """An old option name kept working without showing up in --help."""
-    p.add_argument(option, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, *, new: str, **kw) -> None:
+    """An old option name kept working without showing up in --help; using it prints one warning line
+    naming ``new``, the spelling to use (:func:`attnprobe.io.options.add_deprecated_alias`)."""
+    add_deprecated_alias(p, option, new, dest, **kw)
 
 
 def generator_kind(args) -> str:

@@ -76,16 +76,17 @@ def register(sub) -> None:
                         "refine:bm25[:N], refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). "
                         "Given once: a run is one setting (default none: the worker sees its whole history)")
     add_options(g, RunSettings, ("final_check", "structured_actions"))
-    g.add_argument("--batch-size", type=positive_int, default=1,
+    g.add_argument("--questions-per-batch", dest="batch_size", type=positive_int, default=1, metavar="N",
                    help="questions per executor batch (default 1); each batch's questions still generate one "
                         "call at a time, the manager/worker nesting does not step questions together "
                         "(docs/runner.md)")
+    add_hidden_alias(p, "--batch-size", "batch_size", new="--questions-per-batch", type=positive_int)
     add_model_options(p)
     add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
                            max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
                                                "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
                                                "'study interference' follows its scaffold's seed instead)")
-    add_hidden_alias(p, "--max-tokens", "max_new_tokens", type=positive_int)  # old name of --max-new-tokens
+    add_hidden_alias(p, "--max-tokens", "max_new_tokens", new="--max-new-tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
     add_cluster_options(p)
@@ -94,7 +95,7 @@ def register(sub) -> None:
     g.add_argument("--resume", action="store_true",
                    help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
                         "replayed)")
-    add_hidden_alias(p, "--overwrite", "force", action="store_true")
+    add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
     p.set_defaults(func=cmd_run)
 
 

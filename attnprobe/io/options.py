@@ -84,6 +84,32 @@ def option_values(record: type, args: argparse.Namespace) -> dict[str, Any]:
     return {n: getattr(args, n) for n in cli_fields(record) if hasattr(args, n)}
 
 
+DEPRECATED = "_deprecated"  # the namespace attribute listing the warning lines of old spellings used
+
+
+def add_deprecated_alias(parser, old: str, new: str, dest: str, **argparse_kw) -> None:
+    """``old`` kept working as another spelling of the option ``new`` (same ``dest``), hidden from --help;
+    using it adds one warning line to the parsed namespace (:func:`deprecation_warnings`; the command's
+    main prints each once). ``argparse_kw``: the action, type or metavar the old spelling takes."""
+    base = parser._registry_get("action", argparse_kw.pop("action", None), None)  # argparse's class for it
+
+    class Deprecated(base):
+        def __call__(self, p, namespace, values, option_string=None):
+            super().__call__(p, namespace, values, option_string)
+            line = f"{option_string} is deprecated here; use {new} (same meaning)"
+            seen = getattr(namespace, DEPRECATED, [])
+            if line not in seen:
+                setattr(namespace, DEPRECATED, [*seen, line])
+
+    parser.add_argument(old, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=Deprecated,
+                        **argparse_kw)
+
+
+def deprecation_warnings(args: argparse.Namespace) -> list[str]:
+    """The warning lines of the deprecated spellings ``args`` was parsed from (one per spelling)."""
+    return list(getattr(args, DEPRECATED, []))
+
+
 # ------------------------------------------------------------------ argparse types
 def _int(text: str) -> int:
     try:

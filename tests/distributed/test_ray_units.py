@@ -113,13 +113,12 @@ def test_cluster_options_parse_into_a_cluster():
         p.parse_args(["a.jsonl", "--ray", "--ray-replicas", "0"])
 
 
-def test_an_unreachable_cluster_is_one_clear_error_fast():
-    pytest.importorskip("ray", reason="needs the extra attnprobe[ray]")
-    import time
-
+def test_an_unreachable_cluster_is_one_clear_error_fast(monkeypatch):
+    """Refused by a socket probe before ray.init, which alone retries for minutes (checked by ray.init not
+    being reached, not by a time limit: issue 38)."""
+    ray = pytest.importorskip("ray", reason="needs the extra attnprobe[ray]")
     from attnprobe.distributed import connect
 
-    t0 = time.perf_counter()
+    monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail(f"ray.init reached with {kw}"))
     with pytest.raises(AttnprobeError, match=r"cannot reach the Ray cluster at 127\.0\.0\.1:9: "):
         connect(Cluster(address="127.0.0.1:9"))
-    assert time.perf_counter() - t0 < 10  # ray.init alone retries for minutes

@@ -190,8 +190,8 @@ def test_generation_options_and_old_flag_names():
               "--model", "served-name")
     assert (a.max_new_tokens, a.force, a.generator, a.served_model) == (7, True, "openai", "served-name")
     assert parse("ibis", "capture", "--force-capture").force is True
-    a = parse("ibis", "all", "--force-capture")
-    assert (a.force, a.force_capture) == (False, True)
+    with pytest.raises(SystemExit):  # removed from `ibis all` (issue 38): --force redoes every stage
+        p.parse_args(["ibis", "all", "--force-capture"])
     assert parse("convert", "default", "out", "--overwrite").force is True
     assert parse("capture", "x", "--out", "o", "--backend", "vllm").backend == "vllm"
     with pytest.raises(SystemExit):  # the capture backend is not a generator and vice versa

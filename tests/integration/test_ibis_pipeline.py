@@ -24,7 +24,7 @@ def test_full_pipeline_one_item(tiny_smol, tiny_smol_folder, tmp_path, capsys):
     smol = tiny_smol
     folder = tmp_path / "smol"
     model = ["--model", str(tiny_smol_folder)]
-    args = ["ibis", "all", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4", "--batch-size", "3",
+    args = ["ibis", "all", "--ids", "sci-01", "--folder", str(folder), "--max-new-tokens", "4", "--prompts-per-batch", "3",
             "--bootstrap", "200", "--permutations", "5", "--plotlyjs", "cdn", "--no-progress", *model]
     assert main(args) == 0  # reuses the session's loaded model (load_model caches per process)
     for name in ("run.json", "items.jsonl", "framings.jsonl", "decisions.jsonl", "attention.safetensors",

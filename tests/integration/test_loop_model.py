@@ -25,7 +25,7 @@ def _study(out, *extra):
 
 def test_seed002_in_process_then_capture_and_counterfactual_of_the_recorded_calls(tmp_path, smol):
     out = tmp_path / "study"
-    assert _study(out, "--scaffold", "seed002", "--preset", "cpu", "--top-k", "3", "--policy", "none",
+    assert _study(out, "--scaffold", "seed002", "--generation-preset", "cpu", "--top-k", "3", "--policy", "none",
                   "--policy", "mask:1") == 0
     study = json.loads((out / "study.json").read_text())
     assert set(study["settings"]) == {"none", "mask:1"} and study["scorer"] == "em"

@@ -15,13 +15,15 @@ pytestmark = pytest.mark.slow  # two model loads (server + in-process reference)
 KEY = "test-key-7f3a"
 MAX_BODY, MAX_PROMPT, READ_TIMEOUT, REQUEST_TIMEOUT = 65536, 200, 2.0, 4.0
 USER = [{"role": "user", "content": "Say hi."}]
-FAST = 5.0  # seconds: every refusal comes back well within this, however busy the machine
+# No upper time limits (issue 38: a busy machine breaks them): a refusal is shown by its status and message
+# (no generation happened), a timeout by its message and by not coming early; a server that never answered
+# would end the client's socket timeout with an error.
 
 
 @pytest.fixture(scope="module")
 def server():
-    args = ["--api-key-env", "ATTNPROBE_TEST_SERVE_KEY", "--read-timeout", str(READ_TIMEOUT),
-            "--request-timeout", str(REQUEST_TIMEOUT),
+    args = ["--require-key-env", "ATTNPROBE_TEST_SERVE_KEY", "--read-timeout", str(READ_TIMEOUT),
+            "--receive-timeout", str(REQUEST_TIMEOUT),
             "--max-body-bytes", str(MAX_BODY), "--max-prompt-tokens", str(MAX_PROMPT)]
     with served(cli=True, host="0.0.0.0", args=args, env={"ATTNPROBE_TEST_SERVE_KEY": KEY}) as info:
         info["port"] = int(info["url"].rsplit(":", 1)[1].split("/")[0])
@@ -55,11 +57,10 @@ MALFORMED = {
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_requests_get_a_json_error_at_once(server, case):
     data, want, words = MALFORMED[case]
-    status, headers, body, elapsed = raw_request(server["port"], data)
+    status, headers, body, _ = raw_request(server["port"], data)
     assert status == want, (case, body)
     assert headers["content-type"] == "application/json"
     assert words in body["error"]["message"], body
-    assert elapsed < FAST
 
 
 @pytest.mark.parametrize("payload, param, words", [
@@ -70,17 +71,15 @@ def test_malformed_requests_get_a_json_error_at_once(server, case):
     ({"messages": USER, "max_tokens": -1}, "max_tokens", "max_tokens must be an integer from 1 to 8192"),
 ])
 def test_unsupported_content_is_refused(server, payload, param, words):
-    status, _, body, elapsed = post(server["port"], payload, key=KEY)
+    status, _, body, _ = post(server["port"], payload, key=KEY)
     assert status == 400 and body["error"]["param"] == param and words in body["error"]["message"]
-    assert elapsed < FAST
 
 
 def test_too_long_prompt_is_refused_before_generating(server):
-    status, _, body, elapsed = post(server["port"], {"messages": [{"role": "user", "content": "word " * 400}]},
-                                    key=KEY)
-    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+    status, _, body, _ = post(server["port"], {"messages": [{"role": "user", "content": "word " * 400}]},
+                              key=KEY)
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"  # no completion: no generation
     assert f"over the limit of {MAX_PROMPT}" in body["error"]["message"]
-    assert elapsed < 30  # rendering only (the machine may be busy); generation would take minutes
 
 
 @pytest.mark.parametrize("case", ["request line never ends", "body shorter than Content-Length"])
@@ -91,7 +90,7 @@ def test_stalled_clients_are_dropped_after_the_read_timeout(server, case):
         assert status is None  # nothing to answer: the connection is closed
     else:
         assert status == 408 and "no data for 2 s" in body["error"]["message"]
-    assert READ_TIMEOUT - 0.5 < elapsed < READ_TIMEOUT + FAST
+    assert elapsed > READ_TIMEOUT - 0.5  # not before the read timeout
 
 
 @pytest.mark.parametrize("where", ["headers", "body"])
@@ -124,7 +123,7 @@ def test_trickling_client_gets_408_after_the_request_timeout(server, where):
     elapsed = time.monotonic() - t0
     assert got.startswith(b"HTTP/1.0 408") or got.startswith(b"HTTP/1.1 408"), got[:200]
     assert b"not received within 4 s" in got and b"application/json" in got
-    assert REQUEST_TIMEOUT - 0.5 < elapsed < REQUEST_TIMEOUT + FAST
+    assert elapsed > REQUEST_TIMEOUT - 0.5  # not before the whole-request timeout
 
 
 def test_bearer_token(server):
@@ -144,7 +143,7 @@ def test_bearer_token(server):
 def test_non_loopback_host_warns_once(server):
     lines = [ln for ln in server["stderr"]().splitlines() if "WARNING" in ln]
     assert lines == ["attnprobe serve: WARNING: listening on 0.0.0.0, beyond this machine; plain HTTP, "
-                     "bearer token required (--api-key-env)"]
+                     "bearer token required (--require-key-env)"]
 
 
 def test_reply_equals_the_in_process_chat(server, smol):

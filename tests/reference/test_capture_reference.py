@@ -26,27 +26,44 @@ def _check(res, rows):
     np.testing.assert_allclose(res.segment_attention.sum(axis=1), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("tid,route", [("sample-parallel-calls", "hooked"), ("sample-reasoning-1", "output_attentions"),
-                                       ("sample-reasoning-2", "output_attentions")])
-def test_matches_eager(tiny_smol, samples, tid, route):
-    smol = tiny_smol
-    traj = samples[tid]
-    base = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=512)
-    reference = eager_output_attentions if route == "output_attentions" else eager_hooked_rows
-    rows = reference(smol.model, base.input_ids, base.query_positions)
-    _check(base, rows)
+CASES = [("sample-parallel-calls", "hooked"), ("sample-reasoning-1", "output_attentions"),
+         ("sample-reasoning-2", "output_attentions")]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_smol, samples):
+    """(capture at chunk 512, eager reference rows) per case, computed once for its four chunk tests (the
+    reference materialises every layer's attention: the costly part; one test per chunk size keeps each
+    under the suite's 20 s on a busy machine, issue 38)."""
+    cache = {}
+
+    def get(tid, route):
+        if (tid, route) not in cache:
+            base = attnprobe.capture(tiny_smol, samples[tid], queries="reasoning+decision", chunk_size=512)
+            reference = eager_output_attentions if route == "output_attentions" else eager_hooked_rows
+            cache[tid, route] = base, reference(tiny_smol.model, base.input_ids, base.query_positions)
+        return cache[tid, route]
+
+    return get
+
+
+@pytest.mark.parametrize("chunk", ["512", "q", "q+1", "97", "default", "one-pass"])
+@pytest.mark.parametrize("tid,route", CASES)
+def test_matches_eager(tiny_smol, samples, references, tid, route, chunk):
+    """Chunk sizes that put a query on the first token of a chunk (q), on the last (q+1), a ragged one, the
+    default (chosen for the device) and one pass."""
+    base, rows = references(tid, route)
+    if chunk == "512":
+        _check(base, rows)
+        return
     q = int(base.query_positions[1])
-    # Chunk sizes that put a query on the first token of a chunk, on the last, and a ragged size.
-    for chunk in (q, q + 1, 97):
-        res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=chunk)
-        assert q % chunk == 0 or q % chunk == chunk - 1 or chunk == 97
-        _check(res, rows)
-    # The default chunk (chosen for the device: 512 on this CPU) and a forced one pass (issue 36).
     n = len(base.input_ids)
-    for chunk, used in ((None, 512), (n, n)):
-        res = attnprobe.capture(smol, traj, queries="reasoning+decision", chunk_size=chunk)
-        assert res.meta["chunk_size"] == used
-        _check(res, rows)
+    # the default chunk (chosen for the device: 512 on this CPU) and a forced one pass (issue 36)
+    size = {"q": q, "q+1": q + 1, "97": 97, "default": None, "one-pass": n}[chunk]
+    res = attnprobe.capture(tiny_smol, samples[tid], queries="reasoning+decision", chunk_size=size)
+    assert q % (size or 512) == 0 or q % (size or 512) == (size or 512) - 1 or chunk in ("97", "default", "one-pass")
+    assert res.meta["chunk_size"] == (size or 512)
+    _check(res, rows)
 
 
 @pytest.mark.slow  # the eager reference materialises [9, 6456, 6456] per layer: ~20 s even on the tiny model

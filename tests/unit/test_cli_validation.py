@@ -30,7 +30,7 @@ def _one_short_line(err: str) -> str:
     (["counterfactual", TRAJ, "--out", "o", "--min-past", "-1"], "--min-past: must be 0 or more, got -1"),
     (["study", "attention", "o", "--min-past", "-1"], "--min-past: must be 0 or more, got -1"),
     (["counterfactual", TRAJ, "--out", "o", "--max-new-tokens", "0"], "--max-new-tokens: must be at least 1"),
-    (["ibis", "run", "--batch-size", "0"], "--batch-size: must be at least 1"),
+    (["ibis", "run", "--prompts-per-batch", "0"], "--prompts-per-batch: must be at least 1"),
     (["ibis", "report", "--bootstrap", "-5"], "--bootstrap: must be at least 1"),
     (["counterfactual", TRAJ, "--out", "o", "--ray-cpus-per-replica", "-1"], "must be a finite number >= 0"),
 ])

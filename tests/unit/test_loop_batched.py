@@ -330,7 +330,7 @@ def test_cli_batch_size_and_structured_actions_reach_the_study(tmp_path, monkeyp
     monkeypatch.setattr(cli_loop, "_executor", lambda args: contextlib.nullcontext())
     monkeypatch.setattr(study_mod, "run_study", fake_run_study)
     q = str(data_path("questions_loop.jsonl"))
-    for i, extra in enumerate([[], ["--batch-size", "8", "--structured-actions"]]):
+    for i, extra in enumerate([[], ["--episodes-per-batch", "8", "--structured-actions"]]):
         (tmp_path / str(i)).mkdir()
         assert main(["study", "interference", q, "--out", str(tmp_path / str(i)), *extra]) == 0
     assert seen == [(1, False), (8, True)]
@@ -431,7 +431,7 @@ def test_cli_batched_study_against_an_endpoint_writes_the_sequential_records(tmp
         assert main(["study", "interference", str(q), "--scaffold", scaffold, *settings, "--max-turns", "3",
                      "--top-k", "2", "--max-new-tokens", "32", "--temperature", "0", "--bootstrap", "20",
                      "--generator", "openai", "--base-url", scripted_endpoint, "--served-model", "m",
-                     "--batch-size", size, "--no-progress", "--out", str(tmp_path / name)]) == 0
+                     "--episodes-per-batch", size, "--no-progress", "--out", str(tmp_path / name)]) == 0
     a, b = _files(tmp_path / "seq"), _files(tmp_path / "bat")
     assert len(a) == 3 * 2 * 3 + 2 + 1 and a == b
     assert json.loads(a["none/results/" + QUESTIONS[0]["id"] + ".json"])["model"] == "m"

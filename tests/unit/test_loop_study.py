@@ -384,6 +384,6 @@ def test_cli_preset_cpu_reaches_the_config(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     assert main(["study", "interference", q, "--scaffold", "seed002", "--out", str(tmp_path / "a")]) == 0
-    assert main(["study", "interference", q, "--scaffold", "seed002", "--preset", "cpu", "--max-new-tokens", "64",
+    assert main(["study", "interference", q, "--scaffold", "seed002", "--generation-preset", "cpu", "--max-new-tokens", "64",
                  "--out", str(tmp_path / "b")]) == 0
     assert [(c.max_tokens, c.temperature, c.preset) for c in seen] == [(8192, 1.0, None), (64, 0.0, "cpu")]

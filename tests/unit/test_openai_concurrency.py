@@ -22,18 +22,15 @@ def _requests(texts, **kw):
     return [ChatRequest([{"role": "user", "content": t}], **kw) for t in texts]
 
 
-def test_eight_requests_with_concurrency_eight_take_about_one_latency():
+def test_eight_requests_with_concurrency_eight_are_in_flight_at_once():
     with scripted_endpoint(latency=LATENCY) as ep:
         chat = OpenAIChat(ep.url, "m", max_retries=0, timeout=10, concurrency=8)
         chat.complete_batch(_requests(["warm"]))  # the client's first request sets up its connection pool
         ep.bodies.clear()
         ep.max_in_flight = 0
-        t0 = time.monotonic()
         replies = chat.complete_batch(_requests([f"q{i}" for i in range(8)]))
-        elapsed = time.monotonic() - t0
-    # one at a time would take 8 latencies (4 s); all in flight, about one
-    assert elapsed < 3 * LATENCY, f"{elapsed:.2f} s for 8 requests of {LATENCY} s at concurrency 8"
-    assert ep.max_in_flight > 1 and len(ep.bodies) == 8
+    # counted by the server, not timed (issue 38): one at a time would be 1 in flight; all 8 at once, 8
+    assert ep.max_in_flight == 8 and len(ep.bodies) == 8
     assert [r.content for r in replies] == [f"echo 1: q{i}" for i in range(8)]
 
 

@@ -212,3 +212,73 @@ def test_settings_messages_spell_the_declared_flags():
     assert {k: OPTION_NAMES[k] for k in ("spec", "max_tokens", "max_new_tokens", "chunk_size", "share_prefixes")} == {
         "spec": "--model", "max_tokens": "--max-tokens", "max_new_tokens": "--max-new-tokens",
         "chunk_size": "--chunk-size", "share_prefixes": "--no-prefix-sharing"}
+
+
+# One meaning per flag name across commands (issue 38): where two commands used one name for two things,
+# the option was renamed; the old spelling still parses (hidden from --help) with one warning line.
+FLAG_COMMANDS = {
+    "--preset": {"run"},  # the runner's agent preset (baseline | nis-agent)
+    "--generation-preset": {"study interference"},  # was --preset: generation settings (cpu)
+    "--api-key-env": {"ibis all", "ibis run", "run", "study interference"},  # the key a client sends
+    "--require-key-env": {"serve"},  # was --api-key-env: the key the server requires
+    "--request-timeout": {"ibis all", "ibis run", "run", "study interference"},  # a client waits for a reply
+    "--receive-timeout": {"serve"},  # was --request-timeout: the server receives a request
+    "--batch-size": set(),  # four meanings, now four names:
+    "--prompts-per-batch": {"ibis all", "ibis run"},
+    "--questions-per-batch": {"run"},
+    "--trajectories-per-call": {"counterfactual", "study masking"},
+    "--episodes-per-batch": {"study interference"},
+    "--policy": {"counterfactual", "study masking", "study interference"},  # adds a policy / setting to run
+    "--only-setting": {"study attention"},  # was --policy there: keeps only that setting
+    "--force-capture": set(),  # removed from ibis all; a hidden old name of --force on ibis capture
+}
+
+
+def _visible(parser, flag):
+    action = parser._option_string_actions.get(flag)
+    return action is not None and action.help is not argparse.SUPPRESS
+
+
+@pytest.mark.parametrize("flag", sorted(FLAG_COMMANDS))
+def test_each_flag_name_has_one_meaning(flag):
+    assert {name for name, p in PARSERS.items() if _visible(p, flag)} == FLAG_COMMANDS[flag]
+
+
+@pytest.mark.parametrize("argv,dest,value,new", [
+    (["study", "interference", "q", "--out", "o", "--preset", "cpu"], "preset", "cpu", "--generation-preset"),
+    (["study", "interference", "q", "--out", "o", "--batch-size", "4"], "batch_size", 4, "--episodes-per-batch"),
+    (["study", "attention", "o", "--policy", "mask:1"], "policies", ["mask:1"], "--only-setting"),
+    (["ibis", "run", "--batch-size", "3"], "batch_size", 3, "--prompts-per-batch"),
+    (["run", "--out", "o", "--batch-size", "2"], "batch_size", 2, "--questions-per-batch"),
+    (["counterfactual", "t.jsonl", "--out", "o", "--batch-size", "5"], "batch_size", 5, "--trajectories-per-call"),
+    (["serve", "--api-key-env", "K"], "api_key_env", "K", "--require-key-env"),
+    (["serve", "--request-timeout", "7"], "request_timeout", 7.0, "--receive-timeout"),
+    (["ibis", "capture", "--force-capture"], "force", True, "--force"),
+])
+def test_old_spellings_still_parse_with_one_warning(argv, dest, value, new):
+    from attnprobe.io.options import deprecation_warnings
+
+    args = build_parser().parse_args(argv)
+    old = next(a for a in argv if a.startswith("--") and a not in ("--out",))
+    assert getattr(args, dest) == value
+    assert deprecation_warnings(args) == [f"{old} is deprecated here; use {new} (same meaning)"]
+    new_argv = [new if a == old else a for a in argv]
+    assert getattr(build_parser().parse_args(new_argv), dest) == value  # the new spelling, no warning
+    assert deprecation_warnings(build_parser().parse_args(new_argv)) == []
+
+
+def test_ibis_all_has_no_force_capture():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["ibis", "all", "--force-capture"])
+    from attnprobe.studies.ibis.pipeline import IbisOptions
+
+    assert "force_capture" not in {f.name for f in dataclasses.fields(IbisOptions)}
+
+
+def test_the_warning_is_one_line_on_stderr(capsys, tmp_path):
+    from attnprobe.cli.main import main
+
+    assert main(["study", "attention", str(tmp_path / "none"), "--policy", "mask:1", "--policy", "none"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "attnprobe: --policy is deprecated here; use --only-setting (same meaning)"
+    assert len(err) == 2 and err[1].startswith("attnprobe: error: ")  # the folder is not a study

@@ -1,39 +1,38 @@
 """The parsers of model text run in linear time (issue 27, "parsers are linear"): the lazy regexes they
 replaced were quadratic on unclosed tags, unclosed parentheses and long whitespace runs (64 KB of
-``<search>`` took 7 s in ``parse_tags``, 40 KB of spaces after ``<tool_call>`` 60 s)."""
+``<search>`` took 7 s in ``parse_tags``, 40 KB of spaces after ``<tool_call>`` 60 s). Each hostile input is
+checked by how its cost grows from 1/16 of a megabyte to a megabyte (support/complexity.py: CPU time ratios
+with a wide margin), never by a time limit (issue 38: a busy machine made those fail)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from support.complexity import assert_linear
 
 from attnprobe.generation.toolparse import parse_tags, parse_tool_calls
 from attnprobe.trajectory.tags import closed
 
 MB = 1_000_000
-
-
-def _timed(fn, *args):
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t
+SMALL = MB // 16
 
 
 @pytest.mark.parametrize("tag", ["<search>", "<answer>", "<information>", "<think>"])
-def test_parse_tags_on_1mb_of_unclosed_tags_is_fast_and_finds_nothing(tag):
-    text = "<think>plan</think>" + (tag + "x ") * (MB // (len(tag) + 2))
-    act, seconds = _timed(parse_tags, text)
-    assert seconds < 1.0
+def test_parse_tags_on_1mb_of_unclosed_tags_is_linear_and_finds_nothing(tag):
+    def make(n):
+        return ("<think>plan</think>" + (tag + "x ") * (n // (len(tag) + 2)),)
+
+    assert_linear(parse_tags, make, SMALL, MB)
+    (text,) = make(MB)
+    act = parse_tags(text)
     assert (act.thoughts, act.queries, act.answer, act.text) == (["plan"], [], None, text.strip())
 
 
 def test_parse_tags_keeps_the_closed_spans_before_a_megabyte_of_open_ones():
-    text = "<search>a</search>" + "<search>" * (MB // 8)
-    act, seconds = _timed(parse_tags, text)
-    assert seconds < 1.0 and act.queries == ["a"] and act.text == "<search>a</search>"
+    assert_linear(parse_tags, lambda n: ("<search>a</search>" + "<search>" * (n // 8),), SMALL, MB)
+    act = parse_tags("<search>a</search>" + "<search>" * (MB // 8))
+    assert act.queries == ["a"] and act.text == "<search>a</search>"
     text = "<think>t</think>" + "<answer>" * (MB // 16) + "<answer>42</answer>"
-    act, _ = _timed(parse_tags, text)
+    act = parse_tags(text)
     assert act.answer == "<answer>" * (MB // 16 - 1) + "<answer>42"  # the first open tag's span, as the regex
 
 
@@ -43,23 +42,25 @@ def test_closed_reads_as_the_lazy_regex():
 
 
 def test_tag_parse_time_grows_linearly():
-    small, large = ("<search>x " * (n // 10) for n in (100_000, MB))
-    t_small = min(_timed(parse_tags, small)[1] for _ in range(3))
-    t_large = min(_timed(parse_tags, large)[1] for _ in range(3))
-    assert t_large < 30 * max(t_small, 1e-4)  # quadratic would be 100x
+    assert_linear(parse_tags, lambda n: ("<search>x " * (n // 10),), SMALL, MB)  # quadratic would be 256x
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("f(" * (MB // 2), ("f(" * (MB // 2), [])),  # unclosed parentheses
-    ("<tool_call>x" + " " * MB + "x", None),  # a whitespace run inside an unclosed block
-    ("```" + " " * MB + "x", None),
-    ("<tool_call>" * (MB // 11), None),
-])
-def test_parse_tool_calls_on_hostile_megabytes_is_fast(text, expected):
-    (content, calls), seconds = _timed(parse_tool_calls, text, ["f"])
-    assert seconds < 1.5 and calls == []
-    if expected:
-        assert (content, calls) == expected
+HOSTILE = {  # a megabyte-sized text of each kind from its size n
+    "unclosed parentheses": lambda n: "f(" * (n // 2),
+    "whitespace in an unclosed block": lambda n: "<tool_call>x" + " " * n + "x",
+    "whitespace after a fence": lambda n: "```" + " " * n + "x",
+    "open blocks": lambda n: "<tool_call>" * (n // 11),
+}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_parse_tool_calls_on_hostile_megabytes_is_linear(kind):
+    text_of = HOSTILE[kind]
+    assert_linear(parse_tool_calls, lambda n: (text_of(n), ["f"]), SMALL, MB)
+    content, calls = parse_tool_calls(text_of(MB), ["f"])
+    assert calls == []
+    if kind == "unclosed parentheses":
+        assert content == "f(" * (MB // 2)
 
 
 def test_deeply_nested_brackets_are_text_not_a_recursion_error():
@@ -79,20 +80,23 @@ def test_tool_call_blocks_read_as_before():
 
 
 def test_unclosed_brackets_are_text_in_linear_time():
-    (content, calls), seconds = _timed(parse_tool_calls, "[" * 200_000, None)
-    assert seconds < 1.5 and (content, calls) == ("[" * 200_000, [])
-    (content, calls), seconds = _timed(parse_tool_calls, "{" * 200_000, ["f"])
-    assert seconds < 1.5 and calls == []
+    for bracket, names in (("[", None), ("{", ["f"])):
+        assert_linear(parse_tool_calls, lambda n, b=bracket, f=names: (b * n, f), 12_500, 200_000)
+    assert parse_tool_calls("[" * 200_000, None) == ("[" * 200_000, [])
+    assert parse_tool_calls("{" * 200_000, ["f"])[1] == []
 
 
 def test_reasoning_chain_lines_parse_in_linear_time():
     from attnprobe.studies.runner.validation import parse_chain
 
     items = {"T": "task", "O1": "obs"}
-    hostile = "\n".join([" " * 20_000 + "x", "S1" + " " * 20_000 + "x", "S1: a (" + "T  " * 20_000 + "x",
-                         "S2: b (T)" + " " * 20_000 + "x"])
-    (steps, parsed), seconds = _timed(parse_chain, hostile, items, "42")
-    assert seconds < 1.0 and parsed
+    def make(n):
+        return ("\n".join([" " * n + "x", "S1" + " " * n + "x", "S1: a (" + "T  " * n + "x",
+                           "S2: b (T)" + " " * n + "x"]), items, "42")
+
+    assert_linear(parse_chain, make, 1_250, 20_000)
+    steps, parsed = parse_chain(*make(20_000))
+    assert parsed
     assert [(s.label, s.claim[:8], s.cites) for s in steps] == [("S1", "a (T  T ", []), ("S2", "b (T)   ", [])]
     steps, _ = parse_chain("  - **S1**: Paris is in France (from: T, O1).  \nAnswer: Paris (S1 and T)", items, "x")
     assert [(s.label, s.claim, s.cites) for s in steps] == [("S1", "Paris is in France", ["T", "O1"]),
@@ -102,7 +106,9 @@ def test_reasoning_chain_lines_parse_in_linear_time():
 def test_counterfactual_tag_actions_read_in_linear_time():
     from attnprobe.counterfactual.actions import classify_action
 
-    text = "<search>" * (MB // 8) + "<answer>" * (MB // 8) + "<answer> 42 </answer>"
-    action, seconds = _timed(classify_action, text, None, [])
-    assert seconds < 1.0
+    def make(n):
+        return ("<search>" * (n // 8) + "<answer>" * (n // 8) + "<answer> 42 </answer>", None, [])
+
+    assert_linear(classify_action, make, SMALL, MB)
+    action = classify_action(*make(MB))
     assert action == {"action": "<answer>", "kind": "tag", "arguments": {"answer": "<answer>" * (MB // 8) + " 42"}}

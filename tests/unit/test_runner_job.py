@@ -155,7 +155,7 @@ def test_cli_batch_size_and_structured_actions_reach_the_run(tmp_path, monkeypat
 
     monkeypatch.setattr("attnprobe.studies.runner.job.run_questions", fake)
     monkeypatch.setattr(cli_run, "make_chat", lambda args: pytest.fail("a model was loaded"))
-    assert main(["run", "--limit", "1", "--out", str(tmp_path / "o.jsonl"), "--batch-size", "3",
+    assert main(["run", "--limit", "1", "--out", str(tmp_path / "o.jsonl"), "--questions-per-batch", "3",
                  "--structured-actions", "--no-progress"]) == 0
     assert got["batch_size"] == 3 and got["settings"].structured_actions is True and not got["overwrite"]
     assert main(["run", "--out", str(tmp_path / "o.jsonl"), "--generator", "openai", "--base-url", "http://h/v1",

@@ -61,10 +61,8 @@ def _post(port: int) -> tuple[int, str, dict]:
 
 
 def test_a_flood_is_answered_200_or_503_never_reset(server):
-    t = time.perf_counter()
     with ThreadPoolExecutor(WAYS) as pool:
         answers = list(pool.map(lambda _: _post(server), range(N)))  # a reset raises here
-    assert time.perf_counter() - t < 10
     statuses = [a[0] for a in answers]
     assert set(statuses) <= {200, 503} and statuses.count(200) >= QUEUE and statuses.count(503) > 0
     for status, retry, payload in answers:

@@ -109,11 +109,13 @@ def test_limits_from_args(monkeypatch):
     assert lim == Limits(max_prompt_tokens=50, max_body_bytes=8 << 20, read_timeout=30.0, max_seconds=2.5)
     monkeypatch.delenv("ATTNPROBE_TEST_KEY", raising=False)
     with pytest.raises(AttnprobeError, match="ATTNPROBE_TEST_KEY: that environment variable is not set"):
-        limits_from_args(p.parse_args(["--api-key-env", "ATTNPROBE_TEST_KEY"]))
+        limits_from_args(p.parse_args(["--require-key-env", "ATTNPROBE_TEST_KEY"]))
     monkeypatch.setenv("ATTNPROBE_TEST_KEY", "k1")
-    assert limits_from_args(p.parse_args(["--api-key-env", "ATTNPROBE_TEST_KEY"])).api_key == "k1"
+    assert limits_from_args(p.parse_args(["--require-key-env", "ATTNPROBE_TEST_KEY"])).api_key == "k1"
     with pytest.raises(AttnprobeError, match="--max-body-bytes must be positive, got -1"):
         limits_from_args(p.parse_args(["--max-body-bytes", "-1"]))
+    with pytest.raises(AttnprobeError, match="^--receive-timeout must be positive, got 0"):  # its flag (issue 38)
+        limits_from_args(p.parse_args(["--receive-timeout", "0"]))
 
 
 def test_client_gone_on_a_socket_pair():
@@ -207,11 +209,10 @@ def test_prompt_limit_is_exact(tok):
 def test_time_limit_stops_generation(tok):
     loaded = fake(tok, delay=0.02)
     with running(loaded, max_seconds=0.5) as port:
-        status, _, body, elapsed = post(port, {"messages": USER, "max_tokens": 3000})
+        status, _, body, _ = post(port, {"messages": USER, "max_tokens": 3000})
     assert status == 503 and "stopped after 0.5 s" in body["error"]["message"]
     assert body["error"]["type"] == "server_error"
-    assert len(loaded.model.runs) == 1 and loaded.model.runs[0] < 3000
-    assert elapsed < 30  # 3000 tokens would take 60 s
+    assert len(loaded.model.runs) == 1 and loaded.model.runs[0] < 3000  # counted: stopped before 3000 tokens
 
 
 def test_disconnect_stops_generation_and_queued_requests(tok, capsys):

@@ -9,9 +9,9 @@ ChatML template (tests/support/tiny_tokenizer.py), no model.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+from support.complexity import assert_linear
 from support.fixed_search import FixedSearch
 from support.ircot import D1, D2, R1, R2, R3, Q, U
 from support.scripted_chat import ScriptedChat
@@ -212,21 +212,29 @@ def test_documented_acceptances(tmp_path):
     assert "annotations" not in u.messages[1]
 
 
-@pytest.mark.parametrize("text", [
-    "<search>q</search><information>" + "x" * 1_000_000,                  # unclosed documents
-    "<search>" + "y" * 1_000_000,                                         # unclosed query
-    "<search>" * 125_000,                                                 # the old regex: 8.8 s at 64 KB, quadratic
-    "<search>q</search>" * 55_000 + "<information>",                     # many queries, a late block
-    "<search>q</search><information>" + "<search>" * 125_000 + "</information>",  # tags inside documents
-])
-def test_parsing_is_linear_time(tmp_path, text):
-    p = _write(tmp_path / "big.jsonl", [{"id": "big", "prompt": "Q", "response": text}])
-    t0 = time.perf_counter()
-    try:
-        list(iter_import(p, "tags"))
-    except TrajectoryError:
-        pass
-    assert time.perf_counter() - t0 < 2.0  # ~1 MB; a backtracking regex takes minutes here
+TAG_TEXTS = {  # the response of one record, about n characters of each hostile kind
+    "unclosed documents": lambda n: "<search>q</search><information>" + "x" * n,
+    "unclosed query": lambda n: "<search>" + "y" * n,
+    "open tags": lambda n: "<search>" * (n // 8),  # the old regex: 8.8 s at 64 KB, quadratic
+    "many queries, a late block": lambda n: "<search>q</search>" * (n // 18) + "<information>",
+    "tags inside documents": lambda n: "<search>q</search><information>" + "<search>" * (n // 8) + "</information>",
+}
+
+
+@pytest.mark.parametrize("kind", TAG_TEXTS)
+def test_parsing_is_linear_time(tmp_path, kind):
+    """How the import's cost grows from 62.5 KB to 1 MB (CPU time ratio, support/complexity.py), not a time
+    limit (issue 38); a backtracking regex takes minutes at 1 MB."""
+    def make(n):
+        return (_write(tmp_path / f"big{n}.jsonl", [{"id": "big", "prompt": "Q", "response": TAG_TEXTS[kind](n)}]),)
+
+    def parse(path):
+        try:
+            return list(iter_import(path, "tags"))
+        except TrajectoryError:
+            return None
+
+    assert_linear(parse, make, 62_500, 1_000_000)
 
 
 # ------------------------------------------------------------------ counterfactuals on tag text

@@ -21,9 +21,9 @@ connection per request) but it never hangs or crashes on a bad request:
   400 malformed JSON / not UTF-8 / not an object / bad Content-Length / a message the trajectory schema
   refuses (unknown role, image or other non-text parts, ...) / ``stream: true`` (not implemented) /
   prompt longer than ``--max-prompt-tokens`` (code ``context_length_exceeded``); 401 missing or wrong
-  bearer token (with ``--api-key-env``); 411 no Content-Length (chunked bodies are not read); 413 body
+  bearer token (with ``--require-key-env``); 411 no Content-Length (chunked bodies are not read); 413 body
   over ``--max-body-bytes``, refused before any of it is read; 408 a client that stops sending
-  (``--read-timeout`` per socket read: a garbage request line, a short body; ``--request-timeout`` for
+  (``--read-timeout`` per socket read: a garbage request line, a short body; ``--receive-timeout`` for
   the whole request line, headers and body, so a client that trickles a byte at a time cannot hold a
   connection open either); 503 generation over
   ``--max-seconds``;

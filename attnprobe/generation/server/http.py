@@ -128,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(RequestError(408, self._late_message()))
 
     def _late_message(self) -> str:
-        return f"the request was not received within {self.app.limits.request_timeout:g} s (attnprobe serve --request-timeout)"
+        return f"the request was not received within {self.app.limits.request_timeout:g} s (attnprobe serve --receive-timeout)"
 
     def finish(self):
         self._clock.cancel()

@@ -86,8 +86,8 @@ def serve(model_spec: str = "default", *, dtype: str = "float32", host: str = "1
     try:
         if not is_loopback(host):
             print(f"attnprobe serve: WARNING: listening on {host}, beyond this machine; plain HTTP, "
-                  + ("bearer token required (--api-key-env)" if limits.api_key else
-                     "NO authentication: anyone who reaches the port can use the model (set --api-key-env)"),
+                  + ("bearer token required (--require-key-env)" if limits.api_key else
+                     "NO authentication: anyone who reaches the port can use the model (set --require-key-env)"),
                   file=sys.stderr, flush=True)
         if announce:
             print(json.dumps({"event": READY_EVENT, "url": f"http://{bound_host}:{bound_port}/v1",

@@ -40,7 +40,6 @@ class IbisOptions:
     chunk_size: int | None = None
     share_prefixes: bool = True
     force: bool = False
-    force_capture: bool = False
 
     @property
     def items_path(self) -> Path:
@@ -135,7 +134,7 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
 
     if not target.layout.items.is_file():
         prepare(opts, target, items, "transformers")
-    force = opts.force or opts.force_capture
+    force = opts.force
     # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
     wanted = {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
               "reminder": resolve_reminder(opts.protocol, opts.reminder), "chunk_size": opts.chunk_size}

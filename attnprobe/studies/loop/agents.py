@@ -67,7 +67,7 @@ DEFAULTS = {"ircot": (4, 3), "seed002": (10, 15)}
 # agents/gptoss_agent.py: max_tokens 8192, temperature 1.0). IRCoT: ours (seed 004 gives no generation
 # settings), short greedy turns.
 GENERATION = {"ircot": (128, 0.0), "seed002": (8192, 1.0)}
-# --preset cpu: the bundled 135M model on a CPU in minutes (ours, not a seed's setting): short greedy turns.
+# --generation-preset cpu: the bundled 135M model on a CPU in minutes (ours, not a seed's setting): short greedy turns.
 PRESETS = {"cpu": {"max_tokens": 128, "temperature": 0.0}}
 
 
@@ -97,7 +97,7 @@ class LoopConfig:
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
     search: str = option("bm25", flag="--search", choices=SEARCH_KINDS, help=SEARCH_HELP)
     corpus: str | None = option(None, flag="--corpus", help=CORPUS_HELP)
-    preset: str | None = option(None, flag="--preset", choices=tuple(PRESETS),
+    preset: str | None = option(None, flag="--generation-preset", choices=tuple(PRESETS),
                                 help="cpu: 128 new tokens per call, temperature 0 (the bundled model on a CPU; not a "
                                      "seed's setting); explicit --max-new-tokens / --temperature win")
     # --structured-actions: replies constrained to the scaffold's action grammar (the seeds decode freely,

@@ -396,7 +396,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
     if only:
         unknown = [s for s in only if s not in settings]
         if unknown:
-            raise AttnprobeError(f"--policy {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
+            raise AttnprobeError(f"--only-setting {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
         settings = [s for s in settings if s in only]
     with hold_dir_lock(out, "study folder"):
         layout.check(list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder

@@ -69,7 +69,7 @@ class RunSettings:
     # record exactly what they recorded before.
     structured_actions: bool = option(
         False, flag="--structured-actions", action="store_true",
-        help="constrain decoding to the runner's call format (issue 30; default off: the seed decodes "
+        help="constrain decoding to the runner's call format (default off: seed 000's agent decodes "
              "freely). Changes the agent's behaviour; recorded in every call's settings and the summary")
     name: str = "custom"
     extra: dict = field(default_factory=dict)
