@@ -168,9 +168,32 @@ def results_stamp(stamps: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def results_stamps(results: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Per setting the :func:`results_stamp` of study.json's ``results``: what attention.json must record to
+    be current (study.md and the app's Study page both check it, :func:`stale_reason`)."""
+    return {s: results_stamp(v) for s, v in results.items()}
+
+
+def stale_reason(doc: Any, current: dict[str, str]) -> str | None:
+    """The one staleness rule of a parsed attention.json: why it no longer matches the study's results
+    ``current`` (:func:`results_stamps`), or None when it does: a setting whose results changed since it was
+    computed, or no stamp (an older attnprobe)."""
+    made = doc.get("results_stamps") if isinstance(doc, dict) else None
+    if not isinstance(made, dict) or not made:
+        return f"{ATTENTION_JSON} records no stamp of the results it used"
+    changed = [s for s, v in made.items() if current.get(s) != v]
+    return f"the results of {changed[0]} changed since it ran" if changed else None
+
+
+def dropped_line(why: str, out: Path | str) -> str:
+    """The line study.md and the app show instead of a stale attention section."""
+    return (f"Dropped: {why}; run 'attnprobe study attention {out}' again for the attention of the current "
+            "results.")
+
+
 def stale_attention(out: Path, current: dict[str, str]) -> str | None:
-    """Why OUT/attention.json no longer matches the study's results (None: it does): a setting whose
-    results changed since it was computed, or no stamp (an older attnprobe)."""
+    """Why OUT/attention.json no longer matches the study's results (None: it does; :func:`stale_reason`),
+    or why it cannot be read."""
     from attnprobe.errors import AttnprobeError
 
     layout = StudyLayout(Path(out))
@@ -180,11 +203,7 @@ def stale_attention(out: Path, current: dict[str, str]) -> str | None:
             raise AttnprobeError(f"{layout.attention_json}: file not found")
     except AttnprobeError as exc:
         return f"{ATTENTION_JSON} unreadable ({exc})"
-    made = doc.get("results_stamps") if isinstance(doc, dict) else None
-    if not isinstance(made, dict) or not made:
-        return "attention.json records no stamp of the results it used"
-    changed = [s for s, v in made.items() if current.get(s) != v]
-    return f"the results of {changed[0]} changed since it ran" if changed else None
+    return stale_reason(doc, current)
 
 
 def with_attention(study_md: str, out: Path, current: dict[str, str] | None = None) -> str:
@@ -200,6 +219,5 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     if not path.is_file():
         return head
     if current is not None and (why := stale_attention(out, current)):
-        return (head + f"\n{HEADING}\n\nDropped: {why}; run 'attnprobe study attention {out}' again for the "
-                "attention of the current results.\n")
+        return head + f"\n{HEADING}\n\n{dropped_line(why, out)}\n"
     return head + "\n" + path.read_text(encoding="utf-8")

@@ -19,7 +19,7 @@ from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings
 from attnprobe.results.caveats import study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention_report import results_stamp, with_attention
+from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
@@ -54,7 +54,7 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
-    atomic_write_text(layout.study_md, with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
+    atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
         path = layout.calls_file(s)
         if calls[s] or path.exists():  # never an old file beside new results
