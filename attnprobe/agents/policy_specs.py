@@ -5,15 +5,17 @@ Checked here, before any model loads (issue 27): a spec is printable ASCII with 
 digits written without leading zeros after normalisation (``mask:05`` -> ``mask:5``; ``mask:٣``, ``mask: 2``
 refused); ``refine:bm25`` is ``refine:bm25:3``; an ``openai`` refiner needs an http(s) URL; a setting is
 ``none`` or policies joined by ``+`` with no empty part, no ``none`` part and no part twice. Anything else is
-refused in one line naming the spec and what is wrong. This module imports nothing of attnprobe's, so
-:mod:`attnprobe.agents.policies` and :mod:`attnprobe.agents.context` can both use it.
+refused in one line naming the spec (its URL's credentials redacted) and what is wrong. This module imports only
+:mod:`attnprobe.io.urls` of attnprobe's, so :mod:`attnprobe.agents.policies` and :mod:`attnprobe.agents.context`
+can both use it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+
+from attnprobe.io.urls import redact, url_problem
 
 IRCOT_VARIANTS = ("o", "oq", "oqp")
 POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
@@ -24,8 +26,9 @@ _PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
 
 
 def _show(spec: str) -> str:
-    """The spec as an error line shows it: repr, cut to 80 characters (a huge bad value stays one short line)."""
-    r = repr(spec)
+    """The spec as an error line shows it: credentials redacted, repr, cut to 80 characters (a huge bad value
+    stays one short line)."""
+    r = repr(redact(spec))
     return r if len(r) <= 80 else r[:77] + "..."
 
 
@@ -73,9 +76,8 @@ def canonical_policy(spec: str) -> str:
             base, _, model = rest.rpartition(":")
             if not base or not model:
                 raise _fail(spec, f"use {kind}:openai:BASE_URL:MODEL")
-            url = urlsplit(base)
-            if url.scheme not in ("http", "https") or not url.netloc:
-                raise _fail(spec, f"BASE_URL must be an http:// or https:// URL, not {_show(base)}")
+            if problem := url_problem(base):
+                raise _fail(spec, f"BASE_URL {_show(base)} {problem}")
             return spec
         raise _fail(spec, f"unknown refiner {sub[:40]!r}; use {kind}:bm25[:N] or {kind}:openai:BASE_URL:MODEL")
     if kind == "none":

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.io.urls import redact
 
 
 # ------------------------------------------------------------------------------- outputs
@@ -397,7 +398,7 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
     else:
         raise OutputInUse(f"{lock_path.parent}: could not take the lock of the {what} (it keeps changing)")
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "command": " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])[:300]}
+              "command": redact(" ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]]))[:300]}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     _HELD[key] = 1

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from attnprobe.io.urls import redact
 from attnprobe.results.formatting import format_ci
 from attnprobe.studies.loop.layout import ATTENTION_JSON, ATTENTION_MD, StudyLayout  # noqa: F401  (re-exported)
 
@@ -159,7 +160,7 @@ def markdown(doc: dict) -> str:
         lines += [f"**{s}**: {rep['steps']} steps with >= {rep['min_past']} past turns ({c['done']} run, "
                   f"{c['done_before']} already done, {c['failed']} failed) in {rep['folder']}/", "",
                   rep["markdown"]["decision"]]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return redact("\n".join(lines).rstrip("\n") + "\n")  # a refiner URL's credentials are never written
 
 
 def results_stamp(stamps: dict[str, str]) -> str:
@@ -211,7 +212,7 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     older attention section is replaced), so one report shows behaviour and attention per setting.
     ``current``: the study's :func:`results_stamp` per setting; an attention section computed from other
     results is dropped, and a line says so (run ``attnprobe study attention`` again)."""
-    head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
+    head = redact(study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n")  # no URL's credentials in study.md
     path = StudyLayout(Path(out)).attention_md
     if path.is_symlink():  # a received folder's link to some other file: never copied into study.md
         log.warning("%s: is a symlink; not followed (study.md gets no attention section)", path)
@@ -219,5 +220,5 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     if not path.is_file():
         return head
     if current is not None and (why := stale_attention(out, current)):
-        return head + f"\n{HEADING}\n\n{dropped_line(why, out)}\n"
-    return head + "\n" + path.read_text(encoding="utf-8")
+        return head + f"\n{HEADING}\n\n{redact(dropped_line(why, out))}\n"
+    return head + "\n" + redact(path.read_text(encoding="utf-8"))
