@@ -21,6 +21,7 @@ from pathlib import Path
 from attnprobe.errors import AttnprobeError
 from attnprobe.io.atomic import atomic_write_text
 from attnprobe.io.json import load_json
+from attnprobe.io.urls import redact
 
 SETTINGS_FILE = ".attnprobe-settings.json"
 
@@ -45,7 +46,7 @@ def check_settings(out: str | Path, command: str, wanted: Mapping, *, force: boo
     spelled on the command line (default ``--key-with-dashes``). The caller holds ``out``'s lock."""
     out = Path(out)
     path = out / SETTINGS_FILE
-    wanted = json.loads(json.dumps(dict(wanted), default=str))  # as read back
+    wanted = json.loads(redact(json.dumps(dict(wanted), default=str)))  # as read back; no URL's credentials
     recorded: dict = {}
     if path.is_file():
         try:

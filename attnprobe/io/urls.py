@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 SCHEMES = ("http", "https")
 EXAMPLE = "http://127.0.0.1:8000/v1"
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#]+@")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#\"<>{}\[\]\\|^`]+@")  # RFC 3986 userinfo
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f]")
 
 

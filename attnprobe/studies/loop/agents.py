@@ -44,6 +44,7 @@ from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import parse_tags
 from attnprobe.io.options import option, positive_int
+from attnprobe.io.urls import redact
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
@@ -126,7 +127,7 @@ class LoopConfig:
             raise ValueError("temperature must be >= 0")
 
     def to_dict(self) -> dict:
-        d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        d = {**asdict(self), "judge": redact(self.judge), "prompts": prompts_hash(self.scaffold)}  # study.json
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
             d.pop("final_call")
         if not self.structured_actions:
