@@ -126,3 +126,43 @@ def test_a_judge_urls_credentials_are_not_recorded(tmp_path):
                                                                                            "https://k@h/v1:m"]})
     text = (tmp_path / SETTINGS_FILE).read_text()
     assert "s3cret" not in text and "openai:http://***@judge.example:8000/v1:m" in text and "https://***@h/v1" in text
+
+
+def test_a_study_with_a_refiners_credentials_writes_them_nowhere_and_resumes(tmp_path, monkeypatch):
+    """The setting is named without its URL's credentials in every file and folder name (study.json, the
+    setting's folder, its calls, histories and results), the refiner still gets the whole URL, a rerun finds
+    every item done, and the app reads the study and finds the setting's folder."""
+    from attnprobe.agents import refiners
+    from attnprobe.execution.local import LocalExecutor
+    from attnprobe.studies.loop.agents import LoopConfig
+    from attnprobe.studies.loop.study import run_study
+    from attnprobe_app import data as D
+    from attnprobe_app import study_data as SD
+
+    urls = []
+
+    def refiner(base_url, model, **kw):
+        urls.append(base_url)
+        return lambda query, document: "refined"
+
+    def script(messages, tools):
+        if messages[-1]["content"].startswith("Answer the given question"):
+            return "<think>look it up</think><search>holmium</search>"
+        return "<answer>1</answer>"
+
+    monkeypatch.setattr(refiners, "openai_refiner", refiner)
+    spec, shown = "refine:openai:http://user:s3cret@127.0.0.1:9/v1:m", "refine:openai:http://***@127.0.0.1:9/v1:m"
+    out = tmp_path / "data" / "study"
+    questions = [{"id": "q1", "question": "What is item 1?", "answers": ["1"]}]
+    for done in ("done", "done_before"):
+        counts, _ = run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), out, questions,
+                              ["none", spec], LoopConfig("ircot", max_turns=3), n_boot=20)
+        assert counts[done] == 2 and counts["failed"] == 0
+    assert set(urls) == {"http://user:s3cret@127.0.0.1:9/v1"}  # the refiner is built with the whole URL
+    for path in out.rglob("*"):
+        assert "s3cret" not in str(path) and (path.is_dir() or "s3cret" not in path.read_text()), path
+    assert json.loads((out / "study.json").read_text())["settings"][shown]["questions"] == 1
+    root = (tmp_path / "data").resolve()
+    [study], problems = SD.load_studies(root, D.discover(root).studies)
+    assert problems == [] and study.settings == ["none", shown] and (root / study.setting_rel(shown)).is_dir()
+    assert SD.setting_calls(root, study, shown)[0]["meta"]["setting"] == shown

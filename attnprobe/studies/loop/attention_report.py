@@ -172,7 +172,7 @@ def results_stamp(stamps: dict[str, str]) -> str:
 def results_stamps(results: dict[str, dict[str, str]]) -> dict[str, str]:
     """Per setting the :func:`results_stamp` of study.json's ``results``: what attention.json must record to
     be current (study.md and the app's Study page both check it, :func:`stale_reason`)."""
-    return {s: results_stamp(v) for s, v in results.items()}
+    return {redact(s): results_stamp(v) for s, v in results.items()}  # keyed as study.json names the settings
 
 
 def stale_reason(doc: Any, current: dict[str, str]) -> str | None:

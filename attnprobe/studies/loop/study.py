@@ -17,6 +17,7 @@ from pathlib import Path
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings
+from attnprobe.io.urls import redact
 from attnprobe.results.caveats import study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
@@ -50,7 +51,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
              "questions_total": len(questions), **summary, "results": stamps}
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
-    atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
+    # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
+    atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
