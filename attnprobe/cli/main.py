@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import errno
 import importlib
 import importlib.util
@@ -89,6 +90,7 @@ class _Lines(logging.Formatter):
         from attnprobe.io.urls import redact
 
         if record.levelno > logging.DEBUG and isinstance(record.args, tuple):  # each long value cut in its middle
+            record = copy.copy(record)  # other handlers see the record as logged
             record.args = tuple(a if isinstance(a, (int, float)) or len(str(a)) <= VALUE_CHARS
                                 else shorten(str(a), VALUE_CHARS) for a in record.args)
         msg = record.getMessage()
