@@ -26,14 +26,17 @@ from attnprobe.results.formatting import format_ci
 from attnprobe.results.result import META_FILE
 from attnprobe.studies.loop.attention_report import (
     QUERY_LABELS,
+    dropped_line,
     models_label,  # noqa: F401  (the page names another capture model with the agent's)
     paired_rows,
     relative_rows,
+    results_stamps,
     share_rows,
+    stale_reason,
     step_rows,
 )
 from attnprobe.studies.loop.layout import ATTENTION_JSON as ATTENTION_FILE  # the page names it
-from attnprobe.studies.loop.layout import StudyLayout
+from attnprobe.studies.loop.layout import STUDY_JSON, StudyLayout
 from attnprobe.studies.loop.metrics import MEASURES
 from attnprobe_app import data as D
 
@@ -352,6 +355,16 @@ def attention_summary(root: Path, study: Study):
         raise _data_error(exc) from None
 
 
+def attention_dropped(root: Path, study: Study, summary) -> str | None:
+    """The line the page shows instead of an attention.json computed from other results than study.json's
+    (the rule study.md applies: :func:`attnprobe.studies.loop.attention_report.stale_reason`), or None when it
+    is current."""
+    results = study.data.get("results")
+    why = (stale_reason(summary, results_stamps(results)) if isinstance(results, dict) else
+           f"{STUDY_JSON} records no stamps of its results (made by an older attnprobe)")
+    return dropped_line(why, (Path(root) / study.rel).as_posix()) if why else None
+
+
 ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform": relative_rows,
                     "paired difference with the baseline": paired_rows, "per step": step_rows}
 
@@ -363,7 +376,7 @@ def attention_rows(summary: dict, query: str, table: str = "shares") -> list[dic
     goes on)."""
     try:
         return ATTENTION_TABLES[table](summary, query)
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # ValueError: a number given as text
         raise D.DataError(f"{ATTENTION_FILE}: unexpected layout ({type(exc).__name__}: {exc})") from None
 
 
@@ -397,7 +410,7 @@ def study_caveats(root: Path, study: Study) -> list[str]:
         summary = attention_summary(root, study)
     except D.DataError:
         summary = None
-    if isinstance(summary, dict):
+    if isinstance(summary, dict) and attention_dropped(root, study, summary) is None:  # stale: not shown
         try:
             out += attention_caveats(summary)
         except (KeyError, TypeError, AttributeError, ValueError):

@@ -208,6 +208,10 @@ def _attention_summary(root, study: SD.Study) -> None:
         return
     if summary is None:
         return
+    if dropped := SD.attention_dropped(root, study, summary):  # study.md drops it too
+        st.subheader("Attention per setting")
+        st.warning(dropped)
+        return
     label = SD.models_label(summary) if isinstance(summary, dict) else None  # another capture model: say whose
     st.subheader("Attention per setting" + (f" ({label})" if label else ""))
     st.caption("Written by `attnprobe study attention`: attention shares (%) of the recorded calls with at least "

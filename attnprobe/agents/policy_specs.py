@@ -5,15 +5,17 @@ Checked here, before any model loads (issue 27): a spec is printable ASCII with 
 digits written without leading zeros after normalisation (``mask:05`` -> ``mask:5``; ``mask:٣``, ``mask: 2``
 refused); ``refine:bm25`` is ``refine:bm25:3``; an ``openai`` refiner needs an http(s) URL; a setting is
 ``none`` or policies joined by ``+`` with no empty part, no ``none`` part and no part twice. Anything else is
-refused in one line naming the spec and what is wrong. This module imports nothing of attnprobe's, so
-:mod:`attnprobe.agents.policies` and :mod:`attnprobe.agents.context` can both use it.
+refused in one line naming the spec (its URL's credentials redacted) and what is wrong. This module imports only
+:mod:`attnprobe.io.urls` of attnprobe's, so :mod:`attnprobe.agents.policies` and :mod:`attnprobe.agents.context`
+can both use it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from urllib.parse import urlsplit
+from collections.abc import Callable, Iterable
+
+from attnprobe.io.urls import redact, url_problem
 
 IRCOT_VARIANTS = ("o", "oq", "oqp")
 POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
@@ -24,8 +26,9 @@ _PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
 
 
 def _show(spec: str) -> str:
-    """The spec as an error line shows it: repr, cut to 80 characters (a huge bad value stays one short line)."""
-    r = repr(spec)
+    """The spec as an error line shows it: credentials redacted, repr, cut to 80 characters (a huge bad value
+    stays one short line)."""
+    r = repr(redact(spec))
     return r if len(r) <= 80 else r[:77] + "..."
 
 
@@ -33,12 +36,12 @@ def _fail(spec: str, what: str) -> ValueError:
     return ValueError(f"--policy {_show(spec)}: {what}")
 
 
-def _int(spec: str, value: str, what: str, example: str, least: int) -> int:
+def _int(fail: Callable[[str], ValueError], value: str, what: str, example: str, least: int) -> int:
     if not _INT.fullmatch(value):
-        raise _fail(spec, f"{what} must be an integer, e.g. {example}")
+        raise fail(f"{what} must be an integer, e.g. {example}")
     n = int(value)
     if n < least:
-        raise _fail(spec, f"{what} must be >= {least}")
+        raise fail(f"{what} must be >= {least}")
     return n
 
 
@@ -51,36 +54,39 @@ def _check_text(spec: str) -> None:
         raise _fail(spec, f"contains {what}; write it as e.g. mask:5 (ASCII, no spaces)")
 
 
-def canonical_policy(spec: str) -> str:
-    """The one spelling of a single policy spec (see the module doc); ValueError naming the spec otherwise."""
+def canonical_policy(spec: str, *, setting: str | None = None) -> str:
+    """The one spelling of a single policy spec (see the module doc); ValueError naming the spec otherwise
+    (``setting``: the whole setting it is a part of, named first, then the part)."""
+    def fail(what: str) -> ValueError:
+        return _fail(spec, what) if setting is None else _fail(setting, f"the part {_show(spec)}: {what}")
+
     _check_text(spec)
     kind, _, arg = spec.partition(":")
     if kind == "mask-turns":
-        raise _fail(spec, "mask-turns:K was removed; mask:K now counts turns as seed 002's "
+        raise fail("mask-turns:K was removed; mask:K now counts turns as seed 002's "
                           "released scaffold does (use mask-obs:K to count observations)")
     if kind in ("mask", "mask-obs"):
-        return f"{kind}:{_int(spec, arg, 'K', f'{kind}:5', 0)}"
+        return f"{kind}:{_int(fail, arg, 'K', f'{kind}:5', 0)}"
     if kind == "ircot":
         if arg not in IRCOT_VARIANTS:
-            raise _fail(spec, f"the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
+            raise fail(f"the IRCoT variant must be one of {', '.join(IRCOT_VARIANTS)}")
         return spec
     if kind in ("refine", "refine-latest"):
         sub, _, rest = arg.partition(":")
         if sub == "bm25":
-            n = _int(spec, rest, "N", f"{kind}:bm25:3", 1) if rest else DEFAULT_BM25_KEEP
+            n = _int(fail, rest, "N", f"{kind}:bm25:3", 1) if rest else DEFAULT_BM25_KEEP
             return f"{kind}:bm25:{n}"
         if sub == "openai":
             base, _, model = rest.rpartition(":")
             if not base or not model:
-                raise _fail(spec, f"use {kind}:openai:BASE_URL:MODEL")
-            url = urlsplit(base)
-            if url.scheme not in ("http", "https") or not url.netloc:
-                raise _fail(spec, f"BASE_URL must be an http:// or https:// URL, not {_show(base)}")
+                raise fail(f"use {kind}:openai:BASE_URL:MODEL")
+            if problem := url_problem(base):
+                raise fail(f"BASE_URL {_show(base)} {problem}")
             return spec
-        raise _fail(spec, f"unknown refiner {sub[:40]!r}; use {kind}:bm25[:N] or {kind}:openai:BASE_URL:MODEL")
+        raise fail(f"unknown refiner {sub[:40]!r}; use {kind}:bm25[:N] or {kind}:openai:BASE_URL:MODEL")
     if kind == "none":
-        raise _fail(spec, "'none' takes no argument")
-    raise _fail(spec, f"unknown policy; use one of {', '.join(POLICY_SPECS)}")
+        raise fail("'none' takes no argument")
+    raise fail(f"unknown policy; use one of {', '.join(POLICY_SPECS)}")
 
 
 def canonical_setting(spec: str) -> str:
@@ -95,7 +101,7 @@ def canonical_setting(spec: str) -> str:
         raise _fail(spec, "an empty part (a '+' at the start, at the end or doubled)")
     if "none" in parts:
         raise _fail(spec, "'none' (no policy) cannot be composed with other policies; drop it")
-    canon = [canonical_policy(p) for p in parts]
+    canon = [canonical_policy(p, setting=spec if len(parts) > 1 else None) for p in parts]
     dup = next((c for i, c in enumerate(canon) if c in canon[:i]), None)
     if dup is not None:
         raise _fail(spec, f"{dup} appears twice")

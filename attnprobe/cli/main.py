@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import errno
 import importlib
 import importlib.util
@@ -92,15 +93,46 @@ def seeds_note(text: str) -> str:
 
 MAX_ERROR_CHARS = 400
 """No error line is longer than this, whatever the input (a huge bad value is cut with an ellipsis)."""
+VALUE_CHARS = 160  # a log line's long value (an item, an error) is cut to this, so the line keeps every part
 
 
 def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """``text`` on one line and at most ``limit`` characters: the start, then ``...`` and how much was cut."""
-    text = " ".join(str(text).split())
+    """``text`` on one line, with its URLs' credentials redacted (:func:`attnprobe.io.urls.redact`), in at most
+    ``limit`` characters: a longer one keeps its start (the file, line and field) and its end (what to do), and
+    says how much of the middle was cut."""
+    from attnprobe.io.urls import redact
+
+    text = redact(" ".join(str(text).split()))
     if len(text) <= limit:
         return text
-    keep = limit - 40
-    return f"{text[:keep]}... ({len(text) - keep} more characters)"
+    keep = max(limit - len(f" [... {len(text)} characters cut ...] "), 0)
+    head = keep * 2 // 3
+    mark = f" [... {len(text) - keep} characters cut ...] "
+    return (text[:head] + mark + text[len(text) - (keep - head):] if keep > head else text[:head] + mark)[:limit]
+
+
+def error_line(prefix: str, text: str) -> str:
+    """``prefix`` + ``text`` in at most :data:`MAX_ERROR_CHARS` characters (:func:`shorten`): every error line the
+    CLI prints, whole."""
+    return prefix + shorten(text, MAX_ERROR_CHARS - len(prefix))
+
+
+class _Lines(logging.Formatter):
+    """``attnprobe: <message>`` bounded as every error line is (:func:`error_line`; per-item ``failed:`` lines
+    included); debug messages (``-v``) and tracebacks are kept whole, credentials redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from attnprobe.io.urls import redact
+
+        if record.levelno > logging.DEBUG and isinstance(record.args, tuple):  # each long value cut in its middle
+            record = copy.copy(record)  # other handlers see the record as logged
+            record.args = tuple(a if isinstance(a, (int, float)) or len(str(a)) <= VALUE_CHARS
+                                else shorten(str(a), VALUE_CHARS) for a in record.args)
+        msg = record.getMessage()
+        line = error_line("attnprobe: ", msg) if record.levelno > logging.DEBUG else "attnprobe: " + redact(msg)
+        if record.exc_info:
+            line += "\n" + redact(self.formatException(record.exc_info))
+        return line
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,7 +140,7 @@ class Parser(argparse.ArgumentParser):
     that cites a seed paper ends with its title (:func:`seeds_note`)."""
 
     def error(self, message: str):
-        super().error(shorten(message))
+        super().error(shorten(message, MAX_ERROR_CHARS - len(f"{self.prog}: error: ")))
 
     def format_help(self) -> str:
         text = super().format_help()
@@ -243,7 +275,7 @@ def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
     """Messages of every attnprobe module go to stderr as ``attnprobe: ...`` (progress bars stay tqdm)."""
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("attnprobe: %(message)s"))
+    handler.setFormatter(_Lines())
     for name in ("attnprobe", "attnprobe_hooks", "attnprobe_app"):
         lg = logging.getLogger(name)
         lg.handlers[:] = [handler]
@@ -299,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except ModelNotFoundError as exc:
         log.debug("traceback", exc_info=True)
-        print(f"attnprobe: model not available: {shorten(describe_error(exc))}", file=sys.stderr)
+        print(error_line("attnprobe: model not available: ", describe_error(exc)), file=sys.stderr)
         return EXIT_MODEL
     except KeyboardInterrupt:
         log.debug("traceback", exc_info=True)
@@ -308,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the boundary: everything else is one line + exit code 2
         log.debug("traceback", exc_info=True)
         hint = "" if verbose or isinstance(exc, (AttnprobeError, OSError, ValueError)) else " (-v shows the traceback)"
-        print(f"attnprobe: error: {shorten(describe_error(exc))}{hint}", file=sys.stderr)
+        print(error_line("attnprobe: error: ", describe_error(exc) + hint), file=sys.stderr)
         return EXIT_INPUT
 
 

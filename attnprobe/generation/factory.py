@@ -16,6 +16,7 @@ from typing import Any
 from attnprobe.errors import AttnprobeError
 from attnprobe.generation.chat import ChatBackend
 from attnprobe.io.options import option, positive_int, positive_seconds
+from attnprobe.io.urls import http_url
 
 
 def _open_transformers(*, model: str, dtype: str, device: str, stop_at_call: bool | None, **_: Any) -> ChatBackend:
@@ -90,8 +91,9 @@ class GenerationOptions:
         help="generate in process with --model (transformers; vllm: vLLM's offline engine with prefix caching, "
              "docs/vllm.md) or through an OpenAI-compatible endpoint (openai); default: openai when --base-url "
              "is given, else transformers")
-    base_url: str | None = option(None, flag="--base-url",
-                                  help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1")
+    base_url: str | None = option(None, flag="--base-url", type=http_url,
+                                  help="endpoint for --generator openai, e.g. http://127.0.0.1:8000/v1 (http or "
+                                       "https, a host, a port 1-65535)")
     served_model: str | None = option(None, flag="--served-model",
                                       help="model name to request from the endpoint (--generator openai)")
     api_key_env: str = option("OPENAI_API_KEY", flag="--api-key-env",

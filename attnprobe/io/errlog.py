@@ -7,6 +7,7 @@ from pathlib import Path
 
 from attnprobe.errors import AttnprobeError
 from attnprobe.io.json import append_jsonl
+from attnprobe.io.urls import redact
 
 # Failures an executor records and moves past (the item is retried on the next run); anything else
 # (KeyboardInterrupt, programming errors) stops the run.
@@ -15,5 +16,8 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (AttnprobeError, OSError, Run
 
 
 def log_error(errors_path: Path, stage: str, what: dict, exc: BaseException) -> None:
-    """One line of ``errors.jsonl``: the stage, what failed, and why (retried on the next run)."""
-    append_jsonl(errors_path, {"stage": stage, **what, "error": f"{type(exc).__name__}: {exc}", "time": time.time()})
+    """One line of ``errors.jsonl``: the stage, what failed, and why (retried on the next run); URL credentials
+    in any of them are redacted (:func:`attnprobe.io.urls.redact`)."""
+    what = {k: redact(v) if isinstance(v, str) else v for k, v in what.items()}
+    append_jsonl(errors_path, {"stage": redact(stage), **what, "error": redact(f"{type(exc).__name__}: {exc}"),
+                               "time": time.time()})

@@ -22,17 +22,27 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.io.urls import redact
 
 
 # ------------------------------------------------------------------------------- outputs
+def check_folder_path(folder: Path, what: str = "output folder") -> None:
+    """Refuse, in one line saying what is there, an output folder path held by a file or by a symlink that
+    points nowhere (``mkdir`` would say only "File exists")."""
+    if folder.is_symlink() and not folder.exists():
+        raise AttnprobeError(f"{folder}: the {what} is a dangling symlink (to {os.readlink(folder)}, which does not "
+                             "exist); remove the link, or create what it points to")
+    if folder.exists() and not folder.is_dir():
+        raise AttnprobeError(f"{folder}: the {what} is a file, not a folder")
+
+
 def ensure_writable_dir(folder: Path, what: str = "output folder") -> Path:
     """Create ``folder`` if needed and prove a file can be written there, before any heavy work.
 
     Raises AttnprobeError naming the folder (read-only, permission denied, a file in the way, disk full).
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise AttnprobeError(f"{folder}: the {what} is a file, not a folder")
+    check_folder_path(folder, what)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".attnprobe-write-test.", dir=folder)
@@ -420,7 +430,7 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
     else:
         raise OutputInUse(f"{lock_path.parent}: could not take the lock of the {what} (it keeps changing)")
     record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "command": " ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]])[:300]}
+              "command": redact(" ".join([os.path.basename(sys.argv[0] or "python"), *sys.argv[1:]]))[:300]}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     _HELD[key] = 1
@@ -436,8 +446,7 @@ def hold_lock(lock_path: Path, what: str) -> Iterator[Path]:
 def hold_dir_lock(folder: Path, what: str = "output folder"):
     """:func:`hold_lock` on ``folder/.attnprobe.lock`` (the folder is created): one run per output folder."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise AttnprobeError(f"{folder}: the {what} is a file, not a folder")
+    check_folder_path(folder, what)
     return hold_lock(folder / LOCK_NAME, what)
 
 

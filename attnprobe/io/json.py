@@ -158,7 +158,33 @@ def parse_json(text: str, *, path: str, line: int | None, error: Callable[..., E
         raise error(f"invalid JSON value ({str(exc).split(';')[0]})", path=path, line=line) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not json_depth_ok(value):
         raise error(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)", path=path, line=line)
+    if _SURROGATE_ESCAPE.search(text) and (where := _lone_surrogate(value)) is not None:
+        raise error(f"field {where}: a lone surrogate \\u escape (not a character: it cannot be written as UTF-8)",
+                    path=path, line=line)
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # cheap test first: only \uD800-\uDFFF escapes make one
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The field (``messages[2].content``; ``'(top level)'``) of the first key or string holding a lone
+    surrogate, or None (a surrogate pair escape decodes to one character: no surrogate left)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        obj, where = stack.pop()
+        if isinstance(obj, str) and _SURROGATE.search(obj):
+            return repr(where or "(top level)")
+        if isinstance(obj, dict):
+            for k, v in reversed(list(obj.items())):
+                key = f"{where}.{k}" if where else str(k)
+                if _SURROGATE.search(k):
+                    return repr(key)
+                stack.append((v, key))
+        elif isinstance(obj, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(obj))))
+    return None
 
 
 def _read_text(path: Path, make: Callable[..., Exception], max_bytes: int | None = None) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from attnprobe.errors import AttnprobeError
 from attnprobe.io.atomic import atomic_write_text
 from attnprobe.io.json import load_json
+from attnprobe.io.urls import redact
 
 SETTINGS_FILE = ".attnprobe-settings.json"
 
@@ -61,7 +62,7 @@ def check_settings(out: str | Path, command: str, wanted: Mapping, *, force: boo
     (default ``--key-with-dashes``). Writes nothing: :func:`record_settings` does, once the run finished
     something. The caller holds ``out``'s lock."""
     out = Path(out)
-    wanted = json.loads(json.dumps(dict(wanted), default=str))  # as read back
+    wanted = json.loads(redact(json.dumps(dict(wanted), default=str)))  # as read back; no URL's credentials
     old = _read(out, force).get(command)
     if isinstance(old, dict) and not force:
         diffs = settings_diff(old, wanted, names)
@@ -82,7 +83,7 @@ def record_settings(out: str | Path, command: str, wanted: Mapping, *, force: bo
     once the run finished something: :func:`finished_something`); ``force``: replace the old entry, else
     add to it. The caller holds ``out``'s lock."""
     out = Path(out)
-    wanted = json.loads(json.dumps(dict(wanted), default=str))
+    wanted = json.loads(redact(json.dumps(dict(wanted), default=str)))  # as check_settings compares it
     recorded = _read(out, force)
     old = recorded.get(command)
     if old == wanted:

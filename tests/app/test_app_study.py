@@ -239,9 +239,11 @@ def test_study_caveats_of_the_study_and_its_attention_json(data):
     """The page's caveats: study.json's (2 questions per setting) and, once written, attention.json's (here
     calls with injected system text and calls left out by the past-turn filter); a bad attention.json adds
     none (the page reports it with the tables)."""
+    from attnprobe.studies.loop.attention_report import results_stamps
+
     study = _study(data)
     assert SD.study_caveats(data, study) == [N_CAVEAT]
-    doc = {"min_past": 5, "settings": {"none": {"captured_calls": 4, "injected_system": {"calls": 4, "min_tokens": 21,
+    doc = {"min_past": 5, "results_stamps": results_stamps(study.data["results"]), "settings": {"none": {"captured_calls": 4, "injected_system": {"calls": 4, "min_tokens": 21,
                                                                                          "max_tokens": 21},
                                                 "decision": {"questions": 12, "left_out": {"first_call": 2}}}}}
     (data / "study" / "attention.json").write_text(json.dumps(doc))
@@ -251,6 +253,8 @@ def test_study_caveats_of_the_study_and_its_attention_json(data):
                   "attention sink)",
         "2 steps excluded by the past-turn filter (fewer than 5 past turns, --shares-min-past; seed 002 E.5): none "
         "2 of 4"]
+    (data / "study" / "attention.json").write_text(json.dumps({**doc, "results_stamps": {"none": "older"}}))
+    assert SD.study_caveats(data, study) == [N_CAVEAT]  # computed from other results: not shown, nor its caveats
     (data / "study" / "attention.json").write_text('{"settings": ')
     assert SD.study_caveats(data, study) == [N_CAVEAT]
     assert SD.models_label({"capture": {"capture_model": "SmolLM2-135M-Instruct", "agent_model": "Qwen2.5-7B"}}) == \
@@ -281,16 +285,15 @@ def test_study_page_lists_a_corrupt_study_json_and_says_how_to_make_one(monkeypa
     assert "No interference studies found" in at.info[0].value and "attnprobe study interference" in at.info[0].value
 
 
-def test_attention_rows_print_the_shares_of_attention_json():
-    """attention.json (as `attnprobe study attention` writes it) as the page's per-setting table: the
-    shares as attention.md prints them, "n/a" for a setting without captures, a malformed file refused."""
+def _attention_doc() -> dict:
+    """An attention.json as `attnprobe study attention` writes it (no results_stamps): the settings none and mask:1."""
     from attnprobe.studies.loop.attention import CATEGORIES
 
     def shares(first):
         return {c: {"mean": first if i == 0 else 0.0, "lo": first - 0.01 if i == 0 else 0.0,
                     "hi": first + 0.01 if i == 0 else 0.0} for i, c in enumerate(CATEGORIES)}
 
-    doc = {"settings": {
+    return {"settings": {
         "none": {"recorded_calls": 4, "captured_calls": 4, "tokens_per_call": 337.2,
                  "decision": {"calls": 3, "questions": 2, "shares": shares(0.456), "relative": shares(2.5),
                               "visible_tokens": 300.0,
@@ -299,6 +302,12 @@ def test_attention_rows_print_the_shares_of_attention_json():
         "mask:1": {"recorded_calls": 3, "captured_calls": 0, "tokens_per_call": None,
                    "decision": {"calls": 0, "questions": 0}, "reasoning": {"calls": 0, "questions": 0},
                    "paired": {"decision": {"pairs": 0, "questions": 0, "unpaired": {"setting": 0, "baseline": 3}}}}}}
+
+
+def test_attention_rows_print_the_shares_of_attention_json():
+    """attention.json (as `attnprobe study attention` writes it) as the page's per-setting table: the
+    shares as attention.md prints them, "n/a" for a setting without captures, a malformed file refused."""
+    doc = _attention_doc()
     rows = SD.attention_rows(doc, "decision")
     assert [r["setting"] for r in rows] == ["none", "mask:1"]
     assert rows[0]["calls used / captured / recorded"] == "3 / 4 / 4" and rows[0]["tokens per call"] == "337"
@@ -340,3 +349,63 @@ def test_trajectory_and_decay_pages_keep_a_studys_calls_apart_and_show_placehold
                for c in at.caption)
     decay = _page(monkeypatch, data, "Decay")
     assert "include studies' per-call captures" in decay.info[0].value
+
+
+def _md(at) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def _not_caveats(at) -> list[str]:
+    return [w.value for w in at.warning if not w.value.startswith("Caveat: ")]
+
+
+def test_study_page_drops_an_attention_json_computed_from_other_results(monkeypatch, data):
+    """The rule study.md applies (attention_report.stale_reason): an attention.json stamped with study.json's
+    results is drawn; once a rerun changed a setting's results (study.json's stamps), or with no stamp at all,
+    the page shows study.md's line instead of the old numbers, and leaves out attention.json's caveats."""
+    pytest.importorskip("streamlit")
+    from attnprobe.studies.loop.attention_report import results_stamps
+
+    folder = data / "study"
+    study_json = json.loads((folder / "study.json").read_text())
+    doc = {**_attention_doc(), "min_past": 5, "results_stamps": results_stamps(study_json["results"])}
+    (folder / "attention.json").write_text(json.dumps(doc))
+    assert SD.attention_dropped(data, _study(data), doc) is None
+    at = _page(monkeypatch, data, "Study")
+    assert "| none | 0\\.0 \\[0\\.0, 0\\.0\\] |" in _md(at) and "45\\.6 \\[44\\.6, 46\\.6\\]" in _md(at)
+    assert _not_caveats(at) == []
+    study_json["results"]["none"]["q1"] = "stamp-q1-rerun"  # q1 reran under none (its gold answer changed)
+    (folder / "study.json").write_text(json.dumps(study_json))
+    os.utime(folder / "study.json", (1, 1))  # another mtime whatever the clock's resolution
+    line = (f"Dropped: the results of none changed since it ran; run 'attnprobe study attention {data}/study' "
+            "again for the attention of the current results.")
+    assert SD.attention_dropped(data, _study(data), doc) == line
+    at = _page(monkeypatch, data, "Study")
+    assert "45\\.6" not in _md(at) and _not_caveats(at) == [line]
+    assert "Attention per setting" in [h.value for h in at.subheader]
+    (folder / "attention.json").write_text(json.dumps(_attention_doc()))  # no stamp (an older attnprobe)
+    assert SD.attention_dropped(data, _study(data), _attention_doc()) == (
+        "Dropped: attention.json records no stamp of the results it used; run 'attnprobe study attention "
+        f"{data}/study' again for the attention of the current results.")
+
+
+def test_study_page_shows_one_line_for_attention_json_numbers_given_as_text(monkeypatch, data):
+    """An attention.json whose numbers are strings (tokens per call "337.2", a share's mean "0.456"): one error
+    line on the page, the rest of the page drawn, no exception."""
+    pytest.importorskip("streamlit")
+    from attnprobe.studies.loop.attention_report import results_stamps
+
+    folder = data / "study"
+    doc = {**_attention_doc(), "results_stamps": results_stamps(json.loads((folder / "study.json").read_text())
+                                                                ["results"])}
+    doc["settings"]["none"]["tokens_per_call"] = "337.2"
+    (folder / "attention.json").write_text(json.dumps(doc))
+    at = _page(monkeypatch, data, "Study")
+    assert [e.value for e in at.error] == [
+        "Cannot show the attention summary: attention.json: unexpected layout (ValueError: Unknown format code 'f' "
+        "for object of type 'str')"]
+    assert "Per question" in [h.value for h in at.subheader]
+    doc["settings"]["none"]["tokens_per_call"] = 337.2
+    doc["settings"]["none"]["decision"]["shares"]["system"]["mean"] = "0.456"
+    with pytest.raises(D.DataError, match=r"^attention.json: unexpected layout \(TypeError"):
+        SD.attention_rows(doc, "decision")

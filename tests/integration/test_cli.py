@@ -178,15 +178,15 @@ def test_generation_options_and_old_flag_names():
     a = parse("ibis", "run", "--generator", "openai", "--base-url", "http://h/v1", "--served-model", "m")
     assert (a.generator, a.base_url, a.served_model, a.api_key_env, a.max_new_tokens) == \
         ("openai", "http://h/v1", "m", "OPENAI_API_KEY", 4096)  # the paper's limit (seed 000 C.3)
-    assert parse("ibis", "run", "--backend", "openai", "--base-url", "u", "--served-model", "m").generator == "openai"
+    assert parse("ibis", "run", "--backend", "openai", "--base-url", "http://h/v1", "--served-model", "m").generator == "openai"
     assert parse("ibis", "all").generator == "transformers"
-    assert parse("ibis", "all", "--base-url", "u", "--served-model", "m").generator == "openai"  # implied
+    assert parse("ibis", "all", "--base-url", "http://h/v1", "--served-model", "m").generator == "openai"  # implied
     with pytest.raises(ValueError, match="--generator openai needs --base-url"):
         parse("ibis", "run", "--generator", "openai")
     a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-new-tokens", "9", "--temperature", "0.5", "--force")
     assert (a.generator, a.max_new_tokens, a.temperature, a.force, a.model) == ("transformers", 9, 0.5, True, "default")
     # old spellings of `run`: --max-tokens, --overwrite, and --base-url URL --model NAME (NAME = served model)
-    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-tokens", "7", "--overwrite", "--base-url", "u",
+    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-tokens", "7", "--overwrite", "--base-url", "http://h/v1",
               "--model", "served-name")
     assert (a.max_new_tokens, a.force, a.generator, a.served_model) == (7, True, "openai", "served-name")
     assert parse("ibis", "capture", "--force-capture").force is True

@@ -22,7 +22,7 @@ def _err(capsys) -> str:
 
 def _one_short_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("attnprobe") or "error" in ln]
-    assert lines and all(len(ln) <= MAX_ERROR_CHARS + 80 for ln in err.splitlines()), err[:500]
+    assert lines and all(len(ln) <= MAX_ERROR_CHARS for ln in err.splitlines()), err[:500]
     return lines[-1]
 
 
@@ -45,7 +45,7 @@ def test_negative_numbers_are_refused_while_parsing(capsys, argv, needle):
     (["mask:2+"], "--policy 'mask:2+': an empty part"),
     (["none+mask:2"], "'none' (no policy) cannot be composed"),
     (["mask:5", "mask:05"], "--policy 'mask:05' is the same setting as 'mask:5'"),
-    (["refine:openai:ftp://h/v1:m"], "BASE_URL must be an http:// or https:// URL"),
+    (["refine:openai:ftp://h/v1:m"], "must be an http:// or https:// URL"),
 ])
 def test_study_interference_refuses_settings_before_the_model(tmp_path, capsys, policies, needle):
     argv = ["study", "interference", str(data_path("questions_loop.jsonl")), "--scaffold", "seed002",
@@ -82,11 +82,12 @@ def test_a_huge_bad_value_gives_a_short_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["capture", TRAJ, "--layers", "1-2," + "x" * 1_000_000, "--out", str(tmp_path)])
     line = _one_short_line(_err(capsys))
-    assert "--layers" in line and line.endswith("more characters)")
+    assert line.startswith("attnprobe capture: error: argument --layers: ")
     assert main(["counterfactual", TRAJ, "--policy", "y" * 1_000_000, "--out", str(tmp_path / "o")]) == 2
     assert "unknown policy" in _one_short_line(_err(capsys))
     long = shorten("word " * 10_000)
-    assert len(long) <= MAX_ERROR_CHARS and long.endswith("more characters)") and shorten("a\n b") == "a b"
+    assert len(long) == MAX_ERROR_CHARS and long.startswith("word word") and long.endswith("word word")
+    assert " [... 49631 characters cut ...] " in long and shorten("a\n b") == "a b"
 
 
 def test_run_suggests_force_not_the_old_option(tmp_path, capsys):

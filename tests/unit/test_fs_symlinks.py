@@ -273,3 +273,22 @@ def test_a_counterfactual_run_refuses_a_symlinked_trajectory_folder(tmp_path, se
     with pytest.raises(AttnprobeError, match=r"/cf/t1: is a symlink inside .*/cf; symlinks in an output folder"):
         CounterfactualJob(out, [Step(traj, 1, 1)], ["mask:5"], {})
     CounterfactualJob(tmp_path / "cf2", [Step(traj, 1, 1)], ["mask:5"], {})  # a real folder is fine
+
+
+def test_a_dangling_symlink_out_says_what_it_is(tmp_path, capsys):
+    """Issue 38: `--out` a symlink to nothing said only "File exists"; every command now says what is there."""
+    from attnprobe.cli.main import main
+
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "nowhere")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "q1", "question": "What is item 1?", "answers": ["1"]}\n')
+    traj = tmp_path / "t.jsonl"
+    traj.write_text('{"id": "t1", "messages": [{"role": "user", "content": "hi"}]}\n')
+    for argv, what in ((["capture", str(traj), "--model", "/nonexistent"], "output folder"),
+                       (["study", "interference", str(questions)], "study folder")):
+        assert main([*argv, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (f"attnprobe: error: {out}: the {what} is a dangling symlink (to "
+                                           f"{tmp_path / 'nowhere'}, which does not exist); remove the link, or "
+                                           "create what it points to\n")
+    assert out.is_symlink() and not (tmp_path / "nowhere").exists()

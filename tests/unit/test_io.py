@@ -127,3 +127,24 @@ def test_an_append_waiting_while_the_file_is_rewritten_lands_in_the_new_file(tmp
     assert aio.rewrite_jsonl(path, lambda r: r["id"] != "a") == 1
     assert [r["id"] for r in aio.read_records(path)] == ["b"]
     assert aio.rewrite_jsonl(tmp_path / "missing.jsonl", lambda r: False) == 0
+
+
+def test_a_lone_surrogate_is_refused_naming_file_line_and_field(tmp_path, capsys):
+    """Issue 38: a lone \\ud800 escape in `import --format tags` (or any JSON input) ended in "'utf-8' codec can't
+    encode character" with no file, line or field; a surrogate pair stays one character."""
+    from attnprobe.cli.main import main
+    from attnprobe.io import read_jsonl
+
+    path = tmp_path / "tags.jsonl"
+    path.write_text('{"id": "t0", "question": "q", "text": "<search>ok</search>"}\n'
+                    '{"id": "t1", "question": "q", "text": "<search>a\\ud800</search>"}\n')
+    assert main(["import", "--format", "tags", str(path), "--out", str(tmp_path / "out.jsonl")]) == 2
+    assert capsys.readouterr().err == (f"attnprobe: error: {path}, line 2: field 'text': a lone surrogate \\u escape "
+                                       "(not a character: it cannot be written as UTF-8)\n")
+    assert not (tmp_path / "out.jsonl").exists()
+    path.write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "user", "\\udc00": 1}]}\n'
+                    '{"text": "a\\ud83d\\ude00"}\n')
+    with pytest.raises(AttnprobeError, match=r"line 1: field 'messages\[1\]\.\\udc00': a lone surrogate"):
+        list(read_jsonl(path))
+    path.write_text('{"text": "a\\ud83d\\ude00"}\n')
+    assert list(read_jsonl(path)) == [(1, {"text": "a\U0001f600"})]

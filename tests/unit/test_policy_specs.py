@@ -23,8 +23,8 @@ from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
     (" mask:2", "contains a space"),
     ("mask:\u0663", "non-ASCII"),
     ("mask:2\x00", "control character"),
-    ("refine:openai:ftp://host/v1:m", "BASE_URL must be an http:// or https:// URL"),
-    ("refine:openai:host:m", "BASE_URL must be an http:// or https:// URL"),
+    ("refine:openai:ftp://host/v1:m", "must be an http:// or https:// URL"),
+    ("refine:openai:host:m", "must be an http:// or https:// URL"),
     ("none+mask:2", "'none' (no policy) cannot be composed"),
     ("mask:2+mask:02", "mask:2 appears twice"),
     ("refine:bm25+refine:bm25:2", "at most one refine"),
@@ -68,3 +68,15 @@ def test_a_huge_bad_spec_gives_a_short_line():
     with pytest.raises(ValueError) as exc:
         parse_setting("x" * 1_000_000)
     assert len(str(exc.value)) < 300
+
+
+@pytest.mark.parametrize("spec, line", [
+    ("mask:+3", "--policy 'mask:+3': the part 'mask:': K must be an integer, e.g. mask:5"),
+    ("mask:3+ircot:x", "--policy 'mask:3+ircot:x': the part 'ircot:x': the IRCoT variant must be one of o, oq, oqp"),
+    ("mask:x", "--policy 'mask:x': K must be an integer, e.g. mask:5"),
+])
+def test_a_bad_part_is_named_with_the_whole_setting(spec, line):
+    """Issue 38: 'mask:+3' was named as 'mask:' (the part '+' split off); the error names the whole spec."""
+    with pytest.raises(ValueError) as exc:
+        canonical_setting(spec)
+    assert str(exc.value) == line

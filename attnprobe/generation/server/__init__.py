@@ -27,9 +27,12 @@ connection per request) but it never hangs or crashes on a bad request:
   the whole request line, headers and body, so a client that trickles a byte at a time cannot hold a
   connection open either); 503 generation over
   ``--max-seconds``;
-- a generation stops (between tokens; a prefill runs to its end) when the client disconnects (a
-  client that half-closes its socket after sending counts as gone), and so does a request still
-  waiting for its turn.
+- a generation stops (between tokens; a prefill runs to its end) when the client disconnects, and so does a
+  request still waiting for its turn. A client that half-closes its socket after sending a whole HTTP/1.1
+  request still gets its reply: at its end of input it is sent an interim ``100 Continue``, which a client
+  that closed answers with a reset (gone) and a half-closed one reads and skips; an HTTP/1.0 client cannot be
+  sent one, so its end of input counts as gone;
+- an HTTP/0.9 request line (``GET /path``, no headers follow) is answered at once: 400 with a status line.
 
 Modules: :mod:`.protocol` (what a request may hold, limits, errors), :mod:`.http` (the HTTP handler),
 :mod:`.launcher` (load, bind, serve; no command line), :mod:`.options` (the option group and ``main``).

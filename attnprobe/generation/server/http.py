@@ -23,12 +23,51 @@ _DRAIN_S = 2.0  # after refusing a body unread, how long its bytes are still rec
 
 
 def client_gone(sock: socket.socket) -> bool:
-    """True when the peer has closed its end (readable with nothing to read) or the socket broke."""
+    """True when the peer has closed its end (readable with nothing to read) or the socket broke
+    (:func:`_peer_state`; a request's own check is :class:`_Presence`, which tells a half-close apart)."""
+    return _peer_state(sock) != "open"
+
+
+def _peer_state(sock: socket.socket) -> str:
+    """``"open"``, ``"eof"`` (the client sent its end of input: closed, or only half-closed and still reading) or
+    ``"error"`` (the connection broke: reset, or the socket is unusable)."""
     try:
         readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        return "eof" if readable and sock.recv(1, socket.MSG_PEEK) == b"" else "open"
     except (OSError, ValueError):
-        return True
+        return "error"
+
+
+class _Presence:
+    """Whether the client of one request is still there. An end of input alone does not tell a client that closed
+    from one that half-closed after sending its whole request (it still reads the reply): an HTTP/1.1 client is
+    then sent an interim ``100 Continue`` (every HTTP/1.1 client reads and skips a 1xx reply), which a closed
+    client's side answers with a reset (gone) and a half-closed one reads; an HTTP/1.0 client cannot be asked,
+    so its end of input counts as gone."""
+
+    def __init__(self, sock: socket.socket, probe: bytes | None):
+        self.sock, self.probe = sock, probe
+        self.asked = self.left = False
+
+    def gone(self) -> bool:
+        if self.left:
+            return True
+        state = _peer_state(self.sock)
+        if state == "eof" and self.probe is not None and not self.asked:
+            self.asked = True
+            try:
+                self.sock.sendall(self.probe)  # a closed client's side answers with a reset
+                return False
+            except OSError:
+                state = "error"
+        if state == "eof" and self.asked:  # the reset a closed client's side sent back leaves an error to read
+            try:
+                state = "error" if self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) else "open"
+                self.sock.send(b"")  # EPIPE once the connection was reset
+            except OSError:
+                state = "error"
+        self.left = state in ("error", "eof")  # open after the probe: half-closed, still reading
+        return self.left
 
 
 class _ClientGone(Exception):
@@ -170,13 +209,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]))
 
     def parse_request(self) -> bool:
+        if len(self.raw_requestline.split()) == 2:  # "GET /path": HTTP/0.9 sends no headers; answer before reading any
+            self.requestline = self.raw_requestline.decode("iso-8859-1").rstrip("\r\n")
+            self.command, self.path = self.requestline.split()
+            self.request_version, self.close_connection = "HTTP/0.9", True
+            self.send_error(400, "HTTP/0.9 requests are not supported")
+            return False
         if not super().parse_request():
             return False
         if self._late:  # headers cut short by the clock: do not act on half a request
             self._refuse(RequestError(408, self._late_message()))
-            return False
-        if self.request_version == "HTTP/0.9":
-            self.send_error(400, "HTTP/0.9 requests are not supported")
             return False
         return True
 
@@ -266,9 +308,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.app.admitted.release()
 
     def _complete_admitted(self, req: dict):
-        sock = self.connection
+        client = _Presence(self.connection, f"{self.protocol_version} 100 Continue\r\n\r\n".encode()
+                           if self.request_version == "HTTP/1.1" else None)
         while not self.app.lock.acquire(timeout=_CHECK_EVERY_S):  # wait our turn; give up if the client leaves
-            if client_gone(sock):
+            if client.gone():
                 raise _ClientGone("it left while waiting for its turn; nothing generated")
         try:
             try:
@@ -287,7 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if now < state["next"]:
                     return False
                 state["next"] = now + _CHECK_EVERY_S
-                if client_gone(sock):
+                if client.gone():
                     state["reason"] = "gone"
                 elif deadline is not None and now > deadline:
                     state["reason"] = "time"

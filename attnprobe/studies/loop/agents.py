@@ -45,6 +45,7 @@ from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, Ch
 from attnprobe.generation.grammars import follows_grammar
 from attnprobe.generation.toolparse import native_turn, parse_tags
 from attnprobe.io.options import option, positive_int
+from attnprobe.io.urls import redact
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
@@ -128,7 +129,7 @@ class LoopConfig:
     def to_dict(self) -> dict:
         """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
         shipped one), never its path."""
-        d = {**asdict(self), "prompts": prompts_hash(self.scaffold)}
+        d = {**asdict(self), "judge": redact(self.judge), "prompts": prompts_hash(self.scaffold)}  # study.json
         if self.search == "bm25":
             d["corpus"] = corpus_identity(self.corpus)
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
@@ -203,7 +204,7 @@ class Loop:
         record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
                   "framing": "trace", "messages": copy.deepcopy(sent) + [msg],
                   "labels": {}, "meta": {
-                      "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": self.setting.spec,
+                      "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": redact(self.setting.spec),
                       "question_id": self.question["id"], "step": step,
                       "history": ep.link(cf, kept),
                       "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
@@ -366,7 +367,7 @@ def question_records(loop: Loop, scorer, seconds: float) -> tuple[dict, list[dic
                "framing": "trace", "messages": copy.deepcopy(ep.full),
                "labels": {} if verdict.correct is None else {"correct": verdict.correct},
                "meta": {"runner": f"loop-{config.scaffold}", "kind": "full-history", "run_id": run_id,
-                        "setting": setting.spec, "question_id": question["id"], "steps": ep.steps,
+                        "setting": redact(setting.spec), "question_id": question["id"], "steps": ep.steps,
                         "refined": {str(i): t for i, t in sorted(ep.refined.items())},
                         **({"page_pool": loop.pool} if loop.pool is not None else {}),
                         **({"structured_actions": True} if config.structured_actions else {})}}
@@ -374,7 +375,7 @@ def question_records(loop: Loop, scorer, seconds: float) -> tuple[dict, list[dic
         history["tools"] = TOOLS
     result = {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
-        "answers": question.get("answers") or [], "type": question.get("type"), "setting": setting.spec,
+        "answers": question.get("answers") or [], "type": question.get("type"), "setting": redact(setting.spec),
         "config": config.to_dict(), "policy_rules": setting_rules(setting.spec), "model": getattr(chat, "name", None),
         "answer": ep.answer, "response": ep.response, "no_answer": ep.answer is None,
         "correct": verdict.correct, "verdict": verdict.to_dict(),

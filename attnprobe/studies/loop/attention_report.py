@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from attnprobe.io.urls import redact
 from attnprobe.results.formatting import format_ci
 from attnprobe.studies.loop.layout import ATTENTION_JSON, ATTENTION_MD, StudyLayout  # noqa: F401  (re-exported)
 
@@ -159,7 +160,7 @@ def markdown(doc: dict) -> str:
         lines += [f"**{s}**: {rep['steps']} steps with >= {rep['min_past']} past turns ({c['done']} run, "
                   f"{c['done_before']} already done, {c['failed']} failed) in {rep['folder']}/", "",
                   rep["markdown"]["decision"]]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return redact("\n".join(lines).rstrip("\n") + "\n")  # a refiner URL's credentials are never written
 
 
 def results_stamp(stamps: dict[str, str]) -> str:
@@ -168,9 +169,32 @@ def results_stamp(stamps: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def results_stamps(results: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Per setting the :func:`results_stamp` of study.json's ``results``: what attention.json must record to
+    be current (study.md and the app's Study page both check it, :func:`stale_reason`)."""
+    return {redact(s): results_stamp(v) for s, v in results.items()}  # keyed as study.json names the settings
+
+
+def stale_reason(doc: Any, current: dict[str, str]) -> str | None:
+    """The one staleness rule of a parsed attention.json: why it no longer matches the study's results
+    ``current`` (:func:`results_stamps`), or None when it does: a setting whose results changed since it was
+    computed, or no stamp (an older attnprobe)."""
+    made = doc.get("results_stamps") if isinstance(doc, dict) else None
+    if not isinstance(made, dict) or not made:
+        return f"{ATTENTION_JSON} records no stamp of the results it used"
+    changed = [s for s, v in made.items() if current.get(s) != v]
+    return f"the results of {changed[0]} changed since it ran" if changed else None
+
+
+def dropped_line(why: str, out: Path | str) -> str:
+    """The line study.md and the app show instead of a stale attention section."""
+    return (f"Dropped: {why}; run 'attnprobe study attention {out}' again for the attention of the current "
+            "results.")
+
+
 def stale_attention(out: Path, current: dict[str, str]) -> str | None:
-    """Why OUT/attention.json no longer matches the study's results (None: it does): a setting whose
-    results changed since it was computed, or no stamp (an older attnprobe)."""
+    """Why OUT/attention.json no longer matches the study's results (None: it does; :func:`stale_reason`),
+    or why it cannot be read."""
     from attnprobe.errors import AttnprobeError
 
     layout = StudyLayout(Path(out))
@@ -180,11 +204,7 @@ def stale_attention(out: Path, current: dict[str, str]) -> str | None:
             raise AttnprobeError(f"{layout.attention_json}: file not found")
     except AttnprobeError as exc:
         return f"{ATTENTION_JSON} unreadable ({exc})"
-    made = doc.get("results_stamps") if isinstance(doc, dict) else None
-    if not isinstance(made, dict) or not made:
-        return "attention.json records no stamp of the results it used"
-    changed = [s for s, v in made.items() if current.get(s) != v]
-    return f"the results of {changed[0]} changed since it ran" if changed else None
+    return stale_reason(doc, current)
 
 
 def with_attention(study_md: str, out: Path, current: dict[str, str] | None = None) -> str:
@@ -192,7 +212,7 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     older attention section is replaced), so one report shows behaviour and attention per setting.
     ``current``: the study's :func:`results_stamp` per setting; an attention section computed from other
     results is dropped, and a line says so (run ``attnprobe study attention`` again)."""
-    head = study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n"
+    head = redact(study_md.split("\n" + HEADING, 1)[0].rstrip("\n") + "\n")  # no URL's credentials in study.md
     path = StudyLayout(Path(out)).attention_md
     if path.is_symlink():  # a received folder's link to some other file: never copied into study.md
         log.warning("%s: is a symlink; not followed (study.md gets no attention section)", path)
@@ -200,6 +220,5 @@ def with_attention(study_md: str, out: Path, current: dict[str, str] | None = No
     if not path.is_file():
         return head
     if current is not None and (why := stale_attention(out, current)):
-        return (head + f"\n{HEADING}\n\nDropped: {why}; run 'attnprobe study attention {out}' again for the "
-                "attention of the current results.\n")
-    return head + "\n" + path.read_text(encoding="utf-8")
+        return head + f"\n{HEADING}\n\n{redact(dropped_line(why, out))}\n"
+    return head + "\n" + redact(path.read_text(encoding="utf-8"))

@@ -12,6 +12,7 @@ import re
 
 from attnprobe.agents.context import Setting, parse_setting
 from attnprobe.io import safe_name
+from attnprobe.io.urls import redact
 
 __all__ = ["Setting", "parse_setting", "slug"]
 
@@ -36,7 +37,10 @@ def slug(spec: str) -> str:
     ``-`` and ``:``) is named by a readable prefix plus ``-`` and 12 hex digits of the SHA-256 of the whole
     spec, so ``...:a/b`` and ``...:a_b`` get two folders. :meth:`StudyLayout.check` refuses two settings of
     one study that would still share a folder (a hash collision, names equal up to case) before anything
-    runs."""
+    runs. A refiner URL's credentials are not part of it (:func:`attnprobe.io.urls.redact`): the folder of
+    ``refine:openai:http://user:pw@h/v1:m`` is that of ``refine:openai:http://***@h/v1:m``, the name study.json
+    records it under."""
+    spec = redact(spec)
     if all(_FIXED_PART.fullmatch(part) for part in spec.split("+")):
         return legacy_slug(spec)
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.replace(":", "-")).strip("._-")[:60] or "setting"

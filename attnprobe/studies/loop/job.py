@@ -35,6 +35,7 @@ from typing import Any
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.io import atomic_write_text, write_jsonl
+from attnprobe.io.urls import redact
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.context import parse_setting, slug
 from attnprobe.studies.loop.layout import StudyLayout
@@ -164,7 +165,7 @@ def recorded_fields(spec: str, config: LoopConfig) -> dict:
     """What a result of ``spec`` under ``config`` records besides its stamp, checked by the done rule too: the
     setting, the loop config and its masking rule (a result from before the released mask:K rule, issue 26,
     records none and is run again)."""
-    return {"setting": spec, "config": config.to_dict(), "policy_rules": setting_rules(spec)}
+    return {"setting": redact(spec), "config": config.to_dict(), "policy_rules": setting_rules(spec)}  # as written
 
 
 def finished_with(rec: dict | None, spec: str, config: LoopConfig, question: dict, model: str | None = None) -> bool:

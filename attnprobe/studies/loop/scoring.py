@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from attnprobe.agents.answers import exact_match
+from attnprobe.io.urls import check_url, show_url
 from attnprobe.studies.loop.prompts import JUDGE_PROMPT
 
 _EXACT = re.compile(r"exact\s+answer\s*:\s*(.+)", re.I)
@@ -62,7 +63,8 @@ class Scorer:
         kind, _, rest = spec.partition(":")
         base, _, model = rest.rpartition(":")
         if kind != "openai" or not base or not model:
-            raise ValueError(f"--judge {spec!r}: use 'exact' or 'openai:BASE_URL:MODEL'")
+            raise ValueError(f"--judge {show_url(spec)}: use 'exact' or 'openai:BASE_URL:MODEL'")
+        check_url(base, f"--judge {show_url(spec)}: BASE_URL")
         self.base_url, self.model, self.timeout = base, model, timeout
 
     def _judge_chat(self):

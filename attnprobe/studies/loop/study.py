@@ -17,9 +17,10 @@ from pathlib import Path
 from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings, finished_something, record_settings
+from attnprobe.io.urls import redact
 from attnprobe.results.caveats import structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention_report import results_stamp, with_attention
+from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
@@ -52,11 +53,12 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     if config.structured_actions:  # every reply recorded as structured, checked against its grammar
         study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
-    atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
+    # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
+    atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
-    atomic_write_text(layout.study_md, with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
+    atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
         path = layout.calls_file(s)
         if calls[s] or path.exists():  # never an old file beside new results
