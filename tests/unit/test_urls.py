@@ -115,15 +115,16 @@ def test_credentials_in_a_refiner_url_reach_no_output(tmp_path, monkeypatch, cap
 def test_a_judge_urls_credentials_are_not_recorded(tmp_path):
     """study.json's config and the settings record of every command hold the --judge URL without its
     credentials; a rerun with the same URL is the same setting."""
-    from attnprobe.io.settings import SETTINGS_FILE, check_settings
+    from attnprobe.io.settings import SETTINGS_FILE, check_settings, record_settings
     from attnprobe.studies.loop.agents import LoopConfig
 
     config = LoopConfig("ircot", judge="openai:http://user:s3cret@judge.example:8000/v1:m")
     assert config.judge == "openai:http://user:s3cret@judge.example:8000/v1:m"  # what the scorer calls
     assert config.to_dict()["judge"] == "openai:http://***@judge.example:8000/v1:m"
-    for _ in range(2):
-        check_settings(tmp_path, "study interference", {"judge": config.judge, "policies": ["refine:openai:"
-                                                                                           "https://k@h/v1:m"]})
+    wanted = {"judge": config.judge, "policies": ["refine:openai:https://k@h/v1:m"]}
+    for _ in range(2):  # the second run checks against what the first recorded: the same setting
+        check_settings(tmp_path, "study interference", wanted)
+        record_settings(tmp_path, "study interference", wanted)
     text = (tmp_path / SETTINGS_FILE).read_text()
     assert "s3cret" not in text and "openai:http://***@judge.example:8000/v1:m" in text and "https://***@h/v1" in text
 
