@@ -137,7 +137,9 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
     force = opts.force
     # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
     wanted = {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
-              "reminder": resolve_reminder(opts.protocol, opts.reminder), "chunk_size": opts.chunk_size}
+              "reminder": resolve_reminder(opts.protocol, opts.reminder),
+              # a chunk changes scores only by float rounding: an automatic one (None) resumes any folder
+              **({"chunk_size": opts.chunk_size} if opts.chunk_size else {})}
     check_settings(target.folder, "ibis capture", wanted, force=force)
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
@@ -147,7 +149,8 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
         record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
     index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder) if aggregate_now else None
-    update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": opts.chunk_size,
+    used = index["chunk_size"] if index else opts.chunk_size  # the chunk the captures ran with (their meta)
+    update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": used,
                                             "invariants": inv, **counts,
                                             "aggregated_items": len(index["items"]) if index else None})
     return RunCounts(counts["done_before"], counts["captured"], counts["failed"])
