@@ -1,0 +1,169 @@
+"""The Search-R1 stream (attnprobe/agents/searchr1.py) against Search-R1's generation manager, re-implemented
+here from its source (PeterGriffinJin/Search-R1 @ a14dc3a, search_r1/llm_agent/generation.py), independently of
+the module: the token ids the model is sent at every call and the final sequence, on hand-built replies, with the
+bundled SmolLM2 tokenizer (a real byte-level BPE, so piecewise tokenization differs from whole-text)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attnprobe.agents import searchr1
+from attnprobe.trajectory.schema import Trajectory
+
+PROMPT = ("Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
+          "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
+          "<search> query </search> and it will return the top searched results between <information> and "
+          "</information>. You can search as many times as your want. If you find no further external knowledge "
+          "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+          "illustrations. For example, <answer> Beijing </answer>. Question: Who wrote Hamlet?\n")
+
+
+@pytest.fixture(scope="module")
+def tok(bundled_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(bundled_folder))
+
+
+def manager(tok, prompt, replies, search, *, max_turns=4, max_prompt_length=4096, max_obs_length=500):
+    """generation.py's run_llm_loop for one example: (the ids each generation is fed, the final rollings,
+    the right side: responses and observations in order)."""
+    chat = [{"role": "user", "content": prompt}]
+    # rl_dataset.py:128-139 (truncation 'error': the prompt fits)
+    rolling = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
+                  add_special_tokens=False)["input_ids"]
+    fed, right, replies, active = [], [], iter(replies), True
+    for _ in range(max_turns):  # generation.py:234
+        if not active:
+            break
+        fed.append(list(rolling))
+        resp = next(replies)
+        # _postprocess_responses, generation.py:61-66 + _batch_tokenize
+        resp = (resp.split('</search>')[0] + '</search>' if '</search>' in resp
+                else resp.split('</answer>')[0] + '</answer>' if '</answer>' in resp else resp)
+        resp_ids = tok(resp, add_special_tokens=False)["input_ids"]
+        # postprocess_predictions, generation.py:422-429; execute_predictions, generation.py:385-401
+        match = re.search(r'<(search|answer)>(.*?)</\1>', resp, re.DOTALL)
+        action, content = (match.group(1), match.group(2).strip()) if match else (None, '')
+        if action == 'answer':
+            obs, active = '', False
+        elif action == 'search':
+            obs = f'\n\n<information>{search(content).strip()}</information>\n\n'
+        else:
+            obs = '\nMy previous action is invalid. \
+If I want to search, I should put the query between <search> and </search>. \
+If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n'
+        obs_ids = tok(obs, add_special_tokens=False)["input_ids"][:max_obs_length]  # _process_next_obs, :80-89
+        rolling = (rolling + resp_ids + obs_ids)[-max_prompt_length:]  # _update_rolling_state, :97-112
+        right += [resp_ids, obs_ids]
+    if active:  # final LLM rollout, generation.py:278-310: no observation appended
+        fed.append(list(rolling))
+        resp = next(replies)
+        resp = (resp.split('</search>')[0] + '</search>' if '</search>' in resp
+                else resp.split('</answer>')[0] + '</answer>' if '</answer>' in resp else resp)
+        right.append(tok(resp, add_special_tokens=False)["input_ids"])
+    return fed, right
+
+
+LONG = " ".join(f"word{i} fact." for i in range(400))  # about 1,500 tokens of documents: cut to 500
+DOCS = {"Hamlet author": "Doc 1(Title: Hamlet) Hamlet is a tragedy.\nDoc 2(Title: Globe) A theatre.\n",
+        "": "Doc 1(Title: Empty) nothing asked\n", "long": f"Doc 1(Title: Long) {LONG}\n"}
+REPLIES = [
+    "<think>I should look it up.</think>\n<search> Hamlet author </search>\n<information>made up</information>",
+    "I think I know it but let me write prose with no tags at all.",     # invalid
+    "<think>More.</think><search>long</search>",                         # a 700+-token observation
+    "<think>Empty query.</think><search></search><answer> x </answer>",  # an empty search is a search
+    "<think>Done.</think> <answer> William Shakespeare </answer> and then more text</answer>",  # final rollout
+]
+
+
+def drive(stream, replies, search, **kw):
+    gen = searchr1.episode(stream, search, **kw)
+    fed, reply = [], None
+    try:
+        ids = next(gen)
+        for reply in replies:
+            fed.append(ids)
+            ids = gen.send(reply)
+    except StopIteration as stop:
+        return fed, stop.value
+    return fed, None  # the episode asked for more replies than given
+
+
+def test_stream_equals_search_r1_manager(tok):
+    stream = searchr1.Stream(tok, PROMPT)
+    fed, (searches, final, final_search) = drive(stream, REPLIES, DOCS.__getitem__)
+    want_fed, right = manager(tok, PROMPT, REPLIES, DOCS.__getitem__)
+    assert fed == want_fed and len(fed) == 5  # 4 turns + the final rollout
+    assert stream.ids == want_fed[0] + [t for part in right for t in part]
+    assert (searches, final, final_search) == (3, True, False)
+    kinds = [(p.kind, p.step, p.cut) for p in stream.pieces]
+    assert kinds == [("prompt", 0, 0), ("reply", 1, 0), ("information", 1, 0), ("reply", 2, 0), ("invalid", 2, 0),
+                     ("reply", 3, 0), ("information", 3, kinds[6][2]), ("reply", 4, 0), ("information", 4, 0),
+                     ("reply", 5, 0)]
+    assert kinds[6][2] > 200 and len(stream.pieces[6].ids) == 500  # the long block cut to 500 tokens
+    assert not stream.pieces[6].text.endswith("</information>\n\n")  # it lost its closing tag, as in Search-R1
+    assert stream.pieces[1].text.endswith("</search>") and "made up" not in stream.text()
+    assert stream.pieces[8].text == "\n\n<information>Doc 1(Title: Empty) nothing asked</information>\n\n"
+    assert stream.pieces[-1].text == "<think>Done.</think> <answer> William Shakespeare </answer>"
+    assert stream.answer() == "William Shakespeare"
+    # the stream's ids are not the whole text tokenized (the pieces are tokenized apart, as Search-R1 does)
+    whole = tok(stream.prompt_text + stream.text(), add_special_tokens=False)["input_ids"]
+    assert whole != stream.ids
+
+
+def test_left_truncation_and_early_answer(tok):
+    replies = ["<search>Hamlet author</search>", "<answer>Shakespeare</answer> trailing"]
+    n = len(searchr1.Stream(tok, PROMPT).ids)
+    with pytest.raises(ValueError, match="over the"):  # Search-R1's dataset refuses a prompt over the limit
+        searchr1.Stream(tok, PROMPT, max_prompt_tokens=n - 1)
+    stream = searchr1.Stream(tok, PROMPT, max_prompt_tokens=n + 8)
+    fed, outcome = drive(stream, replies, DOCS.__getitem__)
+    want, right = manager(tok, PROMPT, replies, DOCS.__getitem__, max_prompt_length=n + 8)
+    assert fed == want and [len(f) for f in fed] == [n, n + 8] and outcome == (1, False, False)
+    assert fed[1] == stream.ids[-(n + 8) - len(stream.pieces[-1].ids):-len(stream.pieces[-1].ids)]
+    assert stream.dropped() == len(stream.ids) - (n + 8) > 0
+    assert stream.answer() == "Shakespeare"
+
+
+def test_helpers_quote_search_r1():
+    assert searchr1.cut_reply("a</answer> b<search>q</search>c") == "a</answer> b<search>q</search>"
+    assert searchr1.parse_action("<answer>a</answer><search>q</search>") == ("answer", "a")
+    assert searchr1.parse_action("<search>  </search>") == ("search", "")
+    assert searchr1.parse_action("<search>open") == (None, "")
+    assert searchr1.final_answer("<answer> Beijing </answer> ... no answer") is None
+    assert searchr1.passages([("T", "line one\nline two")]) == "Doc 1(Title: T) line one\nline two\n"
+
+
+def test_recorded_call_labels_the_stream(tok):
+    from attnprobe.render.rendering import render
+
+    stream = searchr1.Stream(tok, PROMPT)
+    drive(stream, REPLIES[:3], DOCS.__getitem__)
+    messages = stream.recorded(6)  # the third call: through its reply, before its documents
+    text = messages[1]["content"]
+    assert messages[0] == {"role": "user", "content": PROMPT}
+    assert text == "".join(p.text for p in stream.pieces[1:6])
+    assert messages[1]["reply_start"] == len(text) - len(stream.pieces[5].text)
+    anns = [(a["role"], a["author"], a["turn"], text[a["start"]:a["end"]][:24]) for a in messages[1]["annotations"]]
+    assert anns == [
+        ("reasoning", "self", 0, "<think>I should look it u"[:24]),
+        ("tool_call", "self", 0, "<search> Hamlet author </"[:24]),
+        ("observation", "external", 0, "\n\n<information>Doc 1(Tit"[:24]),
+        ("reasoning", "self", 1, REPLIES[1][:24]),
+        ("task", "external", 1, searchr1.INVALID[:24]),
+        ("reasoning", "self", 2, "<think>More.</think><sea"),
+        ("tool_call", "self", 2, "<search>long</search>"),
+    ]
+    rendered = render(Trajectory(id="c", messages=messages), tok)
+    by_turn = {(s.turn, s.role) for s in rendered.segments if s.role != "template"}
+    assert {(0, "observation"), (1, "task"), (2, "tool_call"), (2, "reasoning")} <= by_turn
+    starts = [q for q in rendered.queries_reasoning if q.message_index == 1]
+    assert [q.turn for q in starts] == [0, 1, 2]
+    reply_tok = starts[-1].position  # the reasoning start: the last reply's first token
+    assert rendered.text[rendered.offsets[reply_tok][0]:].startswith("<think>More.")
+    assert rendered.decision.position == reply_tok - 1  # the last token the model read before it
+    before = rendered.text[:rendered.offsets[reply_tok][0]]
+    assert before.endswith(searchr1.INVALID) and rendered.offsets[reply_tok - 1][1] == len(before)
