@@ -17,7 +17,7 @@ Source: ``PeterGriffinJin/Search-R1`` at commit a14dc3a (``search_r1/llm_agent/g
   a cut block loses its closing tag.
 - The model is sent the last ``max_prompt_tokens`` tokens of the sequence (4,096: ``generation.py:107-112``).
 - After ``max_turns`` turns, one more generation without search (``generation.py:278-310``): its reply is
-  appended, a search in it is not run.
+  appended, a search in it is not run (the loop: :meth:`attnprobe.studies.loop.agents.Loop._stream`).
 - The answer is read as Search-R1 scores it (``verl/utils/reward_score/qa_em.py:73-82``): the last
   ``<answer>`` of prompt + sequence, none when the prompt's example is the only one.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from attnprobe.trajectory.schema import message_text
 from attnprobe.trajectory.tags import scan
 
 # scripts/nq_hotpotqa/evaluate.sh: data.max_prompt_length=4096, data.max_response_length=500,
@@ -45,6 +46,12 @@ INVALID = ("\nMy previous action is invalid. If I want to search, I should put t
            "Let me try again.\n")
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)  # generation.py:422
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)  # qa_em.py:73
+
+
+def question(text: str) -> str:
+    """scripts/data_process/nq_search.py:61-63: the question stripped, with a ``?`` added when it has none."""
+    text = text.strip()
+    return text if text.endswith("?") else text + "?"
 
 
 def cut_reply(text: str) -> str:
@@ -171,25 +178,22 @@ class Stream:
         return [{"role": "user", "content": self.prompt}, msg]
 
 
-def episode(stream: Stream, search, *, max_turns: int = MAX_TURNS, final_call: bool = True):
-    """Search-R1's loop for one question (generation.py:234-310) as a generator: yields the token ids the model
-    is sent (:meth:`Stream.model_input`) and is sent back the reply's text (decoded without special tokens);
-    ``search(query)`` returns the documents text (:func:`passages`). Returns (searches run, whether the last
-    call was the final rollout, whether that final reply was a search, which is not run)."""
-    searches = 0
-    for _ in range(max_turns):
-        action, content = stream.add_reply((yield stream.model_input()))
-        if action == "answer":
-            return searches, False, False
-        if action == "search":
-            searches += 1
-            stream.add_observation(information(search(content)))
+def from_history(tokenizer, messages: list[dict], **limits) -> Stream:
+    """The sequence of a history in rounds form (the loop's, as a context policy left it: the first message
+    the prompt; an assistant turn its ``reply_text``, else its ``tag_text`` while it holds its query, else its
+    ``content``; a ``tool`` message its documents as :func:`information`; a later user message the
+    invalid-action text). With no policy this is the sequence :func:`episode` builds, piece for piece."""
+    stream = Stream(tokenizer, message_text(messages[0].get("content")), **limits)
+    for m in messages[1:]:
+        if m["role"] == "assistant":
+            text = m["reply_text"] if "reply_text" in m else \
+                m.get("tag_text") if m.get("tool_calls") else message_text(m.get("content"))
+            stream.add_reply(text)
+        elif m["role"] == "tool":
+            stream.add_observation(information(message_text(m.get("content"))))
         else:
-            stream.add_observation(INVALID, "invalid")
-    if not final_call:
-        return searches, False, False
-    action, _ = stream.add_reply((yield stream.model_input()))  # generation.py:278-310, do_search=False
-    return searches, True, action == "search"
+            stream.add_observation(message_text(m.get("content")), "invalid")
+    return stream
 
 
 def annotations(pieces: list[Piece]) -> list[dict]:

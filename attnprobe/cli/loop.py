@@ -61,7 +61,7 @@ def register(studies) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("questions", help="JSONL question set (default fields: question, golden_answers / answer)")
     g = p.add_argument_group("study")
-    add_options(g, LoopConfig, ("scaffold",))
+    add_options(g, LoopConfig, ("scaffold", "ircot_form"))
     g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
                    help="a setting to run; repeat it for more settings, side by side; compose policies within one "
                         "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "

@@ -68,8 +68,8 @@ If I want to give the final answer, I should put the answer between <answer> and
 
 
 LONG = " ".join(f"word{i} fact." for i in range(400))  # about 1,500 tokens of documents: cut to 500
-DOCS = {"Hamlet author": "Doc 1(Title: Hamlet) Hamlet is a tragedy.\nDoc 2(Title: Globe) A theatre.\n",
-        "": "Doc 1(Title: Empty) nothing asked\n", "long": f"Doc 1(Title: Long) {LONG}\n"}
+PAGES = {"Hamlet author": [("Hamlet", "Hamlet is a tragedy.\nIt has five acts."), ("Globe", "A theatre.")],
+         "": [("Empty", "nothing asked")], "long": [("Long", LONG)]}
 REPLIES = [
     "<think>I should look it up.</think>\n<search> Hamlet author </search>\n<information>made up</information>",
     "I think I know it but let me write prose with no tags at all.",     # invalid
@@ -79,26 +79,52 @@ REPLIES = [
 ]
 
 
-def drive(stream, replies, search, **kw):
-    gen = searchr1.episode(stream, search, **kw)
-    fed, reply = [], None
-    try:
-        ids = next(gen)
-        for reply in replies:
-            fed.append(ids)
-            ids = gen.send(reply)
-    except StopIteration as stop:
-        return fed, stop.value
-    return fed, None  # the episode asked for more replies than given
+class Pages:
+    """A search backend with known pages (title, text): the query picks them."""
+
+    name = "pages"
+
+    def search(self, query, k):
+        from attnprobe.agents.search import SearchResult
+
+        return [SearchResult(t, f"u/{query}/{i}", "") for i, (t, _) in enumerate(PAGES[query][:k])]
+
+    def fetch(self, url):
+        _, query, i = url.split("/")
+        title, text = PAGES[query][int(i)]
+        return f"{title}\n\n{text}"
+
+
+def documents(query):  # generation.py:460-469 (_passages2string) over what the retriever returns
+    return "".join(f"Doc {i + 1}(Title: {t}) {x}\n" for i, (t, x) in enumerate(PAGES[query]))
+
+
+def run_loop(tok, replies, spec="none", **cfg):
+    from support.scripted_chat import ScriptedChat
+
+    from attnprobe.studies.loop.agents import LoopConfig, run_question
+    from attnprobe.studies.loop.context import parse_setting
+    from attnprobe.studies.loop.scoring import Scorer
+
+    it = iter(replies)
+    chat = ScriptedChat(lambda messages, tools: next(it), tokenizer=tok)
+    q = {"id": "h1", "question": "Who wrote Hamlet", "answers": ["William Shakespeare"]}
+    result, calls, history = run_question(chat, Pages(), parse_setting(spec), LoopConfig("ircot", **cfg), q,
+                                          run_id=f"run/{spec}", scorer=Scorer())
+    return chat, result, calls, history
 
 
 def test_stream_equals_search_r1_manager(tok):
-    stream = searchr1.Stream(tok, PROMPT)
-    fed, (searches, final, final_search) = drive(stream, REPLIES, DOCS.__getitem__)
-    want_fed, right = manager(tok, PROMPT, REPLIES, DOCS.__getitem__)
+    chat, result, calls, history = run_loop(tok, REPLIES)
+    fed = [r.prompt_ids for r in chat.requests]
+    want_fed, right = manager(tok, PROMPT, REPLIES, documents)
     assert fed == want_fed and len(fed) == 5  # 4 turns + the final rollout
+    assert [r.max_tokens for r in chat.requests] == [500] * 5 and {r.temperature for r in chat.requests} == {0.0}
+    stream = searchr1.from_history(tok, history["messages"])  # the whole sequence, rebuilt from the history
     assert stream.ids == want_fed[0] + [t for part in right for t in part]
-    assert (searches, final, final_search) == (3, True, False)
+    assert (result["retrievals"], result["model_calls"], result["final_call"], result["final_searches"]) == \
+        (3, 5, True, 0)
+    assert result["answer"] == "William Shakespeare" and result["correct"] is True
     kinds = [(p.kind, p.step, p.cut) for p in stream.pieces]
     assert kinds == [("prompt", 0, 0), ("reply", 1, 0), ("information", 1, 0), ("reply", 2, 0), ("invalid", 2, 0),
                      ("reply", 3, 0), ("information", 3, kinds[6][2]), ("reply", 4, 0), ("information", 4, 0),
@@ -106,12 +132,25 @@ def test_stream_equals_search_r1_manager(tok):
     assert kinds[6][2] > 200 and len(stream.pieces[6].ids) == 500  # the long block cut to 500 tokens
     assert not stream.pieces[6].text.endswith("</information>\n\n")  # it lost its closing tag, as in Search-R1
     assert stream.pieces[1].text.endswith("</search>") and "made up" not in stream.text()
+    assert stream.pieces[2].text == ("\n\n<information>Doc 1(Title: Hamlet) Hamlet is a tragedy.\nIt has five acts."
+                                     "\nDoc 2(Title: Globe) A theatre.</information>\n\n")
     assert stream.pieces[8].text == "\n\n<information>Doc 1(Title: Empty) nothing asked</information>\n\n"
     assert stream.pieces[-1].text == "<think>Done.</think> <answer> William Shakespeare </answer>"
-    assert stream.answer() == "William Shakespeare"
-    # the stream's ids are not the whole text tokenized (the pieces are tokenized apart, as Search-R1 does)
+    # the ids are not the whole text tokenized (the pieces are tokenized apart, as Search-R1 does)
     whole = tok(stream.prompt_text + stream.text(), add_special_tokens=False)["input_ids"]
     assert whole != stream.ids
+    # every call is recorded as the stream through its reply, with what the model was sent
+    for k, call in enumerate(calls):
+        assert call["messages"][0] == {"role": "user", "content": PROMPT}
+        assert call["messages"][1]["content"] == stream.text(2 * k + 2)
+        assert call["meta"]["stream"]["prompt_tokens"] == len(want_fed[k])
+    assert calls[3]["meta"]["stream"]["observation_tokens_cut"] == [kinds[6][2]]
+    assert calls[-1]["meta"]["final_call"] is True
+
+
+def test_stream_refuses_a_chat_without_tokenizer():
+    with pytest.raises(ValueError, match="needs the model's tokenizer"):
+        run_loop(None, REPLIES)
 
 
 def test_left_truncation_and_early_answer(tok):
@@ -120,10 +159,14 @@ def test_left_truncation_and_early_answer(tok):
     with pytest.raises(ValueError, match="over the"):  # Search-R1's dataset refuses a prompt over the limit
         searchr1.Stream(tok, PROMPT, max_prompt_tokens=n - 1)
     stream = searchr1.Stream(tok, PROMPT, max_prompt_tokens=n + 8)
-    fed, outcome = drive(stream, replies, DOCS.__getitem__)
-    want, right = manager(tok, PROMPT, replies, DOCS.__getitem__, max_prompt_length=n + 8)
-    assert fed == want and [len(f) for f in fed] == [n, n + 8] and outcome == (1, False, False)
-    assert fed[1] == stream.ids[-(n + 8) - len(stream.pieces[-1].ids):-len(stream.pieces[-1].ids)]
+    fed = [stream.model_input()]
+    assert stream.add_reply(replies[0]) == ("search", "Hamlet author")
+    stream.add_observation(searchr1.information(documents("Hamlet author")))
+    fed.append(stream.model_input())
+    assert stream.add_reply(replies[1]) == ("answer", "Shakespeare")
+    want, right = manager(tok, PROMPT, replies, documents, max_prompt_length=n + 8)
+    assert fed == want and [len(f) for f in fed] == [n, n + 8]
+    assert stream.ids == want[0] + [t for part in right for t in part]
     assert stream.dropped() == len(stream.ids) - (n + 8) > 0
     assert stream.answer() == "Shakespeare"
 
@@ -135,14 +178,16 @@ def test_helpers_quote_search_r1():
     assert searchr1.parse_action("<search>open") == (None, "")
     assert searchr1.final_answer("<answer> Beijing </answer> ... no answer") is None
     assert searchr1.passages([("T", "line one\nline two")]) == "Doc 1(Title: T) line one\nline two\n"
+    assert searchr1.question(" Who wrote Hamlet ") == "Who wrote Hamlet?"
 
 
 def test_recorded_call_labels_the_stream(tok):
     from attnprobe.render.rendering import render
 
-    stream = searchr1.Stream(tok, PROMPT)
-    drive(stream, REPLIES[:3], DOCS.__getitem__)
+    _, _, calls, history = run_loop(tok, REPLIES)
+    stream = searchr1.from_history(tok, history["messages"])
     messages = stream.recorded(6)  # the third call: through its reply, before its documents
+    assert calls[2]["messages"] == messages
     text = messages[1]["content"]
     assert messages[0] == {"role": "user", "content": PROMPT}
     assert text == "".join(p.text for p in stream.pieces[1:6])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from attnprobe.agents.searchr1 import INVALID
 from attnprobe.agents.tools import tool_lines
 from attnprobe.studies.loop.pool import TOOLS
 
@@ -24,10 +25,9 @@ IRCOT_PROMPT = (
     "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
     "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
 
-# Search-R1's reply to a turn with neither a query nor an answer (verbatim).
-IRCOT_INVALID = ("My previous action is invalid. If I want to search, I should put the query between <search> "
-                 "and </search>. If I want to give the final answer, I should put the answer between <answer> "
-                 "and </answer>. Let me try again.")
+# Search-R1's reply to a turn with neither a query nor an answer (verbatim; the multi-turn form sends it as a
+# user message, without the newlines around it that the Search-R1 stream appends: searchr1.INVALID).
+IRCOT_INVALID = INVALID.strip("\n")
 
 
 def ircot_passages(passages: list[tuple[str, str]]) -> str:
@@ -113,6 +113,6 @@ confidence score available."""
 
 def prompts_hash(scaffold: str) -> str:
     """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
-    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot"
-             else (seed002_system(TOOLS), SEED002_TASK))
+    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot" else (IRCOT_PROMPT, INVALID)
+             if scaffold == "ircot-stream" else (seed002_system(TOOLS), SEED002_TASK))
     return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
