@@ -472,5 +472,5 @@ def decision_point(queries: list[QueryPoint], segments: list[Segment], offsets: 
                 t = int(ends[-1]) if ends.size else -1
                 if t >= 0 and offsets[t + 1, 0] >= prompt_end:  # a token boundary at the prompt's end
                     pos = t
-            return QueryPoint(pos, "decision", starts[0].turn, last)
+            return QueryPoint(pos, "decision", starts[-1].turn, last)
     return QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)

@@ -209,6 +209,6 @@ def test_recorded_call_labels_the_stream(tok):
     assert [q.turn for q in starts] == [0, 1, 2]
     reply_tok = starts[-1].position  # the reasoning start: the last reply's first token
     assert rendered.text[rendered.offsets[reply_tok][0]:].startswith("<think>More.")
-    assert rendered.decision.position == reply_tok - 1  # the last token the model read before it
+    assert (rendered.decision.position, rendered.decision.turn) == (reply_tok - 1, 2)  # the last token read before it
     before = rendered.text[:rendered.offsets[reply_tok][0]]
     assert before.endswith(searchr1.INVALID) and rendered.offsets[reply_tok - 1][1] == len(before)
