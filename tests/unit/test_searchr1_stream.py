@@ -212,3 +212,49 @@ def test_recorded_call_labels_the_stream(tok):
     assert (rendered.decision.position, rendered.decision.turn) == (reply_tok - 1, 2)  # the last token read before it
     before = rendered.text[:rendered.offsets[reply_tok][0]]
     assert before.endswith(searchr1.INVALID) and rendered.offsets[reply_tok - 1][1] == len(before)
+
+
+def test_the_stream_is_the_ircot_default_and_the_chat_form_keeps_its_stamps():
+    from attnprobe.studies.loop.agents import LoopConfig
+    from attnprobe.studies.loop.prompts import prompts_hash
+
+    stream, chat = LoopConfig("ircot"), LoopConfig("ircot", ircot_form="chat")
+    assert (stream.ircot_form, stream.max_tokens, stream.temperature, stream.max_turns, stream.top_k) == \
+        ("stream", 500, 0.0, 4, 3)
+    assert (chat.max_tokens, chat.temperature) == (128, 0.0)
+    assert stream.to_dict()["ircot_form"] == "stream" and stream.to_dict()["prompts"] == prompts_hash("ircot-stream")
+    assert "ircot_form" not in chat.to_dict() and chat.to_dict()["prompts"] == prompts_hash("ircot")  # as before
+    assert "ircot_form" not in LoopConfig("seed002").to_dict()
+    assert (stream.label, chat.label) == ("ircot (Search-R1 stream)", "ircot (multi-turn chat, ours)")
+    assert LoopConfig("ircot", preset="cpu").max_tokens == 128  # an explicit preset wins
+    with pytest.raises(ValueError, match="ircot_form"):
+        LoopConfig("ircot", ircot_form="tags")
+
+
+def test_a_policy_edits_the_pieces_the_stream_is_built_from(tok):
+    replies = ["<search>Hamlet author</search>", "<search>long</search>", "<answer>Shakespeare</answer>"]
+    chat, result, calls, history = run_loop(tok, replies, spec="ircot:o")
+    assert result["retrievals"] == 2 and result["answer"] == "Shakespeare"
+    third = calls[2]["messages"][1]["content"]
+    # IRCoT-o: every query kept, only the latest documents (the first block is gone from the sequence)
+    assert "Hamlet is a tragedy" not in third and "<search>Hamlet author</search>" in third and "word0 fact." in third
+    view = searchr1.from_history(tok, [history["messages"][0], *history["messages"][1:2], *history["messages"][3:5]])
+    assert chat.requests[2].prompt_ids == view.model_input()
+    assert calls[2]["meta"]["history"]["changes"] == {"2": "removed"}
+
+
+def test_token_prompts_are_refused_where_they_cannot_be_sent():
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.generation.chat import ChatRequest, OneByOne
+    from attnprobe.generation.openai_chat import OpenAIChat
+
+    req = ChatRequest([{"role": "user", "content": "x"}], prompt_ids=[1, 2, 3])
+    with pytest.raises(AttnprobeError, match="not a token sequence"):
+        OpenAIChat("http://127.0.0.1:9/v1", model="m").complete_batch([req])
+
+    class Plain(OneByOne):
+        def complete(self, *a, **k):
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="as token ids"):
+        Plain().complete_batch([req])

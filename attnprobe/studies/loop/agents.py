@@ -146,6 +146,13 @@ class LoopConfig:
         """Whether the model is sent Search-R1's single sequence (the ircot scaffold's default form)."""
         return self.scaffold == "ircot" and self.ircot_form == "stream"
 
+    @property
+    def label(self) -> str:
+        """The scaffold as study.md's title names it, with the ircot form."""
+        if self.scaffold != "ircot":
+            return self.scaffold
+        return "ircot (Search-R1 stream)" if self.stream else "ircot (multi-turn chat, ours)"
+
     def to_dict(self) -> dict:
         """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
         shipped one), never its path."""

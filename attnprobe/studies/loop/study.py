@@ -53,7 +53,7 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
         study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, ensure_ascii=False))
-    md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
+    md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, {s: results_stamp(v) for s, v in stamps.items()}))
