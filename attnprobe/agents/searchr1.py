@@ -168,11 +168,16 @@ class Stream:
     def recorded(self, end: int | None = None) -> list[dict]:
         """The sequence up to piece ``end`` (a reply: the call that wrote it) as a recorded call's messages: the
         user message and one assistant message holding everything after the prompt, with ``annotations``
-        (:func:`annotations`) and ``reply_start`` (where the last reply begins: the text before it is what the
-        model read after the prompt)."""
+        (:func:`annotations`), ``reply_start`` (where the last reply begins: the text before it is what the
+        model read after the prompt) and ``pieces`` (where each piece begins: the renderer tokenizes them apart,
+        :mod:`attnprobe.render.pieces`, so a capture sees the ids the model was sent)."""
         pieces = self.pieces[1:end]
         text = self.text(end)
-        msg: dict = {"role": "assistant", "content": text, "annotations": annotations(pieces)}
+        starts, pos = [], 0
+        for p in pieces:
+            starts.append(pos)
+            pos += len(p.text)
+        msg: dict = {"role": "assistant", "content": text, "annotations": annotations(pieces), "pieces": starts}
         if pieces and pieces[-1].kind == "reply":
             msg["reply_start"] = len(text) - len(pieces[-1].text)
         return [{"role": "user", "content": self.prompt}, msg]

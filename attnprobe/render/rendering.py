@@ -24,6 +24,7 @@ import numpy as np
 
 from attnprobe.errors import RenderError, TooLongError
 from attnprobe.render.brackets import bracket_end
+from attnprobe.render.pieces import encode, piece_cuts
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.trajectory.schema import Trajectory, call_arguments, message_text
 
@@ -345,7 +346,8 @@ def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
             if messages[-1]["role"] == "assistant" and not add_generation_prompt:
                 prompt_end = _prompt_end(tokenizer, out_msgs, trajectory.tools, text)
             return _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                                       num_messages=len(messages), prompt_end=prompt_end)
+                                       num_messages=len(messages), prompt_end=prompt_end,
+                                       cuts=piece_cuts(parts, messages))
         except TooLongError as exc:  # another rendering may be shorter; if none fits, this is the error
             too_long = exc
             continue
@@ -371,10 +373,8 @@ def _prompt_end(tokenizer, out_msgs, tools, text: str) -> int | None:
 
 
 def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                        num_messages, prompt_end: int | None = None) -> Rendered:
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+                        num_messages, prompt_end: int | None = None, cuts: list[int] = ()) -> Rendered:
+    ids, offsets = encode(tokenizer, text, list(cuts))  # in pieces where a message lists them (pieces.py)
     # Every character gets the index of the (sub)part covering it, or -1 for template text.
     labels: list[tuple[str, str, int, int, str]] = []  # (role, author, turn, message_index, name)
     children: dict[int, list[int]] = {}  # part label -> its sub-part labels

@@ -49,6 +49,9 @@ def test_stream_runs_in_process_and_captures_at_the_calls_reply(tiny_smol):
     assert chat.seen[-1] == stream.ids  # the prompt the model read: the stream's ids as they are
     call = calls[2]  # the third call: after a search and an invalid turn
     res = attnprobe.capture(tiny_smol, Trajectory.from_dict(call), queries="reasoning+decision", layers=[0])
+    # the capture reads the ids the model was sent (the pieces tokenized apart), then the reply and the end marker
+    reply_ids = tok(stream.pieces[5].text, add_special_tokens=False)["input_ids"]
+    assert res.input_ids.tolist()[:len(chat.seen[2]) + len(reply_ids)] == chat.seen[2] + reply_ids
     dec = next(qp for qp in res.queries if qp.kind == "decision")
     starts = [qp for qp in res.queries if qp.kind == "reasoning" and qp.message_index == 1]
     assert [qp.turn for qp in starts] == [0, 1, 2]

@@ -203,6 +203,9 @@ def test_recorded_call_labels_the_stream(tok):
         ("tool_call", "self", 2, "<search>long</search>"),
     ]
     rendered = render(Trajectory(id="c", messages=messages), tok)
+    sent = [t for p in stream.pieces[:6] for t in p.ids]  # the ids the model read, then its reply
+    assert rendered.input_ids.tolist()[:len(sent)] == sent  # tokenized in pieces (whole, they would differ)
+    assert messages[1]["pieces"] == [0, *[sum(len(p.text) for p in stream.pieces[1:k]) for k in range(2, 6)]]
     by_turn = {(s.turn, s.role) for s in rendered.segments if s.role != "template"}
     assert {(0, "observation"), (1, "task"), (2, "tool_call"), (2, "reasoning")} <= by_turn
     starts = [q for q in rendered.queries_reasoning if q.message_index == 1]
