@@ -18,8 +18,11 @@ Source: ``PeterGriffinJin/Search-R1`` at commit a14dc3a (``search_r1/llm_agent/g
 - The model is sent the last ``max_prompt_tokens`` tokens of the sequence (4,096: ``generation.py:107-112``).
 - After ``max_turns`` turns, one more generation without search (``generation.py:278-310``): its reply is
   appended, a search in it is not run (the loop: :meth:`attnprobe.studies.loop.agents.Loop._stream`).
-- The answer is read as Search-R1 scores it (``verl/utils/reward_score/qa_em.py:73-82``): the last
-  ``<answer>`` of prompt + sequence, none when the prompt's example is the only one.
+- The answer: Search-R1 scores the last ``<answer>`` of prompt + sequence, none when there are fewer than two
+  (``verl/utils/reward_score/qa_em.py:62-82``, :func:`final_answer`). Its prompt holds two (``<answer> and
+  </answer>`` and ``<answer> Beijing </answer>``), so a rollout that never answers is scored as "Beijing". Ours
+  (:meth:`Stream.answer`): the last ``<answer>`` of the sequence after the prompt, none without one (the same EM
+  except on a question whose gold answer is "Beijing"; "no answer" stays countable).
 
 The tokenizer is any Hugging Face tokenizer (``apply_chat_template``, ``__call__``, ``decode``).
 """
@@ -82,7 +85,8 @@ def passages(results: list[tuple[str, str]]) -> str:
 
 def final_answer(sequence: str) -> str | None:
     """qa_em.py:62-82 (``extract_solution``) over the decoded prompt + sequence: the last ``<answer>``; None
-    when there are fewer than two (the prompt's own example ``<answer> Beijing </answer>`` is one)."""
+    when there are fewer than two. Search-R1's prompt alone holds two, so this is "Beijing" for a sequence that
+    never answers (kept to state the difference; the loop uses :meth:`Stream.answer`)."""
     found = list(_ANSWER.finditer(sequence))
     return found[-1].group(1).strip() if len(found) > 1 else None
 
@@ -154,8 +158,10 @@ class Stream:
         self.pieces.append(Piece(kind, text, ids, self.steps, cut))
 
     def answer(self) -> str | None:
-        """The answer as Search-R1 scores the sequence (:func:`final_answer`)."""
-        return final_answer(self.prompt_text + self.text())
+        """The last ``<answer>`` the model wrote (in the sequence after the prompt; see the module docstring for
+        how Search-R1's scorer differs), None without one."""
+        found = list(_ANSWER.finditer(self.text()))
+        return found[-1].group(1).strip() if found else None
 
     @property
     def prompt_text(self) -> str:

@@ -169,6 +169,7 @@ def test_left_truncation_and_early_answer(tok):
     assert stream.ids == want[0] + [t for part in right for t in part]
     assert stream.dropped() == len(stream.ids) - (n + 8) > 0
     assert stream.answer() == "Shakespeare"
+    assert searchr1.Stream(tok, PROMPT).answer() is None  # ours: no answer the model wrote, none
 
 
 def test_helpers_quote_search_r1():
@@ -177,6 +178,8 @@ def test_helpers_quote_search_r1():
     assert searchr1.parse_action("<search>  </search>") == ("search", "")
     assert searchr1.parse_action("<search>open") == (None, "")
     assert searchr1.final_answer("<answer> Beijing </answer> ... no answer") is None
+    # Search-R1's scorer over prompt + sequence: its prompt holds two <answer> spans, so no answer reads "Beijing"
+    assert searchr1.final_answer(PROMPT + "<think>no idea</think>") == "Beijing"
     assert searchr1.passages([("T", "line one\nline two")]) == "Doc 1(Title: T) line one\nline two\n"
     assert searchr1.question(" Who wrote Hamlet ") == "Who wrote Hamlet?"
 
