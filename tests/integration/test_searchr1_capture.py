@@ -5,6 +5,7 @@ the earlier replies, documents and the invalid-action text as past turns."""
 
 from __future__ import annotations
 
+import pytest
 from support.fixed_search import FixedSearch
 
 from attnprobe.agents import searchr1
@@ -66,3 +67,26 @@ def test_stream_runs_in_process_and_captures_at_the_calls_reply(tiny_smol):
     shares = rec["queries"]["decision"]["shares"]
     assert shares["past_observation"] > 0 and shares["past_reasoning"] > 0 and shares["past_tool_call"] > 0
     assert abs(sum(shares.values()) - 1) < 1e-4
+
+
+@pytest.mark.slow
+def test_a_stream_study_and_its_attention_through_the_cli(tmp_path, tiny_smol_folder):
+    import json
+
+    from attnprobe.cli.main import main
+    from attnprobe.resources import data_path
+
+    out = tmp_path / "study"
+    assert main(["-q", "study", "interference", str(data_path("questions_loop.jsonl")), "--limit", "2", "--policy",
+                 "none", "--policy", "ircot:o", "--model", str(tiny_smol_folder), "--max-new-tokens", "12",
+                 "--max-turns", "2", "--out", str(out)]) == 0
+    assert main(["-q", "study", "attention", str(out), "--layers", "0", "--shares-min-past", "1"]) == 0
+    study = json.loads((out / "study.json").read_text())
+    assert study["config"]["ircot_form"] == "stream" and study["config"]["max_tokens"] == 12
+    assert (out / "study.md").read_text().startswith("# Interference study: scaffold ircot (Search-R1 stream)")
+    calls = [json.loads(line) for line in (out / "none" / "calls.jsonl").read_text().splitlines()]
+    assert len(calls) == 6 and all(c["meta"]["stream"]["prompt_tokens"] == c["meta"]["usage"]["input_tokens"]
+                                   for c in calls)
+    assert [len(c["messages"]) for c in calls] == [2] * 6  # the prompt and the one growing sequence
+    attention = json.loads((out / "attention.json").read_text())
+    assert set(attention["settings"]) == {"none", "ircot:o"}
