@@ -51,7 +51,6 @@ from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
     IRCOT_PROMPT,
     SEED002_TASK,
-    ircot_passages,
     prompts_hash,
     seed002_system,
 )
@@ -299,6 +298,19 @@ class Loop:
             out.append((r.title, text if keep else " ".join(text.split())))
         return out
 
+    def _search_round(self, query: str, tag_text: str, documents: str) -> None:
+        """A turn that ran ``query`` in rounds form (both ircot forms): the turn's text without its ``<search>``
+        span, one ``search`` call and its ``tag_text``, then the documents as its ``tool`` message; refined once."""
+        ep = self.ep
+        ep.tool_calls += 1
+        ep.retrievals += 1
+        thought = re.sub(r"<search>.*?(?:</search>|$)", "", tag_text, flags=re.S).strip()
+        call = {"id": f"call{ep.tool_calls}", "type": "function",
+                "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
+        ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": tag_text})
+        ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search", "content": documents})
+        self._refine()
+
     def _ircot(self) -> None:
         ep = self.ep
         ep.append({"role": "user", "content": IRCOT_PROMPT.format(question=self.question["question"])})
@@ -316,15 +328,7 @@ class Loop:
                 ep.append({"role": "user", "content": IRCOT_INVALID})
                 continue
             query = act.queries[0]
-            ep.tool_calls += 1
-            ep.retrievals += 1
-            thought = re.sub(r"<search>.*?(?:</search>|$)", "", act.text, flags=re.S).strip()
-            call = {"id": f"call{ep.tool_calls}", "type": "function",
-                    "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
-            ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": act.text})
-            ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
-                       "content": ircot_passages(self._passages(query)).rstrip("\n")})
-            self._refine()
+            self._search_round(query, act.text, searchr1.passages(self._passages(query)).rstrip("\n"))
         if self.config.final_call:
             yield from self._ircot_final()
 
@@ -357,15 +361,7 @@ class Loop:
                 ep.append({"role": "assistant", "content": text or "(empty reply)", "reply_text": text})
                 ep.append({"role": "user", "content": searchr1.INVALID})
                 continue
-            ep.tool_calls += 1
-            ep.retrievals += 1
-            call = {"id": f"call{ep.tool_calls}", "type": "function",
-                    "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
-            thought = re.sub(r"<search>.*?</search>", "", text, count=1, flags=re.S).strip()
-            ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": text})
-            ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
-                       "content": searchr1.passages(self._passages(query, keep=True))})
-            self._refine()
+            self._search_round(query, text, searchr1.passages(self._passages(query, keep=True)))
 
     def _ircot_final(self) -> None:
         """Search-R1's final rollout (``search_r1/llm_agent/generation.py``: after ``max_turns`` steps, one more

@@ -30,11 +30,6 @@ IRCOT_PROMPT = (
 IRCOT_INVALID = INVALID.strip("\n")
 
 
-def ircot_passages(passages: list[tuple[str, str]]) -> str:
-    """Search-R1's passage format: ``Doc i(Title: title) text`` one per line."""
-    return "".join(f"Doc {i}(Title: {title}) {text}\n" for i, (title, text) in enumerate(passages, 1))
-
-
 # Seed 002, "System Prompt" (p. 22): "The agent prompt requests interleaved search and reasoning, cited
 # explanations, exact answers, and confidence". The seed does not print it; its released scaffold does
 # (i-DeepSearch/observation-masking, utils/prompts.py, DEVELOPER_CONTENT), and it is the same for every
