@@ -67,7 +67,7 @@ If I want to give the final answer, I should put the answer between <answer> and
     return fed, right
 
 
-LONG = " ".join(f"word{i} fact." for i in range(400))  # about 1,500 tokens of documents: cut to 500
+LONG = " ".join(f"word{i} fact." for i in range(132)) + " end"  # its observation is 700 tokens: cut to 500
 PAGES = {"Hamlet author": [("Hamlet", "Hamlet is a tragedy.\nIt has five acts."), ("Globe", "A theatre.")],
          "": [("Empty", "nothing asked")], "long": [("Long", LONG)]}
 REPLIES = [
@@ -129,7 +129,7 @@ def test_stream_equals_search_r1_manager(tok):
     assert kinds == [("prompt", 0, 0), ("reply", 1, 0), ("information", 1, 0), ("reply", 2, 0), ("invalid", 2, 0),
                      ("reply", 3, 0), ("information", 3, kinds[6][2]), ("reply", 4, 0), ("information", 4, 0),
                      ("reply", 5, 0)]
-    assert kinds[6][2] > 200 and len(stream.pieces[6].ids) == 500  # the long block cut to 500 tokens
+    assert kinds[6][2] == 200 and len(stream.pieces[6].ids) == 500  # the 700-token block cut to 500 tokens
     assert not stream.pieces[6].text.endswith("</information>\n\n")  # it lost its closing tag, as in Search-R1
     assert stream.pieces[1].text.endswith("</search>") and "made up" not in stream.text()
     assert stream.pieces[2].text == ("\n\n<information>Doc 1(Title: Hamlet) Hamlet is a tragedy.\nIt has five acts."
