@@ -264,3 +264,13 @@ def test_token_prompts_are_refused_where_they_cannot_be_sent():
 
     with pytest.raises(ValueError, match="as token ids"):
         Plain().complete_batch([req])
+
+
+def test_the_cli_refuses_the_stream_against_a_served_model_before_anything_runs(tmp_path, capsys):
+    from attnprobe.cli.main import main
+    from attnprobe.resources import data_path
+
+    argv = ["study", "interference", str(data_path("questions_loop.jsonl")), "--generator", "openai",
+            "--base-url", "http://127.0.0.1:9/v1", "--served-model", "m", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--ircot-form chat" in capsys.readouterr().err and not (tmp_path / "o" / "study.json").exists()
