@@ -13,7 +13,7 @@ RUNS=${1:-runs/loop-docs}
 AP=${ATTNPROBE:-attnprobe}
 Q=trajectories/questions_loop.jsonl
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # the two studies run side by side, one core each
-( $AP -q study interference "$Q" --scaffold ircot --policy none --policy ircot:o --policy ircot:oq \
+( $AP -q study interference "$Q" --scaffold ircot --ircot-form chat --policy none --policy ircot:o --policy ircot:oq \
       --policy ircot:oqp --policy refine:bm25:3 --max-new-tokens 32 --max-turns 3 --out "$RUNS/ircot" \
   && $AP -q study attention "$RUNS/ircot" ) &
 ircot=$!

@@ -17,7 +17,7 @@ AP=${ATTNPROBE:-.venv/bin/attnprobe}
 mkdir -p "$OUT"
 head -n 4 trajectories/questions_loop.jsonl > "$OUT/questions.jsonl"
 echo "demo_loop: the study (12 episodes stepped together) -> $OUT/study"
-"$AP" study interference "$OUT/questions.jsonl" --scaffold ircot --policy none --policy mask:1 \
+"$AP" study interference "$OUT/questions.jsonl" --scaffold ircot --ircot-form chat --policy none --policy mask:1 \
     --policy ircot:oq --structured-actions --episodes-per-batch 12 --out "$OUT/study"
 echo "demo_loop: its attention side -> $OUT/study/attention.md"
 "$AP" study attention "$OUT/study" --layers 0,14,29

@@ -62,7 +62,7 @@ def register(studies) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("questions", help="JSONL question set (default fields: question, golden_answers / answer)")
     g = p.add_argument_group("study")
-    add_options(g, LoopConfig, ("scaffold",))
+    add_options(g, LoopConfig, ("scaffold", "ircot_form"))
     g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
                    help="a setting to run; repeat it for more settings, side by side; compose policies within one "
                         "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "
@@ -154,6 +154,9 @@ def cmd_interference(args) -> int:
     Scorer(args.judge)  # a bad --judge fails here
     questions = read_questions(args.questions)[: args.limit]
     config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
+    if config.stream and args.generator == "openai":  # a chat endpoint takes messages, not token ids
+        raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in process "
+                         "(--generator transformers or vllm); against a served model use --ircot-form chat")
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,

@@ -124,6 +124,18 @@ class ChatRequest:
     temperature: float = 0.0
     episode: str | None = None
     actions: ActionFormat | None = None
+    # The prompt as token ids, sent as they are (a Search-R1 sequence, attnprobe.agents.searchr1: pieces
+    # tokenized apart, which no rendering of ``messages`` reproduces); ``messages`` then say what they hold.
+    # In-process backends only (request_prompt); a chat endpoint refuses it.
+    prompt_ids: list[int] | None = None
+
+
+def request_prompt(request: ChatRequest, render, tokenizer) -> Prompt:
+    """The prompt of ``request`` in process: its ``prompt_ids`` as they are, else ``render(messages, tools)``."""
+    if request.prompt_ids is None:
+        return render(request.messages, request.tools)
+    ids = [int(t) for t in request.prompt_ids]
+    return Prompt(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=False), rendering="tokens")
 
 
 class ChatBackend(Protocol):
@@ -145,11 +157,15 @@ class OneByOne:
     a backend that cannot batch (a test's scripted chat). Structured actions need a backend that
     implements them, so a request with ``actions`` is refused here."""
 
+    accepts_token_prompts = False  # a scripted chat that reads the messages a token prompt is labelled with
+
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
         out = []
         for r in requests:
             if r.actions is not None:
                 raise ValueError(f"{type(self).__name__} cannot constrain replies to an action grammar")
+            if r.prompt_ids is not None and not self.accepts_token_prompts:
+                raise ValueError(f"{type(self).__name__} cannot be sent a prompt as token ids here")
             out.append(self.complete(r.messages, r.tools, max_tokens=r.max_tokens, temperature=r.temperature))
         return out
 

@@ -208,6 +208,10 @@ class OpenAIChat(OneByOne):
         return replies
 
     def _complete(self, request: ChatRequest) -> ChatReply:
+        if request.prompt_ids is not None:
+            raise AttnprobeError(f"{self.url}: a chat endpoint is sent messages, not a token sequence: the Search-R1 "
+                                 "stream (--ircot-form stream) runs in process (--generator transformers or vllm); "
+                                 "--ircot-form chat runs the multi-turn form against a server")
         messages = [{k: v for k, v in m.items() if k != "annotations"} for m in request.messages]  # our labels
         tools, max_tokens = request.tools, request.max_tokens
         payload: dict[str, Any] = {"model": self.model, "messages": messages,  # a limit is always sent

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, Prompt, tool_names
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, Prompt, request_prompt, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
@@ -271,7 +271,7 @@ class TransformersChat(OneByOne):
         for r in requests:
             if int(r.max_tokens) < 1:
                 raise ValueError(f"max_tokens must be >= 1; got {r.max_tokens}")
-        prompts = [self.prompt(r.messages, r.tools) for r in requests]
+        prompts = [request_prompt(r, self.prompt, self.tokenizer) for r in requests]
         rows = []
         for req, p in zip(requests, prompts):
             kept = self._kept.pop(req.episode, None) if req.episode is not None else None

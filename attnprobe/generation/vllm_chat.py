@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne
+from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, request_prompt
 from attnprobe.generation.transformers_chat import TransformersChat
 
 
@@ -113,7 +113,7 @@ class VllmChat(OneByOne):
         llm = self.loaded.model
         if llm is None:
             raise AttnprobeError("this vLLM generator was closed; open it again")
-        prompts = [self.prompt(r.messages, r.tools) for r in requests]
+        prompts = [request_prompt(r, self.prompt, self.tokenizer) for r in requests]
         limit = self.loaded.max_model_len
         for i, p in enumerate(prompts):
             if limit is not None and len(p.ids) >= limit:

@@ -24,6 +24,7 @@ import numpy as np
 
 from attnprobe.errors import RenderError, TooLongError
 from attnprobe.render.brackets import bracket_end
+from attnprobe.render.pieces import encode, piece_cuts
 from attnprobe.render.segments import QueryPoint, Segment
 from attnprobe.trajectory.schema import Trajectory, call_arguments, message_text
 
@@ -41,7 +42,8 @@ class Part:
     turn: int
     literal: str | None = None  # exact text to find; None for natively serialized tool calls
     call: dict | None = None  # the tool call, for native locating
-    subspans: list[tuple[int, int, str, str, str]] = field(default_factory=list)  # (s, e, role, author, name)
+    # (s, e, role, author, name, turns after the part's own: an annotation's ``turn``, 0 otherwise)
+    subspans: list[tuple[int, int, str, str, str, int]] = field(default_factory=list)
     span: tuple[int, int] | None = None
     # tool-call argument values to label as their own sub-parts: (argument, value, role, author, name);
     # resolved to ``subspans`` once the call is located in the rendered text
@@ -72,7 +74,8 @@ class Rendered:
 
 
 def message_turns(messages: list[dict]) -> list[int]:
-    """Turn of every message: each assistant message after the first starts a new turn."""
+    """Turn of every message: each assistant message after the first starts a new turn, and a message whose
+    ``annotations`` span later turns (``turn``: one Search-R1 sequence) moves the next ones on by as many."""
     turn, seen_assistant, out = 0, False, []
     for msg in messages:
         if msg["role"] == "assistant":
@@ -80,6 +83,7 @@ def message_turns(messages: list[dict]) -> list[int]:
                 turn += 1
             seen_assistant = True
         out.append(turn)
+        turn += max((int(a.get("turn", 0)) for a in msg.get("annotations") or []), default=0)
     return out
 
 
@@ -90,7 +94,8 @@ def _args_dict(call: dict) -> dict:
 def _annotated(part: Part, msg: dict) -> Part:
     """Relabel character spans of a message's content (``annotations``) as their own sub-parts."""
     for j, ann in enumerate(msg.get("annotations") or []):
-        part.subspans.append((ann["start"], ann["end"], ann["role"], ann.get("author", "external"), f"annotation[{j}]"))
+        part.subspans.append((ann["start"], ann["end"], ann["role"], ann.get("author", "external"), f"annotation[{j}]",
+                              int(ann.get("turn", 0))))
     return part
 
 
@@ -116,7 +121,7 @@ def _resolve_marks(text: str, part: Part) -> None:
         for lit in (value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]):
             at = body.find(lit)
             if at >= 0:
-                part.subspans.append((at, at + len(lit), role, author, name))
+                part.subspans.append((at, at + len(lit), role, author, name, 0))
                 break
         else:
             raise RenderError(f"message {part.message_index} ({name}): argument value not found inside the "
@@ -260,7 +265,7 @@ def _locate(text: str, parts: list[Part]) -> None:
             s, e, lead = hit
             part.span = (s, e)
             if lead:
-                part.subspans = [(a - lead, b - lead, r, au, n) for a, b, r, au, n in part.subspans]
+                part.subspans = [(a - lead, b - lead, *rest) for a, b, *rest in part.subspans]
         else:
             hit2 = _find_native_call(text, part.call, cursor)
             if hit2 is None:
@@ -341,7 +346,8 @@ def render(trajectory: Trajectory, tokenizer, *, rendering: str = "auto",
             if messages[-1]["role"] == "assistant" and not add_generation_prompt:
                 prompt_end = _prompt_end(tokenizer, out_msgs, trajectory.tools, text)
             return _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                                       num_messages=len(messages), prompt_end=prompt_end)
+                                       num_messages=len(messages), prompt_end=prompt_end,
+                                       cuts=piece_cuts(parts, messages))
         except TooLongError as exc:  # another rendering may be shorter; if none fits, this is the error
             too_long = exc
             continue
@@ -367,10 +373,8 @@ def _prompt_end(tokenizer, out_msgs, tools, text: str) -> int | None:
 
 
 def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_prompt, tried,
-                        num_messages, prompt_end: int | None = None) -> Rendered:
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], dtype=np.int64)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+                        num_messages, prompt_end: int | None = None, cuts: list[int] = ()) -> Rendered:
+    ids, offsets = encode(tokenizer, text, list(cuts))  # in pieces where a message lists them (pieces.py)
     # Every character gets the index of the (sub)part covering it, or -1 for template text.
     labels: list[tuple[str, str, int, int, str]] = []  # (role, author, turn, message_index, name)
     children: dict[int, list[int]] = {}  # part label -> its sub-part labels
@@ -380,8 +384,8 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
         labels.append((part.role, part.author, part.turn, part.message_index, part.name))
         parent = len(labels) - 1
         char_label[s:e] = parent
-        for a, b, role, author, name in part.subspans:
-            labels.append((role, author, part.turn, part.message_index, name))
+        for a, b, role, author, name, later in part.subspans:
+            labels.append((role, author, part.turn + later, part.message_index, name))
             children.setdefault(parent, []).append(len(labels) - 1)
             char_label[s + a:s + b] = len(labels) - 1
     n = len(ids)
@@ -403,7 +407,7 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
     # Group runs of tokens into segments; template runs take the turn/message of the next part.
     segments: list[Segment] = []
     token_segment = np.empty(n, dtype=np.int64)
-    last_turn = max(p.turn for p in parts) if parts else 0
+    last_turn = max((lab[2] for lab in labels), default=0)
     t = 0
     while t < n:
         lab = tok_label[t]
@@ -425,10 +429,11 @@ def _tokenize_and_label(text, parts, tokenizer, mode, out_msgs, add_generation_p
         segments.append(Segment(role, author, int(turn), int(mi), int(t), int(u), name))
         t = u
     queries = []
-    first_seen: set[int] = set()
-    for seg in segments:
-        if seg.author == "self" and seg.role in ("reasoning", "tool_call") and seg.message_index not in first_seen:
-            first_seen.add(seg.message_index)
+    first_seen: set[tuple[int, int]] = set()  # (message, turn): a message whose annotations span turns (one
+    for seg in segments:                       # Search-R1 sequence) has a reasoning start per turn
+        if seg.author == "self" and seg.role in ("reasoning", "tool_call") and \
+                (seg.message_index, seg.turn) not in first_seen:
+            first_seen.add((seg.message_index, seg.turn))
             # A message that opens with reasoning text is a reasoning step; one that is only tool calls
             # is an action step (seed 002 counts reasoning steps only; analyses filter on the kind).
             kind = "reasoning" if seg.role == "reasoning" else "action"
@@ -452,18 +457,20 @@ def decision_point(queries: list[QueryPoint], segments: list[Segment], offsets: 
     markup (Qwen's ``<think>\n`` before reasoning_content) decides before that markup. Any other trajectory
     (awaiting the model's turn, rendered with the generation prompt) decided at its last token, as does a
     reply with no own token. ``attnprobe counterfactual`` takes the same position
-    (:func:`attnprobe.counterfactual.contexts.build_context`)."""
+    (:func:`attnprobe.counterfactual.contexts.build_context`). A reply whose annotations span turns (a Search-R1
+    sequence, :mod:`attnprobe.agents.searchr1`: earlier replies and observations inline) decided at the token
+    before its last turn's first own token, the current reply's reasoning start."""
     n = len(offsets)
     last = num_messages - 1
     if messages and messages[-1].get("role") == "assistant" and not add_generation_prompt:
         starts = [q for q in queries if q.message_index == last]
-        if starts and starts[0].position >= 1:
-            start = starts[0].position
+        if starts and starts[-1].position >= 1:  # the last turn's reply (a Search-R1 sequence has several)
+            start = starts[-1].position
             pos = start - 1
-            if prompt_end is not None:
+            if prompt_end is not None and len(starts) == 1:
                 ends = np.flatnonzero(offsets[:start, 1] == prompt_end)
                 t = int(ends[-1]) if ends.size else -1
                 if t >= 0 and offsets[t + 1, 0] >= prompt_end:  # a token boundary at the prompt's end
                     pos = t
-            return QueryPoint(pos, "decision", starts[0].turn, last)
+            return QueryPoint(pos, "decision", starts[-1].turn, last)
     return QueryPoint(n - 1, "decision", segments[-1].turn, segments[-1].message_index)

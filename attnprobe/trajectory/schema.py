@@ -225,6 +225,9 @@ def validate_record(record: Any, *, path: str | None = None, line: int | None = 
                     _fail(f"role must be one of {', '.join(ANNOTATION_ROLES)}", path, line, f"{aw}.role")
                 if ann.get("author", "external") not in ("self", "external"):
                     _fail("author must be 'self' or 'external'", path, line, f"{aw}.author")
+                t = ann.get("turn", 0)
+                if not (isinstance(t, int) and not isinstance(t, bool) and t >= 0):
+                    _fail("turn (turns after the message's own) must be an integer >= 0", path, line, f"{aw}.turn")
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:

@@ -19,7 +19,7 @@ QUESTIONS = str(data_path("questions_loop.jsonl"))
 
 
 def _study(out, *extra):
-    return main(["study", "interference", QUESTIONS, "--limit", "1", "--max-turns", "2", "--max-new-tokens", "12",
+    return main(["study", "interference", "--ircot-form", "chat", QUESTIONS, "--limit", "1", "--max-turns", "2", "--max-new-tokens", "12",
                  "--out", str(out), "--no-progress", "--bootstrap", "100", *extra])
 
 

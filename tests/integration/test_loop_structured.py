@@ -22,8 +22,8 @@ def test_bundled_model_searches_and_attends_to_observations_and_placeholders(tmp
     q.write_text(json.dumps({"id": first["id"], "question": first["question"],
                              "golden_answers": first["answers"]}) + "\n")
     out = tmp_path / "study"
-    assert main(["-q", "study", "interference", str(q), "--scaffold", "ircot", "--policy", "none", "--policy",
-                 "mask:1", "--structured-actions", "--max-turns", "3", "--episodes-per-batch", "2",
+    assert main(["-q", "study", "interference", str(q), "--scaffold", "ircot", "--ircot-form", "chat", "--policy",
+                 "none", "--policy", "mask:1", "--structured-actions", "--max-turns", "3", "--episodes-per-batch", "2",
                  "--model", str(bundled_folder), "--out", str(out), "--no-progress"]) == 0
     study = json.loads((out / "study.json").read_text())
     assert study["config"]["structured_actions"] is True

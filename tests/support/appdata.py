@@ -75,7 +75,7 @@ def build_studies(base: Path, smol) -> dict[str, Path]:
     out = {}
     for name, cfg, settings, script in (
             ("loop-seed002", LoopConfig("seed002", max_turns=8, top_k=1), ["none", "mask:1"], _seed002_script),
-            ("loop-ircot", LoopConfig("ircot", max_turns=4, top_k=1), ["none", "ircot:oq"], _ircot_script)):
+            ("loop-ircot", LoopConfig("ircot", ircot_form="chat", max_turns=4, top_k=1), ["none", "ircot:oq"], _ircot_script)):
         folder = base / name
         counts, _ = run_study(LocalExecutor(lambda s=script: ScriptedChat(s), progress=False), folder, STUDY_QUESTIONS,
                               settings, cfg, n_boot=100)

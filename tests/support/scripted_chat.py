@@ -34,9 +34,11 @@ def tool_call(cid: str, name: str, **args) -> dict:
 class ScriptedChat(OneByOne):
     kind = "scripted"
     name = "scripted-chat"
+    accepts_token_prompts = True  # a Search-R1 stream's request: the script reads the messages that label it
 
-    def __init__(self, script, *, fail_on_call: int | None = None, actions: bool = False):
+    def __init__(self, script, *, fail_on_call: int | None = None, actions: bool = False, tokenizer=None):
         self.script = script
+        self.tokenizer = tokenizer  # the Search-R1 stream tokenizes with it (None: the stream form refuses)
         self.sent: list[list[dict]] = []
         self.tools: list[list[dict] | None] = []
         self.fail_on_call = fail_on_call  # raise RuntimeError on this (1-based) call: an interrupted run

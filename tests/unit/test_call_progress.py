@@ -43,7 +43,7 @@ def test_runner_notes_every_call_then_its_speed(tmp_path):
 def test_study_loop_notes_every_call_then_its_speed():
     notes: list[str] = []
     chat = ScriptedChat(lambda m, t: R3)  # "<think>p2</think><answer>42</answer>": one whitespace token
-    run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot"), Q, run_id="r", scorer=Scorer(),
+    run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", ircot_form="chat"), Q, run_id="r", scorer=Scorer(),
                  note=notes.append)
     assert notes[0] == "call 1" and RATE.match(notes[1]).groups()[:2] == ("call 1", "1")
 
@@ -129,7 +129,7 @@ def test_the_study_bar_counts_model_calls_not_only_episodes(tmp_path, monkeypatc
 
     questions = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in (1, 0)]
     run_study(LocalExecutor(lambda: ScriptedChat(script)), tmp_path, questions, ["none"],
-              LoopConfig("ircot", max_turns=3), n_boot=10)
+              LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10)
     bar = bars[0]
     assert (bar.unit, bar.seen[0]) == ("call", (1, 8))  # 2 episodes x (3 turns + final call); the first call shows
     assert [n for n, _ in bar.seen[:4]] == [1, 2, 3, 4]  # q1's four calls move the bar before any episode ends

@@ -146,7 +146,7 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
                                 ("busy", searches, None)):
         out = tmp_path / name
         _, study = run_study(LocalExecutor(lambda s=script: ScriptedChat(s), progress=False), out, qs,
-                             ["none", "ircot:o"], LoopConfig("ircot", max_turns=2), n_boot=50)
+                             ["none", "ircot:o"], LoopConfig("ircot", ircot_form="chat", max_turns=2), n_boot=50)
         n = "n = 3: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
         assert study["caveats"] == ([first] if first else []) + [n]
         md = (out / "study.md").read_text()

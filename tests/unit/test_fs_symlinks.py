@@ -177,7 +177,7 @@ def test_study_interference_refuses_a_symlinked_results_folder_before_running(tm
     StudyLayout(out).setting_dir("none").mkdir(parents=True)
     (StudyLayout(out).setting_dir("none") / "results").symlink_to(secret.parent)
     with pytest.raises(AttnprobeError, match=r"/none/results: is a symlink inside"):
-        InterferenceJob(out, [{"id": "q1", "question": "?"}], ["none"], LoopConfig("ircot"))
+        InterferenceJob(out, [{"id": "q1", "question": "?"}], ["none"], LoopConfig("ircot", ircot_form="chat"))
 
 
 # ------------------------------------------------------------------ truncated safetensors are not done

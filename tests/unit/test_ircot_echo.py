@@ -39,7 +39,7 @@ def test_a_real_answer_after_an_echo_counts_and_the_example_text_on_its_own_coun
 def test_the_loop_treats_an_echo_as_an_invalid_turn_then_scores_the_real_answer():
     replies = iter([ECHO, f"<answer> {Q['answers'][0]} </answer>"])
     chat = ScriptedChat(lambda m, t: next(replies))
-    result, calls, _ = run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", max_turns=3), Q,
+    result, calls, _ = run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", ircot_form="chat", max_turns=3), Q,
                                     run_id="run/none", scorer=Scorer())
     assert chat.sent[1][-1] == {"role": "user", "content": IRCOT_INVALID}  # the echo got Search-R1's feedback
     assert (result["answer"], result["correct"], len(calls)) == (Q["answers"][0], True, 2)

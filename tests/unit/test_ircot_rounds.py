@@ -31,7 +31,7 @@ def strip(sent):
 def run(spec, replies, **cfg):
     queue = list(replies)
     chat = ScriptedChat(lambda m, t: queue.pop(0))
-    result, calls, history = run_question(chat, FixedSearch(), parse_setting(spec), LoopConfig("ircot", **cfg), Q,
+    result, calls, history = run_question(chat, FixedSearch(), parse_setting(spec), LoopConfig("ircot", ircot_form="chat", **cfg), Q,
                                           run_id=f"run/{spec}", scorer=Scorer())
     return chat, result, calls, history
 

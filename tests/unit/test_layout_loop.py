@@ -231,7 +231,7 @@ def test_the_jobs_done_is_the_layouts(tmp_path):
     from attnprobe.studies.loop.job import InterferenceJob, inputs_stamp, recorded_fields
 
     q = {"id": "q1", "question": "What?", "answers": ["x"], "type": None}
-    config = LoopConfig("ircot")
+    config = LoopConfig("ircot", ircot_form="chat")
     job = InterferenceJob(tmp_path, [q], ["none"], config, model="m")
     [item] = job.items()
     assert not job.done(item)
@@ -355,8 +355,8 @@ def test_a_study_of_two_refiner_models_keeps_both_rows(tmp_path):
     q = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}
     chat = ScriptedChat(lambda messages, tools: "<think>known</think><answer>Paris</answer>")
     counts, study = run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [q], [a, b],
-                              LoopConfig("ircot", max_turns=2), n_boot=10)
+                              LoopConfig("ircot", ircot_form="chat", max_turns=2), n_boot=10)
     assert counts["done"] == 2 and [study["settings"][s]["questions"] for s in (a, b)] == [1, 1]
     assert [json.loads(StudyLayout(tmp_path).result(s, "q1").read_text())["setting"] for s in (a, b)] == [a, b]
     assert run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [q], [a, b],
-                     LoopConfig("ircot", max_turns=2), n_boot=10)[0]["done_before"] == 2  # a rerun redoes neither
+                     LoopConfig("ircot", ircot_form="chat", max_turns=2), n_boot=10)[0]["done_before"] == 2  # a rerun redoes neither

@@ -91,7 +91,8 @@ def refiner_chat(monkeypatch):
 
 
 def _config(scaffold, **kw):
-    return LoopConfig(scaffold, max_turns=3 if scaffold == "ircot" else 4, top_k=2, open_lines=5, max_tokens=64, temperature=0.0, **kw)
+    return LoopConfig(scaffold, max_turns=3 if scaffold == "ircot" else 4, top_k=2, open_lines=5, max_tokens=64, temperature=0.0,
+                      **({"ircot_form": "chat"} if scaffold == "ircot" else {}), **kw)
 
 
 def _study(out, chat, scaffold, batch_size, settings=None, **kw):
@@ -301,9 +302,9 @@ def test_stamps_without_structured_actions_are_unchanged():
     """Free decoding keeps the stamps of main before issue 30 (values computed there): shipped results and
     the pinned baseline stay done."""
     q = {"id": "q1", "question": "Which element?", "answers": ["holmium"], "type": None}
-    assert inputs_stamp(q, "none", LoopConfig("ircot"), "m") == STAMP_IRCOT
+    assert inputs_stamp(q, "none", LoopConfig("ircot", ircot_form="chat"), "m") == STAMP_IRCOT
     assert inputs_stamp(q, "mask:5", LoopConfig("seed002", preset="cpu"), "m") == STAMP_SEED002
-    on = LoopConfig("ircot", structured_actions=True)
+    on = LoopConfig("ircot", ircot_form="chat", structured_actions=True)
     assert on.to_dict()["structured_actions"] is True and inputs_stamp(q, "none", on, "m") != STAMP_IRCOT
 
 
@@ -332,7 +333,7 @@ def test_cli_batch_size_and_structured_actions_reach_the_study(tmp_path, monkeyp
     q = str(data_path("questions_loop.jsonl"))
     for i, extra in enumerate([[], ["--episodes-per-batch", "8", "--structured-actions"]]):
         (tmp_path / str(i)).mkdir()
-        assert main(["study", "interference", q, "--out", str(tmp_path / str(i)), *extra]) == 0
+        assert main(["study", "interference", "--ircot-form", "chat", q, "--out", str(tmp_path / str(i)), *extra]) == 0
     assert seen == [(1, False), (8, True)]
     import argparse
 
@@ -364,7 +365,7 @@ def test_replica_hands_a_chat_job_its_model_wrapped_as_the_job_says(tmp_path, mo
     monkeypatch.setattr(transformers_chat, "TransformersChat", FakeChat)
     job = InterferenceJob(tmp_path, [], ["none"], LoopConfig("seed002"))
     assert job.needs == "chat" and job.chat_options == {"stop_at_call": False}
-    assert InterferenceJob(tmp_path, [], ["none"], LoopConfig("ircot")).chat_options == {"stop_at_call": None}
+    assert InterferenceJob(tmp_path, [], ["none"], LoopConfig("ircot", ircot_form="chat")).chat_options == {"stop_at_call": None}
     replica = _replica("LOADED")
     replica.run(job, [], 0.0)
     state = replica._prepared[1]
@@ -428,7 +429,7 @@ def test_cli_batched_study_against_an_endpoint_writes_the_sequential_records(tmp
                          for x in QUESTIONS[:3]), encoding="utf-8")
     settings = [a for s in SETTINGS[scaffold][:2] for a in ("--policy", s)]
     for name, size in (("seq", "1"), ("bat", "4")):
-        assert main(["study", "interference", str(q), "--scaffold", scaffold, *settings, "--max-turns", "3",
+        assert main(["study", "interference", "--ircot-form", "chat", str(q), "--scaffold", scaffold, *settings, "--max-turns", "3",
                      "--top-k", "2", "--max-new-tokens", "32", "--temperature", "0", "--bootstrap", "20",
                      "--generator", "openai", "--base-url", scripted_endpoint, "--served-model", "m",
                      "--episodes-per-batch", size, "--no-progress", "--out", str(tmp_path / name)]) == 0
@@ -449,7 +450,7 @@ def test_progress_notes_name_the_turn_and_its_episodes():
             messages[-1]["content"].startswith("<information>") else "<search>q1 x</search>"
 
     def loops(*qids):
-        return [Loop(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot"), run_id=f"none/{q}",
+        return [Loop(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", ircot_form="chat"), run_id=f"none/{q}",
                      question={"id": q, "question": f"Which {q}?"}) for q in qids]
 
     chat, notes, done = ScriptedChat(script), [], []

@@ -37,7 +37,7 @@ def ircot_script(messages, tools):
 def run_ircot(spec_or_setting, script=ircot_script, **cfg):
     setting = parse_setting(spec_or_setting) if isinstance(spec_or_setting, str) else spec_or_setting
     chat = ScriptedChat(script)
-    result, calls, history = run_question(chat, FixedSearch(), setting, LoopConfig("ircot", **cfg), Q,
+    result, calls, history = run_question(chat, FixedSearch(), setting, LoopConfig("ircot", ircot_form="chat", **cfg), Q,
                                           run_id=f"run/{setting.spec}", scorer=Scorer())
     return chat, result, calls, history
 

@@ -138,7 +138,7 @@ def script(messages, tools):
 
 
 def _run(out, chat, settings=("none", "ircot:o")):
-    cfg = LoopConfig("ircot", max_turns=3)
+    cfg = LoopConfig("ircot", ircot_form="chat", max_turns=3)
     return run_study(LocalExecutor(lambda: chat, progress=False), out, QUESTIONS, list(settings), cfg, n_boot=100)
 
 
@@ -168,7 +168,7 @@ def test_resumed_study_gives_the_same_records(tmp_path):
     # nothing left: a third run runs nothing
     assert _run(tmp_path / "resumed", ScriptedChat(script))[0]["done"] == 0
     # a changed loop option is not "done"
-    job = InterferenceJob(tmp_path / "whole", QUESTIONS, ["none"], LoopConfig("ircot", max_turns=2))
+    job = InterferenceJob(tmp_path / "whole", QUESTIONS, ["none"], LoopConfig("ircot", ircot_form="chat", max_turns=2))
     assert not any(job.done(it) for it in job.items())
     md = (tmp_path / "whole" / "study.md").read_text()
     assert "| none | 3 |" in md and "## Against none" in md
@@ -199,7 +199,7 @@ def test_cli_refuses_bad_options(tmp_path, capsys, extra, needle):
     from attnprobe.cli.main import main
     from attnprobe.resources import data_path
 
-    code = main(["study", "interference", str(data_path("questions_loop.jsonl")), "--out", str(tmp_path / "o"),
+    code = main(["study", "interference", "--ircot-form", "chat", str(data_path("questions_loop.jsonl")), "--out", str(tmp_path / "o"),
                  *extra])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and "Traceback" not in err
@@ -325,7 +325,7 @@ def test_a_study_folder_in_use_is_refused_by_both_study_commands(tmp_path, capsy
 def test_loop_config_defaults_per_scaffold_and_the_cpu_preset():
     seed = LoopConfig("seed002")  # seed 002 appendix C: 8192 output tokens per turn, temperature 1.0
     assert (seed.max_tokens, seed.temperature, seed.max_turns, seed.top_k, seed.open_lines) == (8192, 1.0, 10, 15, 50)
-    assert (LoopConfig("ircot").max_tokens, LoopConfig("ircot").temperature) == (128, 0.0)  # unchanged
+    assert (LoopConfig("ircot", ircot_form="chat").max_tokens, LoopConfig("ircot", ircot_form="chat").temperature) == (128, 0.0)  # unchanged
     cpu = LoopConfig("seed002", preset="cpu")
     assert (cpu.max_tokens, cpu.temperature) == (128, 0.0)
     assert (LoopConfig("seed002", preset="cpu", max_tokens=64, temperature=0.5).max_tokens,

@@ -35,7 +35,7 @@ def failing(messages, tools):
 
 
 def _run(out, questions=QUESTIONS, chat=None, settings=("none",), force=False, **cfg):
-    config = LoopConfig("ircot", **{"max_turns": 3, **cfg})
+    config = LoopConfig("ircot", ircot_form="chat", **{"max_turns": 3, **cfg})
     ex = LocalExecutor(lambda: chat or ScriptedChat(script), progress=False)
     return run_study(ex, out, list(questions), list(settings), config, n_boot=50, force=force)
 
@@ -49,7 +49,7 @@ def test_a_changed_question_or_gold_answer_reruns_that_item_only(tmp_path):
     counts, study = _run(tmp_path)
     assert counts["done"] == 3 and study["settings"]["none"]["accuracy"] == 1.0
     changed = [QUESTIONS[0], {**QUESTIONS[1], "answers": ["7"]}, {**QUESTIONS[2], "question": "What is item 5?"}]
-    job = InterferenceJob(tmp_path, changed, ["none"], LoopConfig("ircot", max_turns=3))
+    job = InterferenceJob(tmp_path, changed, ["none"], LoopConfig("ircot", ircot_form="chat", max_turns=3))
     assert [job.done(it) for it in job.items()] == [True, False, False]
     counts, study = _run(tmp_path, changed)
     assert counts == {"done_before": 1, "done": 2, "failed": 0}
@@ -191,7 +191,7 @@ def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tm
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "study"
-    argv = ["study", "interference", str(qfile), "--policy", "none", "--out", str(out), "--max-turns", "3",
+    argv = ["study", "interference", "--ircot-form", "chat", str(qfile), "--policy", "none", "--out", str(out), "--max-turns", "3",
             "--generator", "openai", "--base-url", "http://127.0.0.1:9/v1", "--no-progress"]
     assert main([*argv, "--served-model", "m1"]) == 0
     md = (out / "study.md").read_text()
@@ -289,7 +289,7 @@ def test_a_study_that_finished_nothing_leaves_no_settings_record(tmp_path):
     def down(messages, tools):
         raise RuntimeError("endpoint down")
 
-    cfg = LoopConfig("ircot", max_turns=3)
+    cfg = LoopConfig("ircot", ircot_form="chat", max_turns=3)
     with pytest.raises(ModelNotFoundError):  # exit 3: no model loaded
         run_study(LocalExecutor(no_model, progress=False), tmp_path, QUESTIONS, ["none"], cfg, n_boot=10, model="a")
     assert not (tmp_path / SETTINGS_FILE).exists()
@@ -299,7 +299,7 @@ def test_a_study_that_finished_nothing_leaves_no_settings_record(tmp_path):
     assert not (tmp_path / SETTINGS_FILE).exists()
     # the corrected command (another model) is not refused, and is recorded once it has finished something
     counts, _ = run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
-                          LoopConfig("ircot", max_turns=3), n_boot=10, model="b")
+                          LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10, model="b")
     assert counts["done"] == len(QUESTIONS)
     assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "b"
 
@@ -320,7 +320,7 @@ def test_a_changed_corpus_reruns_and_a_moved_identical_one_does_not(tmp_path):
     q = [{"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}]
 
     def run(corpus):
-        cfg = LoopConfig("ircot", max_turns=2, top_k=1, corpus=corpus)
+        cfg = LoopConfig("ircot", ircot_form="chat", max_turns=2, top_k=1, corpus=corpus)
         return run_study(LocalExecutor(lambda: ScriptedChat(searcher), progress=False), tmp_path / "s", q, ["none"],
                          cfg, n_boot=10)[0]
 
@@ -346,8 +346,8 @@ def test_a_run_killed_after_its_first_item_has_recorded_its_settings(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_study(LocalExecutor(lambda: ScriptedChat(killed_at_q1), progress=False), tmp_path, QUESTIONS, ["none"],
-                  LoopConfig("ircot", max_turns=3), n_boot=10, model="a")
+                  LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10, model="a")
     assert json.loads((tmp_path / SETTINGS_FILE).read_text())["study interference"]["model"] == "a"
     with pytest.raises(AttnprobeError, match="--model/--served-model was 'a', now 'b'"):  # q0 was made with 'a'
         run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
-                  LoopConfig("ircot", max_turns=3), n_boot=10, model="b")
+                  LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10, model="b")

@@ -52,7 +52,7 @@ def test_a_study_says_when_the_server_did_not_apply_the_grammar(tmp_path):
     q = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}
     with scripted_endpoint(reply=reply) as ep:
         run_study(LocalExecutor(lambda: OpenAIChat(ep.url, "m", max_retries=0), progress=False), tmp_path, [q],
-                  ["none"], LoopConfig("ircot", max_turns=3, structured_actions=True), n_boot=10)
+                  ["none"], LoopConfig("ircot", ircot_form="chat", max_turns=3, structured_actions=True), n_boot=10)
         assert "grammar" in ep.bodies[0]["structured_outputs"]  # the grammar was sent
     calls = [json.loads(line) for line in (tmp_path / "none" / "calls.jsonl").read_text().splitlines()]
     assert [c["meta"]["follows_grammar"] for c in calls] == [False, True]
@@ -66,7 +66,7 @@ def test_a_study_whose_replies_follow_the_grammar_says_nothing(tmp_path):
     q = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}
     with scripted_endpoint(reply=lambda body: "<think>ok</think><answer>Paris</answer>") as ep:
         run_study(LocalExecutor(lambda: OpenAIChat(ep.url, "m", max_retries=0), progress=False), tmp_path, [q],
-                  ["none"], LoopConfig("ircot", max_turns=3, structured_actions=True), n_boot=10)
+                  ["none"], LoopConfig("ircot", ircot_form="chat", max_turns=3, structured_actions=True), n_boot=10)
     study = json.loads((tmp_path / "study.json").read_text())
     assert study["structured_replies"] == {"replies": 1, "off_grammar": 0}
     assert not any("grammar" in c for c in study["caveats"])

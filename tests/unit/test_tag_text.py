@@ -37,7 +37,7 @@ def script(messages, tools):
 
 def run(spec="none"):
     chat = ScriptedChat(script)
-    result, calls, history = run_question(chat, FixedSearch(), parse_setting(spec), LoopConfig("ircot"), Q,
+    result, calls, history = run_question(chat, FixedSearch(), parse_setting(spec), LoopConfig("ircot", ircot_form="chat"), Q,
                                           run_id=f"run/{spec}", scorer=Scorer())
     return chat, calls, history
 

@@ -37,6 +37,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from attnprobe.agents import searchr1
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS, SearchBackend, corpus_identity
@@ -51,7 +52,6 @@ from attnprobe.studies.loop.prompts import (
     IRCOT_INVALID,
     IRCOT_PROMPT,
     SEED002_TASK,
-    ircot_passages,
     prompts_hash,
     seed002_system,
     template_family,
@@ -60,14 +60,19 @@ from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.trajectory.schema import message_text
 
 SCAFFOLDS = ("ircot", "seed002")
+# How the ircot scaffold sends its history: "stream", Search-R1's one growing sequence (attnprobe.agents.searchr1,
+# the default: seed 004's agent is "implemented based on" Search-R1), or "chat", ours: one assistant message per
+# turn, documents and the invalid-action reply as user messages (the form of every study before issue 37).
+IRCOT_FORMS = ("stream", "chat")
 # per scaffold: (turn limit, passages or results per search). seed 004: K = 3; seed 002 (appendix C):
 # "Default search top-k is 15"; the seed's 500-turn limit is far beyond what a small model uses.
-DEFAULTS = {"ircot": (4, 3), "seed002": (10, 15)}
+DEFAULTS = {"ircot": (searchr1.MAX_TURNS, searchr1.TOP_K), "seed002": (10, 15)}  # Search-R1: evaluate.sh
 # per scaffold: (output tokens per model call, temperature). seed 002 appendix C: "8192 output tokens per
 # turn and temperature 1.0 are the default generation settings", as in its release (agents/deepseek_agent.py,
 # agents/gptoss_agent.py: max_tokens 8192, temperature 1.0). IRCoT: ours (seed 004 gives no generation
-# settings), short greedy turns.
-GENERATION = {"ircot": (128, 0.0), "seed002": (8192, 1.0)}
+# settings), short greedy turns; the Search-R1 stream: its evaluation's 500 reply tokens
+# (scripts/nq_hotpotqa/evaluate.sh: data.max_response_length=500), greedy (its validation: do_sample False).
+GENERATION = {"ircot": (128, 0.0), "ircot-stream": (searchr1.MAX_RESPONSE_TOKENS, 0.0), "seed002": (8192, 1.0)}
 # --generation-preset cpu: the bundled 135M model on a CPU in minutes (ours, not a seed's setting): short greedy turns.
 PRESETS = {"cpu": {"max_tokens": 128, "temperature": 0.0}}
 
@@ -93,6 +98,10 @@ class LoopConfig:
                              help="seed002: lines 'open' shows (default {default})")
     max_tokens: int | None = None  # the generation group's --max-new-tokens (default None: see above)
     temperature: float | None = None  # the generation group's --temperature (default None: see above)
+    ircot_form: str = option(
+        "stream", flag="--ircot-form", choices=IRCOT_FORMS,
+        help="ircot: stream = Search-R1's one growing sequence (default; in process only: --generator "
+             "transformers or vllm); chat = ours, one message per turn (every study before issue 37)")
     judge: str = option("exact", flag="--judge",
                         help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
@@ -112,12 +121,15 @@ class LoopConfig:
     def __post_init__(self):
         if self.scaffold not in SCAFFOLDS:
             raise ValueError(f"scaffold must be one of {', '.join(SCAFFOLDS)}, not {self.scaffold!r}")
+        if self.ircot_form not in IRCOT_FORMS:
+            raise ValueError(f"ircot_form must be one of {', '.join(IRCOT_FORMS)}, not {self.ircot_form!r}")
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
         turns, k = DEFAULTS[self.scaffold]
         self.max_turns = turns if self.max_turns is None else self.max_turns
         self.top_k = k if self.top_k is None else self.top_k
-        gen = {"max_tokens": GENERATION[self.scaffold][0], "temperature": GENERATION[self.scaffold][1],
+        key = "ircot-stream" if self.stream else self.scaffold
+        gen = {"max_tokens": GENERATION[key][0], "temperature": GENERATION[key][1],
                **PRESETS.get(self.preset or "", {})}
         self.max_tokens = gen["max_tokens"] if self.max_tokens is None else self.max_tokens
         self.temperature = gen["temperature"] if self.temperature is None else self.temperature
@@ -126,16 +138,31 @@ class LoopConfig:
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
 
+    @property
+    def stream(self) -> bool:
+        """Whether the model is sent Search-R1's single sequence (the ircot scaffold's default form)."""
+        return self.scaffold == "ircot" and self.ircot_form == "stream"
+
+    @property
+    def label(self) -> str:
+        """The scaffold as study.md's title names it, with the ircot form."""
+        if self.scaffold != "ircot":
+            return self.scaffold
+        return "ircot (Search-R1 stream)" if self.stream else "ircot (multi-turn chat, ours)"
+
     def to_dict(self) -> dict:
         """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
         shipped one), never its path."""
-        d = {**asdict(self), "judge": redact(self.judge), "prompts": prompts_hash(self.scaffold)}  # study.json
+        d = {**asdict(self), "judge": redact(self.judge),  # study.json
+             "prompts": prompts_hash("ircot-stream" if self.stream else self.scaffold)}
         if self.search == "bm25":
             d["corpus"] = corpus_identity(self.corpus)
         if self.scaffold != "ircot":  # the final answer call is Search-R1's, an IRCoT option only
             d.pop("final_call")
         if not self.structured_actions:
             d.pop("structured_actions")
+        if not self.stream:  # the multi-turn form's stamps stay those of earlier versions
+            d.pop("ircot_form")
         return d
 
 
@@ -185,24 +212,32 @@ class Loop:
         return ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=self.config.max_tokens)
 
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None, *,
-              final: bool = False):
+              final: bool = False, stream: searchr1.Stream | None = None):
         """Ask for ``sent`` (``cf.messages``, or the ``kept`` ones of it rewritten as tags) and record the call:
         the model gets the text only, the record keeps the tag-text ``annotations`` (and labels the reply's).
-        A generator: yields the request, is sent the reply, returns it (``reply = yield from self._call(...)``)."""
+        With a Search-R1 ``stream`` the model is sent its token ids (``sent``: the stream as messages, which
+        label them) and the reply is appended to it as Search-R1 does; the record is the stream through the
+        reply. A generator: yields the request, is sent the reply, returns it (``reply = yield from ...``)."""
         ep = self.ep
         step = len(ep.calls) + 1
         request = ChatRequest(unlabelled(sent), copy.deepcopy(tools) if tools else None,
                               max_tokens=self.config.max_tokens, temperature=self.config.temperature,
-                              episode=self.run_id, actions=self._actions(final))
+                              episode=self.run_id, actions=self._actions(final),
+                              prompt_ids=stream.model_input() if stream is not None else None)
         reply: ChatReply = yield request
         msg: dict[str, Any] = self._native(reply) if self.config.scaffold == "seed002" else reply.as_message()
         if not (msg.get("content") or "").strip() and not msg.get("tool_calls") and msg.get("reasoning_content") is None:
             msg["content"] = "(empty reply)"
         if self.config.scaffold == "ircot":  # the reply's <search> span is its tool call (tag text)
             msg = annotate_reply(msg)
+        messages = copy.deepcopy(sent) + [msg]
+        if stream is not None:  # the reply decoded without special tokens, cut and appended (generation.py:56-75)
+            dropped = stream.dropped()
+            stream.add_reply(reply.raw_text or reply.content or "")
+            messages = stream.recorded()
         call_id = f"{self.run_id}/step-{step}"
         record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
-                  "framing": "trace", "messages": copy.deepcopy(sent) + [msg],
+                  "framing": "trace", "messages": messages,
                   "labels": {}, "meta": {
                       "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": redact(self.setting.spec),
                       "question_id": self.question["id"], "step": step,
@@ -213,6 +248,9 @@ class Loop:
         if request.actions is not None:  # recorded as structured: checked against the grammar it was sent
             record["meta"]["structured_actions"] = True
             record["meta"]["follows_grammar"] = follows_grammar(request.actions, reply.raw_text or reply.content or "")
+        if stream is not None:  # what the model was sent: tokens, the start it did not see, observations cut
+            record["meta"]["stream"] = {"prompt_tokens": len(request.prompt_ids or []), "dropped_tokens": dropped,
+                                        "observation_tokens_cut": [p.cut for p in stream.pieces if p.cut]}
         if tools:
             record["tools"] = tools
         ep.calls.append(record)
@@ -266,10 +304,11 @@ class Loop:
             self._refine()
 
     # ------------------------------------------------------------------ IRCoT
-    def _passages(self, query: str) -> list[tuple[str, str]]:
-        """(title, text) per hit. A backend that gives the whole passage (the retrieval server) is shown it
-        as it came, its own newlines kept, as Search-R1 does; otherwise the fetched page (or the snippet) on
-        one line."""
+    def _passages(self, query: str, keep: bool = False) -> list[tuple[str, str]]:
+        """(title, text) of the ``top_k`` hits. A backend that gives the whole passage (the retrieval server) is
+        shown it as it came; otherwise the fetched page (or the snippet), with its own newlines when ``keep``
+        (the Search-R1 stream keeps them, generation.py:464-467), else its whitespace joined (the multi-turn
+        form, as before)."""
         out = []
         for r in self.search.search(query, self.config.top_k):
             if r.text is not None:
@@ -278,8 +317,21 @@ class Loop:
             text = self.search.fetch(r.url) or r.snippet
             if text.startswith(f"{r.title}\n\n"):
                 text = text[len(r.title) + 2:]
-            out.append((r.title, " ".join(text.split())))
+            out.append((r.title, text if keep else " ".join(text.split())))
         return out
+
+    def _search_round(self, query: str, tag_text: str, documents: str) -> None:
+        """A turn that ran ``query`` in rounds form (both ircot forms): the turn's text without its ``<search>``
+        span, one ``search`` call and its ``tag_text``, then the documents as its ``tool`` message; refined once."""
+        ep = self.ep
+        ep.tool_calls += 1
+        ep.retrievals += 1
+        thought = re.sub(r"<search>.*?(?:</search>|$)", "", tag_text, flags=re.S).strip()
+        call = {"id": f"call{ep.tool_calls}", "type": "function",
+                "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
+        ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": tag_text})
+        ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search", "content": documents})
+        self._refine()
 
     def _ircot(self) -> None:
         ep = self.ep
@@ -298,17 +350,40 @@ class Loop:
                 ep.append({"role": "user", "content": IRCOT_INVALID})
                 continue
             query = act.queries[0]
-            ep.tool_calls += 1
-            ep.retrievals += 1
-            thought = re.sub(r"<search>.*?(?:</search>|$)", "", act.text, flags=re.S).strip()
-            call = {"id": f"call{ep.tool_calls}", "type": "function",
-                    "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
-            ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": act.text})
-            ep.append({"role": "tool", "tool_call_id": call["id"], "name": "search",
-                       "content": ircot_passages(self._passages(query)).rstrip("\n")})
-            self._refine()
+            self._search_round(query, act.text, searchr1.passages(self._passages(query)).rstrip("\n"))
         if self.config.final_call:
             yield from self._ircot_final()
+
+    def _stream(self) -> None:
+        """The ircot scaffold in Search-R1's form (:mod:`attnprobe.agents.searchr1`): every call sends the
+        sequence of the setting's view of the history (:func:`searchr1.from_history`: with no policy, Search-R1's
+        own), up to ``max_turns`` turns and then the final rollout. The history keeps rounds form, so the policies
+        and refiners act on it as in the multi-turn form."""
+        ep, cfg = self.ep, self.config
+        tok = getattr(self.chat, "tokenizer", None)
+        if tok is None:
+            raise ValueError("the Search-R1 stream (--ircot-form stream) needs the model's tokenizer: an in-process "
+                             "generator (--generator transformers or vllm); --ircot-form chat runs the multi-turn form")
+        ep.append({"role": "user", "content": IRCOT_PROMPT.format(question=searchr1.question(self.question["question"]))})
+        for turn in range(cfg.max_turns + int(cfg.final_call)):
+            final = turn == cfg.max_turns
+            cf = ep.view()
+            stream = searchr1.from_history(tok, cf.messages)
+            yield from self._call(stream.recorded(), cf, None, [0], final=final, stream=stream)
+            text = stream.pieces[-1].text
+            action, query = searchr1.parse_action(text)
+            if final or action == "answer":
+                if final:
+                    ep.calls[-1]["meta"]["final_call"] = True
+                ep.append({"role": "assistant", "content": text or "(empty reply)", "reply_text": text})
+                ep.response, ep.answer = text, stream.answer()
+                ep.final_searches += int(final and action == "search")
+                return
+            if action != "search":
+                ep.append({"role": "assistant", "content": text or "(empty reply)", "reply_text": text})
+                ep.append({"role": "user", "content": searchr1.INVALID})
+                continue
+            self._search_round(query, text, searchr1.passages(self._passages(query, keep=True)))
 
     def _ircot_final(self) -> None:
         """Search-R1's final rollout (``search_r1/llm_agent/generation.py``: after ``max_turns`` steps, one more
@@ -329,7 +404,8 @@ class Loop:
     def steps(self):
         """The episode as a generator: yields each :class:`ChatRequest`, is sent its reply, returns the
         :class:`Episode`."""
-        yield from (self._ircot if self.config.scaffold == "ircot" else self._seed002)()
+        yield from (self._stream if self.config.stream else self._ircot if self.config.scaffold == "ircot"
+                    else self._seed002)()
         return self.ep
 
     def run(self) -> Episode:

@@ -154,6 +154,8 @@ def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tupl
     reply = max(s.message_index for s in result.segments)
     own = [s for s in result.segments if s.message_index == reply and s.author == "self"
            and s.role in ("reasoning", "tool_call")]
+    if own:  # a Search-R1 sequence holds every reply in one message: the call's reply is its last turn's
+        own = [s for s in own if s.turn == max(o.turn for o in own)]
     kind = None if not own else "reasoning" if min(own, key=lambda s: s.start).role == "reasoning" else "action"
     hist = (result.meta.get("trajectory_meta") or {}).get("history") or {}
     source, changes = hist.get("source") or [], hist.get("changes") or {}
@@ -167,8 +169,8 @@ def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tupl
     for k, q in enumerate(result.queries):
         name = "decision" if q.kind == "decision" else \
             "reasoning" if q.kind == "reasoning" and q.message_index == reply else None
-        if name is None or name in out:
-            continue
+        if name is None or (name == "decision" and name in out):
+            continue  # the reasoning start: the reply's last (one per turn in a Search-R1 sequence)
         out[name] = (k, category_masks(turn, role, q.turn, LOOP_ROLES, own=("placeholder", "refined")))
     return reply, kind, out
 

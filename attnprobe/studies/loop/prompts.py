@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from attnprobe.agents.searchr1 import INVALID
 from attnprobe.agents.tools import tool_lines
 from attnprobe.studies.loop.pool import TOOLS
 
@@ -24,15 +25,9 @@ IRCOT_PROMPT = (
     "If you find no further external knowledge needed, you can directly provide the answer inside <answer> and "
     "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n")
 
-# Search-R1's reply to a turn with neither a query nor an answer (verbatim).
-IRCOT_INVALID = ("My previous action is invalid. If I want to search, I should put the query between <search> "
-                 "and </search>. If I want to give the final answer, I should put the answer between <answer> "
-                 "and </answer>. Let me try again.")
-
-
-def ircot_passages(passages: list[tuple[str, str]]) -> str:
-    """Search-R1's passage format: ``Doc i(Title: title) text`` one per line."""
-    return "".join(f"Doc {i}(Title: {title}) {text}\n" for i, (title, text) in enumerate(passages, 1))
+# Search-R1's reply to a turn with neither a query nor an answer (verbatim; the multi-turn form sends it as a
+# user message, without the newlines around it that the Search-R1 stream appends: searchr1.INVALID).
+IRCOT_INVALID = INVALID.strip("\n")
 
 
 # Seed 002, "System Prompt" (p. 22): "The agent prompt requests interleaved search and reasoning, cited
@@ -148,6 +143,7 @@ confidence score available."""
 
 def prompts_hash(scaffold: str) -> str:
     """A short fingerprint of a scaffold's templates: a finished run is reused only with the same prompts."""
-    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot"  # seed002: the prompt of every template family
+    texts = ((IRCOT_PROMPT, IRCOT_INVALID) if scaffold == "ircot" else (IRCOT_PROMPT, INVALID)
+             if scaffold == "ircot-stream"  # seed002: the prompt of every template family
              else (*(seed002_system(TOOLS, f) for f in SEED002_PARALLEL), SEED002_TASK))
     return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]

@@ -29,7 +29,7 @@ from attnprobe.studies.loop.scoring import scorer_label
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
 OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
                 "final_call": "the final answer call", "model": "--model/--served-model",
-                "structured_actions": "--structured-actions"}
+                "structured_actions": "--structured-actions", "ircot_form": "--ircot-form"}
 
 
 def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
@@ -55,7 +55,7 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
     atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
-    md = markdown(summary, scaffold=config.scaffold, scorer=label, model=", ".join(models) or None,
+    md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
@@ -79,7 +79,8 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
     # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
     # changed corpus reruns the items and a moved identical one does not; the record leaves it out
     wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
-              "structured_actions": config.structured_actions, "model": model}
+              "structured_actions": config.structured_actions, "model": model,
+              **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
     check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
                           batch_size=batch_size, settings_record=wanted)  # recorded as its first item finishes
