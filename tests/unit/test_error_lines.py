@@ -65,7 +65,8 @@ def test_per_item_failed_lines_are_at_most_400_characters(server, tmp_path, caps
     (tmp_path / "q.jsonl").write_text(json.dumps({"id": qid, "question": "What is item 1?", "answers": ["1"]}))
     url = f"http://127.0.0.1:{server.server_port}/v1/" + "p" * 80
     refiner = f"refine:openai:http://127.0.0.1:{server.server_port}/v1:" + "r" * 60
-    rc = main(["study", "interference", str(tmp_path / "q.jsonl"), "--out", str(tmp_path / "o"), "--policy", "none",
+    rc = main(["study", "interference", str(tmp_path / "q.jsonl"), "--out", str(tmp_path / "o"), "--ircot-form", "chat",
+               "--policy", "none",
                "--policy", refiner, "--base-url", url, "--served-model", "m" * 60, "--no-progress", "--max-turns", "2",
                "--request-timeout", "10"])
     assert rc == 1

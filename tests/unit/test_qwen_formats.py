@@ -221,7 +221,7 @@ def test_ircot_tag_turns_cannot_be_rendered_by_templates_that_strip_earlier_thin
     every part must be found, and no rendering finds the first turn as written. Qwen2.5 keeps the text
     (Search-R1's single stream, issue 37 item 1, avoids the question)."""
     chat = ScriptedChat(lambda m, tools: R1 if len(m) == 1 else R2 if len(m) == 3 else R3)
-    _, calls, _ = run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", max_turns=3), IRCOT_Q,
+    _, calls, _ = run_question(chat, FixedSearch(), parse_setting("none"), LoopConfig("ircot", ircot_form="chat", max_turns=3), IRCOT_Q,
                                run_id="run", scorer=Scorer())
     t = Trajectory.from_dict(calls[2])
     with pytest.raises(RenderError, match=r"native: message 1 \(content\): text not found in the rendered template "

@@ -15,10 +15,10 @@ from support.scripted_chat import ScriptedChat
 
 from attnprobe.agents.questions import QuestionsError, read_questions
 from attnprobe.agents.search import RetrieverSearch, SearchConfigError, SearchResult, make_search, split_contents
+from attnprobe.agents.searchr1 import passages as ircot_passages
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.prompts import ircot_passages
 from attnprobe.studies.loop.study import run_study
 
 ALPHA = SearchResult('"Alpha"', "retriever:1", "Alpha one. Alpha two.", "Alpha one.\nAlpha two.")
@@ -79,7 +79,7 @@ def test_ircot_study_retrieves_through_the_server(tmp_path):
     sent the passages in Search-R1's format with their newlines."""
     chat = ScriptedChat(lambda m, tools: R1 if len(m) == 1 else R2 if len(m) == 3 else R3)
     with retrieval_server() as srv:
-        cfg = LoopConfig("ircot", max_turns=3, search="retriever", corpus=srv.url)
+        cfg = LoopConfig("ircot", ircot_form="chat", max_turns=3, search="retriever", corpus=srv.url)
         counts, study = run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [Q], ["none"], cfg,
                                   n_boot=10)
         assert srv.bodies == [{"queries": ["q1 first"], "topk": 3, "return_scores": True},
@@ -97,7 +97,7 @@ def test_ircot_study_retrieves_through_the_server(tmp_path):
 def test_a_failing_server_fails_the_item_not_the_observation(tmp_path):
     chat = ScriptedChat(lambda m, tools: "<think>x</think><search>FAIL q</search>")
     with retrieval_server() as srv:
-        cfg = LoopConfig("ircot", max_turns=2, search="retriever", corpus=srv.url)
+        cfg = LoopConfig("ircot", ircot_form="chat", max_turns=2, search="retriever", corpus=srv.url)
         counts, _ = run_study(LocalExecutor(lambda: chat, progress=False), tmp_path, [Q], ["none"], cfg, n_boot=10)
     assert counts == {"done_before": 0, "done": 0, "failed": 1}
     err = json.loads((tmp_path / "errors.jsonl").read_text().splitlines()[0])

@@ -98,7 +98,7 @@ def test_credentials_in_a_refiner_url_reach_no_output(tmp_path, monkeypatch, cap
             lock = json.loads((tmp_path / LOCK_NAME).read_text())
             ex = LocalExecutor(lambda: ScriptedChat(script), progress=False)
             counts, _ = run_study(ex, tmp_path, [{"id": "q1", "question": "What is item 1?", "answers": ["1"]}],
-                                  ["none", spec], LoopConfig("ircot", max_turns=3), n_boot=20)
+                                  ["none", spec], LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=20)
     finally:
         for name in ("attnprobe", "attnprobe_hooks", "attnprobe_app"):
             logging.getLogger(name).handlers[:] = []
@@ -157,7 +157,7 @@ def test_a_study_with_a_refiners_credentials_writes_them_nowhere_and_resumes(tmp
     questions = [{"id": "q1", "question": "What is item 1?", "answers": ["1"]}]
     for done in ("done", "done_before"):
         counts, _ = run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), out, questions,
-                              ["none", spec], LoopConfig("ircot", max_turns=3), n_boot=20)
+                              ["none", spec], LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=20)
         assert counts[done] == 2 and counts["failed"] == 0
     assert set(urls) == {"http://user:s3cret@127.0.0.1:9/v1"}  # the refiner is built with the whole URL
     for path in out.rglob("*"):

@@ -62,7 +62,7 @@ from attnprobe.trajectory.schema import message_text
 SCAFFOLDS = ("ircot", "seed002")
 # How the ircot scaffold sends its history: "stream", Search-R1's one growing sequence (attnprobe.agents.searchr1,
 # the default: seed 004's agent is "implemented based on" Search-R1), or "chat", ours: one assistant message per
-# turn, documents and the invalid-action reply as user messages (the form of every study before issue 37).
+# turn, documents and the invalid-action reply as user messages (the form of every study before the Search-R1 stream).
 IRCOT_FORMS = ("stream", "chat")
 # per scaffold: (turn limit, passages or results per search). seed 004: K = 3; seed 002 (appendix C):
 # "Default search top-k is 15"; the seed's 500-turn limit is far beyond what a small model uses.
@@ -101,7 +101,7 @@ class LoopConfig:
     ircot_form: str = option(
         "stream", flag="--ircot-form", choices=IRCOT_FORMS,
         help="ircot: stream = Search-R1's one growing sequence (default; in process only: --generator "
-             "transformers or vllm); chat = ours, one message per turn (every study before issue 37)")
+             "transformers or vllm); chat = ours, one message per turn (every study before the Search-R1 stream)")
     judge: str = option("exact", flag="--judge",
                         help="exact (offline EM, default) or openai:BASE_URL:MODEL (seed 002's F.5 LLM judge)")
     final_call: bool = True       # IRCoT: Search-R1's final rollout after max_turns (part of "done")
