@@ -129,7 +129,9 @@ def options_record(opts: RunOptions, model: dict | None = None) -> dict:
     option that changes a step's record. A rerun without ``--actions`` into a folder made with it is
     refused (not a silent replacement of the finished steps' next-action data) unless ``--force``."""
     return {**(model or {}), "rendering": opts.rendering, "max_tokens": opts.max_tokens,
-            "layers": None if opts.layers is None else list(opts.layers), "chunk_size": opts.chunk_size,
+            "layers": None if opts.layers is None else list(opts.layers),
+            # a chunk changes scores only by float rounding: an automatic one (None) resumes any folder
+            **({"chunk_size": opts.chunk_size} if opts.chunk_size else {}),
             "actions": opts.actions, "max_new_tokens": opts.max_new_tokens if opts.actions else None,
             "logprob": opts.logprob}
 

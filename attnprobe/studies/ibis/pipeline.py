@@ -149,11 +149,28 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
         record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
     index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder) if aggregate_now else None
-    used = index["chunk_size"] if index else opts.chunk_size  # the chunk the captures ran with (their meta)
+    used = index["chunk_size"] if index else _chunk_used(target, items, opts.chunk_size)
     update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": used,
                                             "invariants": inv, **counts,
                                             "aggregated_items": len(index["items"]) if index else None})
     return RunCounts(counts["done_before"], counts["captured"], counts["failed"])
+
+
+def _chunk_used(target: Target, items, given: int | None) -> int | None:
+    """The chunk the folder's captures ran with (their meta.json: chosen for the device unless given)."""
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.io import load_json
+    from attnprobe.results.result import META_FILE
+
+    for it in items:
+        for fr in FRAMINGS:
+            meta = target.layout.capture(it.id, fr) / META_FILE
+            if meta.is_file():
+                try:
+                    return load_json(meta).get("chunk_size", given)
+                except (AttnprobeError, AttributeError):
+                    return given
+    return given
 
 
 def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
