@@ -52,8 +52,8 @@ def study(tmp_path_factory, tiny_smol):
                           ["none", "mask:1"], cfg, n_boot=100)
     assert counts["failed"] == 0
     ex = LocalExecutor(lambda: smol, progress=False)
-    cf = RunOptions(layers=LAYERS, chunk_size=512)  # what the CLI's options give (its rerun below resumes)
-    cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
+    cf = RunOptions(layers=LAYERS)  # what the CLI's options give: the chunk chosen for the device (its rerun below resumes)
+    cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS)
     first = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, min_past=2, shares_min_past=1,
                           n_boot=200)
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("meta.json")}
@@ -181,8 +181,8 @@ def test_default_min_past_is_the_counterfactual_commands_and_no_eligible_step_is
     smol = tiny_smol
     out, *_ = study
     ex = LocalExecutor(lambda: smol, progress=False)
-    cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS, chunk_size=512)
-    cf = RunOptions(layers=LAYERS, chunk_size=512)
+    cap = CaptureOptions(queries="reasoning+decision", layers=LAYERS)
+    cf = RunOptions(layers=LAYERS)
     _, doc = run_attention(ex, out, model=smol, capture=cap, counterfactual=cf, n_boot=50, only=["mask:1"])
     # mask:K's default is K + 1 past turns, the first step at which it can archive (issue 26 item 9): for
     # mask:1 that is 2, the fixture's --min-past, so its two steps (q1, turns 2 and 3) are already done
