@@ -63,6 +63,8 @@ def test_capture_done_check_is_settings_weights_and_content(tmp_path):
     other = CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=256), weights="w1")
     assert not other.done(item) and other.conflicts() == [
         f"{folder / 'meta.json'}: chunk_size was 512, now 256"]
+    auto = CaptureJob(tmp_path, [t], CaptureOptions(), weights="w1")  # the chunk chosen for the device
+    assert auto.done(item) and auto.conflicts() == []  # resumes a folder made with any chunk (float rounding only)
     assert CaptureJob(tmp_path, [t], CaptureOptions(chunk_size=512), weights="w2").conflicts()[0].endswith(
         "weights fingerprint was w1, now w2 (the model files changed)")
     changed = Trajectory(id="a/b", messages=[{"role": "user", "content": "hello"}])
