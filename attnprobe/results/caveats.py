@@ -37,6 +37,8 @@ def _span(values: Iterable[int]) -> str:
 # Tool results that carry nothing a policy treats as retrieved text: an empty search (the seed002 browser's
 # "No results for 'q'.", studies/loop/pool.py) and a failed call ("Error..."; masking never archives errors).
 _EMPTY_RESULTS = ("No results for ", "Error")
+# What a policy leaves of a message it edited away: its placeholder text is not a passage.
+_EDITED_AWAY = ("placeholder", "removed")
 
 
 def _observation_text(msg: Mapping) -> str:
@@ -51,16 +53,21 @@ def _observation_text(msg: Mapping) -> str:
 
 
 def has_observation(call: Mapping) -> bool:
-    """Whether a recorded call gave its policy something to act on: a sent message (all but the recorded
-    reply, the last) that is a tool result or an ``observation``-labelled span (IRCoT's ``<information>``
-    block) with text that is not an empty search or an error, or a history the policy changed
-    (``meta.history.changes``/``refined``: it acted, e.g. removed every observation it was sent)."""
+    """Whether a recorded call held a retrieved passage: a sent message (all but the recorded reply, the
+    last) that is a tool result or an ``observation``-labelled span (IRCoT's ``<information>`` block) with
+    text that is not an empty search or an error. Whatever a policy edited: a message the policy replaced
+    by a placeholder or removed (``meta.history.changes`` of its full-history message ``source[k]``) is no
+    passage, and a change alone is no observation (masking an empty ``<information></information>`` adds
+    placeholder text, it retrieves nothing)."""
     hist = (call.get("meta") or {}).get("history") or {}
-    if isinstance(hist, Mapping) and (hist.get("changes") or hist.get("refined")):
-        return True
     sent = (call.get("messages") or [])[:-1]
-    return any(isinstance(m, Mapping) and (t := _observation_text(m)) and not t.startswith(_EMPTY_RESULTS)
-               for m in sent)
+    source = hist.get("source") if isinstance(hist, Mapping) else None
+    changes = (hist.get("changes") if isinstance(hist, Mapping) else None) or {}
+    if not isinstance(source, list) or len(source) != len(sent) or not isinstance(changes, Mapping):
+        source = [None] * len(sent)
+    return any(isinstance(m, Mapping) and changes.get(str(i)) not in _EDITED_AWAY
+               and (t := _observation_text(m)) and not t.startswith(_EMPTY_RESULTS)
+               for m, i in zip(sent, source))
 
 
 def observed_calls(calls: Iterable[Mapping]) -> tuple[int, int]:
@@ -99,6 +106,19 @@ def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, tempera
     return out
 
 
+def baseline_never_searched(settings: Mapping[str, Mapping], baseline: str) -> list[str]:
+    """The caveat when the baseline setting finished questions with ART 0 (study.json ``settings[B].art``:
+    mean retrievals per question): its agent never searched, so the study compares context policies over
+    histories that hold no retrieval of the baseline's."""
+    m = settings.get(baseline) or {}
+    n_q, art = m.get("questions") or 0, m.get("art")
+    if not n_q or not _num(art) or art != 0:
+        return []
+    return [f"the baseline {baseline} never searched (0 retrievals over {n_q} question{'' if n_q == 1 else 's'}): "
+            "its agent answered without retrieving, so no setting's difference from it is a policy's effect on "
+            "retrieved text"]
+
+
 def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
@@ -133,7 +153,8 @@ def grammar_not_applied(counts: Mapping | None) -> list[str]:
 
 
 def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
-    """study.json's caveats: replies recorded as structured that do not follow the grammar, settings that
+    """study.json's caveats: replies recorded as structured that do not follow the grammar, a baseline that
+    never searched, settings that
     retrieved nothing (from ``calls``, setting -> its recorded calls, where given; else from ART), and too
     few questions for the CIs."""
     settings = study.get("settings") or {}
@@ -143,9 +164,10 @@ def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None 
     config = study.get("config")
     temp = config.get("temperature") if isinstance(config, Mapping) else None
     counts = study.get("structured_replies")
+    baseline = study.get("baseline") or next(iter(settings), "")
     return [*grammar_not_applied(counts if isinstance(counts, Mapping) else None),
-            *retrieved_nothing(settings, study.get("baseline") or next(iter(settings), ""), temperature=temp,
-                               calls=calls),
+            *baseline_never_searched(settings, baseline),
+            *retrieved_nothing(settings, baseline, temperature=temp, calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 
 

@@ -149,7 +149,9 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
 
     at = _page(monkeypatch, data, "Study")
     assert at.title[0].value == "Study: policies in the loop"
-    assert [w.value for w in at.warning] == [f"Caveat: {N_CAVEAT}"]  # computed from the data (2 questions)
+    rn = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
+          "2 retrievals over 2 questions); its row equals the baseline by construction")  # no passage: issue 37
+    assert [w.value for w in at.warning] == [f"Caveat: {rn}", f"Caveat: {N_CAVEAT}"]  # computed from the data
     frames = md_tables(at)  # the small tables are Markdown (app/common.py table); the grid is a dataframe
     table = frames[0]
     assert list(table["setting"]) == ["none (baseline)", OTHER]
@@ -242,21 +244,24 @@ def test_study_caveats_of_the_study_and_its_attention_json(data):
     from attnprobe.studies.loop.attention_report import results_stamps
 
     study = _study(data)
-    assert SD.study_caveats(data, study) == [N_CAVEAT]
+    # the hand-built calls hold no passage (step 3's placeholder is an edit, not a retrieval): issue 37
+    rn = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
+          "2 retrievals over 2 questions); its row equals the baseline by construction")
+    assert SD.study_caveats(data, study) == [rn, N_CAVEAT]
     doc = {"min_past": 5, "results_stamps": results_stamps(study.data["results"]), "settings": {"none": {"captured_calls": 4, "injected_system": {"calls": 4, "min_tokens": 21,
                                                                                          "max_tokens": 21},
                                                 "decision": {"questions": 12, "left_out": {"first_call": 2}}}}}
     (data / "study" / "attention.json").write_text(json.dumps(doc))
     assert SD.study_caveats(data, study) == [
-        N_CAVEAT, "system includes the chat template's injected text (21 tokens): 4 captured calls sent no system "
+        rn, N_CAVEAT, "system includes the chat template's injected text (21 tokens): 4 captured calls sent no system "
                   "message, so their system share is the template's default system text and the first token (the "
                   "attention sink)",
         "2 steps excluded by the past-turn filter (fewer than 5 past turns, --shares-min-past; seed 002 E.5): none "
         "2 of 4"]
     (data / "study" / "attention.json").write_text(json.dumps({**doc, "results_stamps": {"none": "older"}}))
-    assert SD.study_caveats(data, study) == [N_CAVEAT]  # computed from other results: not shown, nor its caveats
+    assert SD.study_caveats(data, study) == [rn, N_CAVEAT]  # computed from other results: not shown, nor its caveats
     (data / "study" / "attention.json").write_text('{"settings": ')
-    assert SD.study_caveats(data, study) == [N_CAVEAT]
+    assert SD.study_caveats(data, study) == [rn, N_CAVEAT]
     assert SD.models_label({"capture": {"capture_model": "SmolLM2-135M-Instruct", "agent_model": "Qwen2.5-7B"}}) == \
         "capture model SmolLM2-135M-Instruct, agent model Qwen2.5-7B"  # the page's attention heading says it
     assert SD.models_label({"capture": {"capture_model": "m", "agent_model": "m"}}) is None

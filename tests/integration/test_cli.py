@@ -102,22 +102,25 @@ def test_bad_input_exit_code_names_line(tmp_path):
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert f"{bad}, line 2, field 'messages': missing required field" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "attnprobe", "capture", str(bad), "--out", str(tmp_path / "o"),
-                           "--model", str(tmp_path / "nope.gguf")], capture_output=True, text=True, env=env)
-    assert proc.returncode == 2  # the input is validated before any model is loaded
+    # the input is validated before any model is loaded (in process: one interpreter start per test keeps it under
+    # the suite's 20 s on a busy machine, issue 38; the exit code is main()'s, which `python -m attnprobe` exits with)
+    from attnprobe.cli.main import main
+
+    assert main(["capture", str(bad), "--out", str(tmp_path / "o"), "--model", str(tmp_path / "nope.gguf")]) == 2
 
 
-def test_missing_model_exit_code(tmp_path):
+def test_missing_model_exit_code(tmp_path, capsys):
     good = tmp_path / "good.jsonl"
     good.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
     proc = subprocess.run([sys.executable, "-m", "attnprobe", "capture", str(good), "--out", str(tmp_path / "o"),
                            "--model", str(tmp_path / "nope.gguf"), "--queries", "decision"],
                           capture_output=True, text=True)
     assert proc.returncode == 3 and "GGUF file not found" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "attnprobe", "capture", str(good), "--out", str(tmp_path / "o"),
-                           "--model", "someone/not-cached-model", "--queries", "decision"],
-                          capture_output=True, text=True, env=dict(os.environ, HF_HOME=str(tmp_path / "hf")))
-    assert proc.returncode == 3 and "never downloads" in proc.stderr
+    from attnprobe.cli.main import main  # in process: one interpreter start per test (issue 38, busy machines)
+
+    assert main(["capture", str(good), "--out", str(tmp_path / "o2"), "--model", "someone/not-cached-model",
+                 "--queries", "decision"]) == 3
+    assert "never downloads" in capsys.readouterr().err
 
 
 def test_safe_names_are_unique():

@@ -66,7 +66,14 @@ def test_has_observation_reads_what_the_policy_could_act_on():
     assert not CV.has_observation(_rec(USER, {"role": "user", "content": "<information>x</information>"}))  # unlabelled
     # the reply (last message) is not sent; a history the policy changed means it acted
     assert not CV.has_observation({"messages": [USER, _tool("Paris is the capital.")]})
-    assert CV.has_observation(_rec(SYS, USER, history={"changes": {"3": "removed"}, "refined": []}))
+    # whatever a policy edited: a change alone is no observation, and a placeholder is no passage
+    assert not CV.has_observation(_rec(SYS, USER, history={"changes": {"3": "removed"}, "refined": []}))
+    ph = {"role": "user", "content": "[Observation omitted to save context.]",
+          "annotations": [{"start": 0, "end": 38, "role": "observation", "author": "external"}]}
+    masked = {"source": [0, 1, 2], "changes": {"2": "placeholder"}, "refined": []}
+    assert not CV.has_observation(_rec(USER, _info(""), ph, history=masked))  # mask:1 over empty blocks
+    assert CV.has_observation(_rec(USER, _info("Doc 1 Paris"), ph, history=masked))  # the kept one holds a passage
+    assert CV.has_observation(_rec(USER, ph, history={"source": [0, 1], "changes": {}, "refined": []}))  # unedited
     assert CV.observed_calls([_rec(USER), _rec(USER, _info("doc")), "junk"]) == (1, 2)
 
 
@@ -91,7 +98,10 @@ def test_retrieved_nothing_from_the_recorded_calls_of_a_hand_built_study(tmp_pat
     study = json.loads((root / "study" / "study.json").read_text())
     [loaded], _ = SD.load_studies(root, D.discover(root).studies)
     n_caveat = "n = 2: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
-    assert SD.study_caveats(root, loaded) == [n_caveat]  # calls/q1.jsonl: step 3 masked an observation
+    # calls/q1.jsonl: step 3 masked message 3 (a placeholder) and no sent message is a passage: an edit is not acting
+    edited = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
+              f"2 retrievals over 2 questions); {GREEDY}")
+    assert SD.study_caveats(root, loaded) == [edited, n_caveat]
     empty = [_rec(SYS, USER), _rec(SYS, USER, SEARCH, _tool("No results for 'capital'."))]
     _write_calls(root / "study", OTHER, empty)
     caveat = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 2 recorded calls; "
@@ -106,6 +116,18 @@ def test_retrieved_nothing_from_the_recorded_calls_of_a_hand_built_study(tmp_pat
     study["settings"][OTHER]["art"] = 0.0
     assert CV.study_caveats(study, {OTHER: found, BASE: empty}) == [n_caveat]  # the baseline never gets it
     assert CV.study_caveats(study)[0].startswith(f"setting {OTHER} retrieved nothing")  # no calls: ART decides
+
+
+def test_baseline_never_searched_from_art():
+    settings = {"none": {"questions": 3, "art": 0.0}, "ircot:o": {"questions": 3, "art": 0.0}}
+    line = ("the baseline none never searched (0 retrievals over 3 questions): its agent answered without "
+            "retrieving, so no setting's difference from it is a policy's effect on retrieved text")
+    assert CV.baseline_never_searched(settings, "none") == [line]
+    assert CV.study_caveats({"baseline": "none", "settings": settings, "config": {"temperature": 0.0}})[:2] == [
+        line, f"setting ircot:o retrieved nothing: no policy acted (0 retrievals over 3 questions); {GREEDY}"]
+    settings["none"]["art"] = 0.5
+    assert CV.baseline_never_searched(settings, "none") == []
+    assert CV.baseline_never_searched({"none": {"questions": 0, "art": None}}, "none") == []
 
 
 def test_study_caveats_on_the_hand_built_study(tmp_path):
@@ -142,15 +164,17 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
 
     quiet = ("setting ircot:o retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
              f"0 retrievals over 3 questions); {GREEDY}")  # study.json decides from the calls since issue 29
-    for name, script, first in (("quiet", answers, quiet),
-                                ("busy", searches, None)):
+    never = ("the baseline none never searched (0 retrievals over 3 questions): its agent answered without "
+             "retrieving, so no setting's difference from it is a policy's effect on retrieved text")
+    for name, script, first in (("quiet", answers, [never, quiet]),
+                                ("busy", searches, [])):
         out = tmp_path / name
         _, study = run_study(LocalExecutor(lambda s=script: ScriptedChat(s), progress=False), out, qs,
                              ["none", "ircot:o"], LoopConfig("ircot", ircot_form="chat", max_turns=2), n_boot=50)
         n = "n = 3: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
-        assert study["caveats"] == ([first] if first else []) + [n]
+        assert study["caveats"] == first + [n]
         md = (out / "study.md").read_text()
-        assert f"- {n}" in md and (f"- {first}" in md if first else "retrieved nothing" not in md)
+        assert f"- {n}" in md and all(f"- {c}" in md for c in first) and (first or "retrieved nothing" not in md)
         assert json.loads((out / "study.json").read_text())["caveats"] == study["caveats"]
 
 
