@@ -95,7 +95,12 @@ def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, tempera
         if n_calls:
             if seen:
                 continue
-            why = f"no observation in any of its {n_calls} recorded calls; {retrievals} over {n_q} questions"
+            # the policy may still have edited the empty observations (a placeholder for an empty block): its row
+            # is not the baseline's by construction, but nothing it changed was retrieved text (issue 37)
+            out.append(f"setting {s} retrieved nothing: no observation held a passage (none in any of its {n_calls} "
+                       f"recorded calls; {retrievals} over {n_q} questions); whatever differs from the baseline "
+                       "comes from what the policy wrote in place of empty observations, not from retrieved text")
+            continue
         elif _num(art) and art == 0:
             why = f"{retrievals} over {n_q} questions"
         else:

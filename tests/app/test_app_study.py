@@ -149,8 +149,9 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
 
     at = _page(monkeypatch, data, "Study")
     assert at.title[0].value == "Study: policies in the loop"
-    rn = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
-          "2 retrievals over 2 questions); its row equals the baseline by construction")  # no passage: issue 37
+    rn = (f"setting {OTHER} retrieved nothing: no observation held a passage (none in any of its 3 recorded calls; "
+          "2 retrievals over 2 questions); whatever differs from the baseline comes from what the policy wrote in "
+          "place of empty observations, not from retrieved text")  # no passage: issue 37
     assert [w.value for w in at.warning] == [f"Caveat: {rn}", f"Caveat: {N_CAVEAT}"]  # computed from the data
     frames = md_tables(at)  # the small tables are Markdown (app/common.py table); the grid is a dataframe
     table = frames[0]
@@ -245,8 +246,9 @@ def test_study_caveats_of_the_study_and_its_attention_json(data):
 
     study = _study(data)
     # the hand-built calls hold no passage (step 3's placeholder is an edit, not a retrieval): issue 37
-    rn = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
-          "2 retrievals over 2 questions); its row equals the baseline by construction")
+    rn = (f"setting {OTHER} retrieved nothing: no observation held a passage (none in any of its 3 recorded calls; "
+          "2 retrievals over 2 questions); whatever differs from the baseline comes from what the policy wrote in "
+          "place of empty observations, not from retrieved text")
     assert SD.study_caveats(data, study) == [rn, N_CAVEAT]
     doc = {"min_past": 5, "results_stamps": results_stamps(study.data["results"]), "settings": {"none": {"captured_calls": 4, "injected_system": {"calls": 4, "min_tokens": 21,
                                                                                          "max_tokens": 21},

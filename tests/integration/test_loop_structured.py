@@ -27,7 +27,10 @@ def test_bundled_model_searches_and_attends_to_observations_and_placeholders(tmp
                  "--model", str(bundled_folder), "--out", str(out), "--no-progress"]) == 0
     study = json.loads((out / "study.json").read_text())
     assert study["config"]["structured_actions"] is True
-    assert not any("retrieved nothing" in c for c in study["caveats"])
+    # the 135M model's queries may hit nothing in the corpus (issue 37: the demo's observations were empty); a
+    # caveat then says so from the recorded calls, and never claims the masked row equals the baseline's
+    nothing = [c for c in study["caveats"] if "retrieved nothing" in c]
+    assert all("no observation held a passage" in c and "by construction" not in c for c in nothing), nothing
     for slug in ("none", "mask-1"):
         res = json.loads((out / slug / "results" / f"{first['id']}.json").read_text())
         assert res["retrievals"] > 0, (slug, res["response"])

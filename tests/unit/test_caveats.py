@@ -20,6 +20,9 @@ from attnprobe.studies.loop.attention import call_record, injected_system_tokens
 from attnprobe.studies.loop.layout import StudyLayout
 
 GREEDY = "its row equals the baseline by construction"
+# with recorded calls: the policy may have edited empty observations, so no claim of equality (issue 37)
+FROM_EDITS = ("; whatever differs from the baseline comes from what the policy wrote in place of empty "
+              "observations, not from retrieved text")
 
 
 # ------------------------------------------------------------------ retrieved nothing
@@ -99,13 +102,13 @@ def test_retrieved_nothing_from_the_recorded_calls_of_a_hand_built_study(tmp_pat
     [loaded], _ = SD.load_studies(root, D.discover(root).studies)
     n_caveat = "n = 2: intervals are not informative (95% bootstrap CIs over fewer than 10 questions)"
     # calls/q1.jsonl: step 3 masked message 3 (a placeholder) and no sent message is a passage: an edit is not acting
-    edited = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
-              f"2 retrievals over 2 questions); {GREEDY}")
+    edited = (f"setting {OTHER} retrieved nothing: no observation held a passage (none in any of its 3 recorded "
+              f"calls; 2 retrievals over 2 questions){FROM_EDITS}")
     assert SD.study_caveats(root, loaded) == [edited, n_caveat]
     empty = [_rec(SYS, USER), _rec(SYS, USER, SEARCH, _tool("No results for 'capital'."))]
     _write_calls(root / "study", OTHER, empty)
-    caveat = (f"setting {OTHER} retrieved nothing: no policy acted (no observation in any of its 2 recorded calls; "
-              f"2 retrievals over 2 questions); {GREEDY}")
+    caveat = (f"setting {OTHER} retrieved nothing: no observation held a passage (none in any of its 2 recorded "
+              f"calls; 2 retrievals over 2 questions){FROM_EDITS}")
     assert CV.study_caveats(study, {OTHER: empty}) == [caveat, n_caveat]
     assert SD.study_caveats(root, loaded) == [caveat, n_caveat]
     found = [*empty, _rec(SYS, USER, SEARCH, _tool("[0] Paris (https://p)\nParis is the capital."))]
@@ -162,8 +165,8 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
         return ("<search>holmium</search>" if messages[-1]["content"].startswith("Answer the given question")
                 else "<answer>1</answer>")
 
-    quiet = ("setting ircot:o retrieved nothing: no policy acted (no observation in any of its 3 recorded calls; "
-             f"0 retrievals over 3 questions); {GREEDY}")  # study.json decides from the calls since issue 29
+    quiet = ("setting ircot:o retrieved nothing: no observation held a passage (none in any of its 3 recorded "
+             f"calls; 0 retrievals over 3 questions){FROM_EDITS}")  # study.json decides from the calls since issue 29
     never = ("the baseline none never searched (0 retrievals over 3 questions): its agent answered without "
              "retrieving, so no setting's difference from it is a policy's effect on retrieved text")
     for name, script, first in (("quiet", answers, [never, quiet]),
