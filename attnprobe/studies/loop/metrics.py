@@ -11,7 +11,8 @@ Definitions (quoted in docs/methods.md, "Policies in the loop"):
   generations"): per question the mean prompt tokens over its model calls, then the mean over questions;
 - rolling input tokens: per question the sum of prompt tokens over all its calls (seed 002 §5.1: "Rolling
   input tokens sum context lengths across all turns"); output tokens likewise;
-- AIT: seconds per question (seed 004 §3.1, "the average inference time per question (AIT)").
+- AIT: seconds per question (seed 004 §3.1, "the average inference time per question (AIT)"): the question's
+  own time, per call its share of a batched call (:func:`attnprobe.studies.loop.rollout.rollout`).
 
 CIs: percentile bootstrap over questions (``n_boot`` resamples, fixed ``seed``). Settings are compared with
 the baseline on the same questions: fixed (baseline wrong, setting right), broken (the reverse), the exact
