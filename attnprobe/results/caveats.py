@@ -18,6 +18,9 @@ does). study.md, attention.md, the runner's summary and the app's Study page pri
   ``--shares-min-past`` (seed 002 E.5), first calls included;
 - **grammar not applied** (:func:`grammar_not_applied`): replies recorded as structured (``--structured-actions``)
   that do not parse as the action grammar the backend was sent (:func:`structured_replies`);
+- **invalid actions** (:func:`invalid_actions`): recorded replies that were not a valid action of the scaffold
+  (study.json ``invalid_actions``, counted per setting from the recorded calls by
+  :mod:`attnprobe.studies.loop.validity`); attention.md carries study.json's count;
 - **skipped records** (:func:`skipped_records`): recorded calls or histories ``study attention`` could not
   read as trajectories (an older study's bad tool call), named by their first error line.
 """
@@ -157,6 +160,30 @@ def grammar_not_applied(counts: Mapping | None) -> list[str]:
             "token limit); these results are not those of constrained decoding"]
 
 
+def invalid_actions(counts: Mapping | None) -> list[str]:
+    """The caveat when recorded replies were not valid actions (study.json ``invalid_actions``: ``replies``
+    M, ``invalid`` N, per setting ``[N_s, M_s]``): an invalid turn gets the scaffold's feedback (IRCoT) or
+    cannot run (seed 002), so those steps show the model failing the format, not using what it retrieved."""
+    if not isinstance(counts, Mapping):
+        return []
+    n, m = counts.get("invalid") or 0, counts.get("replies") or 0
+    if not n or not m:
+        return []
+    per = counts.get("settings") if isinstance(counts.get("settings"), Mapping) else {}
+    parts = ", ".join(f"{s} {v[0]} of {v[1]}" for s, v in per.items()
+                      if isinstance(v, (list, tuple)) and len(v) == 2)
+    return [f"{n} of {m} replies were not valid actions (no search or answer the scaffold could act on; at the final "
+            f"call only an answer counts){': ' + parts if parts else ''}"]
+
+
+def structured_title(structured: bool) -> str:
+    """The words every title of a study run with ``--structured-actions`` carries (study.md, attention.md, the
+    app's Study page): the agent's replies were constrained to the action grammar, so its behaviour is not the
+    seeds' free decoding."""
+    return ", structured actions (--structured-actions: constrained decoding, not the seeds' free decoding)" \
+        if structured else ""
+
+
 def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
     """study.json's caveats: replies recorded as structured that do not follow the grammar, a baseline that
     never searched, settings that
@@ -171,6 +198,7 @@ def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None 
     counts = study.get("structured_replies")
     baseline = study.get("baseline") or next(iter(settings), "")
     return [*grammar_not_applied(counts if isinstance(counts, Mapping) else None),
+            *invalid_actions(study.get("invalid_actions")),
             *baseline_never_searched(settings, baseline),
             *retrieved_nothing(settings, baseline, temperature=temp, calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
@@ -223,8 +251,9 @@ def skipped_records(doc: Mapping) -> list[str]:
 
 
 def attention_caveats(doc: Mapping) -> list[str]:
-    """attention.json's caveats: a capture model other than the agent's, too few questions for the CIs,
-    injected system text, calls left out by the past-turn filter."""
+    """attention.json's caveats: a capture model other than the agent's, replies that were not valid actions
+    (study.json's count, copied), skipped records, too few questions for the CIs, injected system text, calls
+    left out by the past-turn filter."""
     out = []
     cap = doc.get("capture") or {}
     if cap.get("agent_model") and cap.get("capture_model") and cap["agent_model"] != cap["capture_model"]:
@@ -232,7 +261,8 @@ def attention_caveats(doc: Mapping) -> list[str]:
                    "another model's reading of the agent's contexts, not the agent's own")
     ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
           for q in ("decision", "reasoning")]
-    return [*out, *skipped_records(doc), *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
+    return [*out, *invalid_actions(doc.get("invalid_actions")), *skipped_records(doc), *few_questions(ns),
+            *injected_system(doc), *past_turn_filter(doc)]
 
 
 def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]:
