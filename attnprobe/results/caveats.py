@@ -73,6 +73,28 @@ def has_observation(call: Mapping) -> bool:
                for m, i in zip(sent, source))
 
 
+def observations_with_passage(histories: Iterable[Mapping]) -> dict[str, int]:
+    """Over one setting's full histories (what the agent retrieved, before any policy edited it), ``{"with_passage":
+    N, "observations": M}``: M observations (tool results: IRCoT's documents, seed 002's browser results), N of
+    them holding a passage (text that is not an empty search or an error). study.json's ``observations``; study.md
+    and scripts/demo_loop.sh print the fraction (issue 37: a demo whose queries never hit says so)."""
+    texts = [_observation_text(m) for h in histories if isinstance(h, Mapping)
+             for m in h.get("messages") or [] if isinstance(m, Mapping) and m.get("role") == "tool"]
+    return {"with_passage": sum(bool(t) and not t.startswith(_EMPTY_RESULTS) for t in texts), "observations": len(texts)}
+
+
+def passage_line(observations: Mapping | None) -> list[str]:
+    """study.md's line: per setting the observations that held a passage, of those retrieved."""
+    if not isinstance(observations, Mapping) or not observations:
+        return []
+    parts = []
+    for s, o in observations.items():
+        n, m = (o or {}).get("with_passage", 0), (o or {}).get("observations", 0)
+        parts.append(f"{s} {n} of {m}" + (f" ({100 * n / m:.0f}%)" if m else ""))
+    return [f"Observations that held a passage (of those retrieved, before any policy edited them): {', '.join(parts)}.",
+            ""]
+
+
 def observed_calls(calls: Iterable[Mapping]) -> tuple[int, int]:
     """(calls with an observation, calls) over one setting's recorded calls (its calls.jsonl)."""
     calls = [c for c in calls if isinstance(c, Mapping)]

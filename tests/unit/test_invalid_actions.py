@@ -64,3 +64,19 @@ def test_counts_and_the_caveat_in_every_output():
     study = {"settings": {"none": {"questions": 12, "art": 1.0}}, "baseline": "none", "invalid_actions": counts}
     assert text in study_caveats(study)
     assert text in attention_caveats({"settings": {}, "invalid_actions": counts})  # attention.md copies the count
+
+
+def test_observations_that_held_a_passage():
+    from attnprobe.results.caveats import observations_with_passage, passage_line
+
+    hist = [{"messages": [{"role": "user", "content": "Q"},
+                          {"role": "tool", "content": "Doc 1(Title: Humber Bridge) It opened in 1981.\n"},
+                          {"role": "tool", "content": ""},                          # an empty <information> block
+                          {"role": "tool", "content": "No results for 'query'."},   # seed 002's empty search
+                          {"role": "tool", "content": "Error: no such page"}]},
+            {"messages": [{"role": "tool", "content": "Doc 1(Title: Hafnium) atomic number 72"}]}]
+    got = observations_with_passage(hist)
+    assert got == {"with_passage": 2, "observations": 5}
+    line = passage_line({"none": got, "mask:1": {"with_passage": 0, "observations": 0}})
+    assert line[0] == ("Observations that held a passage (of those retrieved, before any policy edited them): "
+                       "none 2 of 5 (40%), mask:1 0 of 0.")

@@ -132,18 +132,20 @@ def _fmt(v, ci=None, pct: bool = False, digits: int = 1) -> str:
 
 
 def markdown(summary: dict, *, scaffold: str, scorer: str, model: str | None = None,
-             caveats: list[str] | None = None, structured: bool = False) -> str:
+             caveats: list[str] | None = None, structured: bool = False, observations: dict | None = None) -> str:
     """Seed 004 Tables 1-2 / seed 002 Table 1 in one table (95% bootstrap CIs in brackets), then the paired
     comparisons and the per-question outcomes; ``caveats`` (:mod:`attnprobe.results.caveats`) above the table;
-    ``structured``: run with --structured-actions, said in the title."""
+    ``structured``: run with --structured-actions, said in the title; ``observations``: per setting the
+    observations that held a passage (study.json ``observations``), one line above the table."""
     from attnprobe.results.caveats import markdown as caveat_lines
-    from attnprobe.results.caveats import structured_title
+    from attnprobe.results.caveats import passage_line, structured_title
 
     metric = "EM" if scorer == "em" else f"accuracy ({scorer})"
     lines = [f"# Interference study: scaffold {scaffold}" + (f", model {model}" if model else "")
              + structured_title(structured), "",
              f"Accuracy: {metric}. Brackets: 95% bootstrap CI over questions "
              f"({summary['bootstrap']['resamples']} resamples).", "", *caveat_lines(caveats or []),
+             *passage_line(observations),
              f"| setting | n | {metric} (%) | " + " | ".join(lbl for _, _, lbl in MEASURES) + " | no answer |",
              "|---" * (len(MEASURES) + 4) + "|"]
     for s, m in summary["settings"].items():
