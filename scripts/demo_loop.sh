@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second demo: a small closed-loop study on the embedded default, then the Study page.
 #
-#   bash scripts/demo_loop.sh [OUT]        # default runs/demo-loop; about 6 min on 2 CPU cores
+#   bash scripts/demo_loop.sh [OUT]        # default runs/demo-loop (about 6 min on 2 quiet cores in the chat
+#                                          # form; the stream form, default since issue 37, not yet timed)
 #
 # The bundled SmolLM2-135M-Instruct runs IRCoT in Search-R1's single stream (the default --ircot-form)
 # on the first 4 shipped questions under three settings (none, mask:1, ircot:oq) with --structured-actions,
