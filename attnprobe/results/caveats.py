@@ -83,6 +83,20 @@ def observations_with_passage(histories: Iterable[Mapping]) -> dict[str, int]:
     return {"with_passage": sum(bool(t) and not t.startswith(_EMPTY_RESULTS) for t in texts), "observations": len(texts)}
 
 
+def empty_observations(observations: Mapping | None, baseline: str) -> list[str]:
+    """The caveat for the baseline (and a ``none`` setting), which :func:`retrieved_nothing` leaves out: it
+    searched, but none of its observations held a passage (study.json ``observations``), so its past-observation
+    attention is attention to empty result markup (an empty ``<information></information>`` block)."""
+    out = []
+    for s, o in (observations or {}).items() if isinstance(observations, Mapping) else ():
+        n, m = (o or {}).get("with_passage", 0), (o or {}).get("observations", 0)
+        if (s == baseline or s == "none") and m and not n:
+            out.append(f"setting {s} retrieved no passage: none of its {m} observation{'' if m == 1 else 's'} held "
+                       "one (empty results), so its past-observation attention is attention to empty result markup, "
+                       "not to retrieved text")
+    return out
+
+
 def passage_line(observations: Mapping | None) -> list[str]:
     """study.md's line: per setting the observations that held a passage, of those retrieved."""
     if not isinstance(observations, Mapping) or not observations:
@@ -222,6 +236,7 @@ def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None 
     return [*grammar_not_applied(counts if isinstance(counts, Mapping) else None),
             *invalid_actions(study.get("invalid_actions")),
             *baseline_never_searched(settings, baseline),
+            *empty_observations(study.get("observations"), baseline),
             *retrieved_nothing(settings, baseline, temperature=temp, calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 
@@ -283,7 +298,9 @@ def attention_caveats(doc: Mapping) -> list[str]:
                    "another model's reading of the agent's contexts, not the agent's own")
     ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
           for q in ("decision", "reasoning")]
-    return [*out, *invalid_actions(doc.get("invalid_actions")), *skipped_records(doc), *few_questions(ns),
+    return [*out, *invalid_actions(doc.get("invalid_actions")),
+            *empty_observations(doc.get("observations"), doc.get("baseline") or ""), *skipped_records(doc),
+            *few_questions(ns),
             *injected_system(doc), *past_turn_filter(doc)]
 
 

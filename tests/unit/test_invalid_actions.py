@@ -80,3 +80,18 @@ def test_observations_that_held_a_passage():
     line = passage_line({"none": got, "mask:1": {"with_passage": 0, "observations": 0}})
     assert line[0] == ("Observations that held a passage (of those retrieved, before any policy edited them): "
                        "none 2 of 5 (40%), mask:1 0 of 0.")
+
+
+def test_a_baseline_whose_observations_held_no_passage_says_so():
+    from attnprobe.results.caveats import empty_observations
+
+    obs = {"none": {"with_passage": 0, "observations": 3}, "mask:1": {"with_passage": 0, "observations": 3},
+           "ircot:oq": {"with_passage": 2, "observations": 3}}
+    text = ("setting none retrieved no passage: none of its 3 observations held one (empty results), so its "
+            "past-observation attention is attention to empty result markup, not to retrieved text")
+    assert empty_observations(obs, "none") == [text]  # mask:1 is retrieved_nothing's (from its calls)
+    assert empty_observations({"none": {"with_passage": 1, "observations": 3}}, "none") == []
+    assert empty_observations({"none": {"with_passage": 0, "observations": 0}}, "none") == []  # never searched
+    study = {"settings": {"none": {"questions": 12, "art": 0.25}}, "baseline": "none", "observations": obs}
+    assert text in study_caveats(study)
+    assert text in attention_caveats({"settings": {}, "baseline": "none", "observations": obs})

@@ -97,7 +97,7 @@ def read_study(out: Path) -> dict:
     config = study.get("config") if isinstance(study.get("config"), dict) else {}
     return {"settings": settings, "baseline": study["baseline"], "models": study.get("models") or [],
             "results": {s: dict(study["results"].get(s) or {}) for s in settings}, "config": config,
-            "invalid_actions": study.get("invalid_actions")}
+            "invalid_actions": study.get("invalid_actions"), "observations": study.get("observations")}
 
 
 def current_results(out: Path, setting: str) -> dict[str, str]:
@@ -411,6 +411,7 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
            "study_models": study["models"],
            "structured_actions": bool(study["config"].get("structured_actions")),
            **({"invalid_actions": study["invalid_actions"]} if study.get("invalid_actions") else {}),
+           **({"observations": study["observations"]} if study.get("observations") else {}),
            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
                          "paired": "questions resampled with their (question, step) pairs"}}
     doc["caveats"] = attention_caveats(doc)
