@@ -69,6 +69,7 @@ from attnprobe.studies.loop.attention_report import (
     results_stamp,
     with_attention,
 )
+from attnprobe.studies.loop.in_loop import log_capture_prefill
 from attnprobe.studies.loop.layout import CALLS, HISTORY, StudyLayout
 from attnprobe.trajectory.schema import Trajectory
 
@@ -409,7 +410,7 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
             if job.trajectories:
                 for k, v in executor.run(job).items():
                     counts[k] += v
-            log_capture_prefill(s, job)
+            log_capture_prefill(s, job)  # calls captured in the loop, tokens prefilled now
         cf: dict[str, dict] = {}
         base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
         for s in settings:
@@ -440,27 +441,6 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         elif study_md.is_file():
             atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
     return counts, doc
-
-
-def log_capture_prefill(setting: str, job: CaptureJob) -> None:
-    """One line per setting: its calls captured in the loop before (``study interference --capture-in-loop``:
-    nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
-    from attnprobe.generation.capturing import CAPTURED_IN_THE_LOOP
-    from attnprobe.io import load_json
-    from attnprobe.results.result import META_FILE
-
-    in_loop = 0
-    for t in job.trajectories:  # meta.json only (the scores are read once, for the tables)
-        meta = job.folder(t) / META_FILE
-        if meta.is_file() and not meta.is_symlink():
-            try:
-                in_loop += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
-            except AttnprobeError:
-                pass
-    t = job.tally
-    log.info("study attention: %s: %d of %d calls were captured in the loop (0 tokens prefilled for them); %d "
-             "tokens prefilled for the calls captured now (%d tokens in them)", setting, in_loop,
-             len(job.trajectories), t["prefilled_tokens"], t["plan_tokens"])
 
 
 def _model_record(model) -> dict:

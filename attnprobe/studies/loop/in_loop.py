@@ -237,3 +237,24 @@ def capture_call(model, trajectory, own: LoopCapture, caps: list[LoopCapture], o
     result = assemble(model, trajectory, rendered, points, BackendOutput(scorer, {}, info), settings)
     result.meta["cli_settings"] = options.settings()
     return result
+
+
+def log_capture_prefill(setting: str, job) -> None:
+    """One line per setting: its calls captured in the loop before (``study interference --capture-in-loop``:
+    nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
+    from attnprobe.errors import AttnprobeError
+    from attnprobe.io import load_json
+    from attnprobe.results.result import META_FILE
+
+    in_loop = 0
+    for t in job.trajectories:  # meta.json only (the scores are read once, for the tables)
+        meta = job.folder(t) / META_FILE
+        if meta.is_file() and not meta.is_symlink():
+            try:
+                in_loop += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
+            except AttnprobeError:
+                pass
+    t = job.tally
+    log.info("study attention: %s: %d of %d calls were captured in the loop (0 tokens prefilled for them); %d "
+             "tokens prefilled for the calls captured now (%d tokens in them)", setting, in_loop,
+             len(job.trajectories), t["prefilled_tokens"], t["plan_tokens"])
