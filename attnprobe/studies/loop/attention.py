@@ -79,6 +79,7 @@ from attnprobe.studies.loop.call_shares import (  # noqa: F401  (re-exported: th
     injected_system_tokens,
     relative_share,
 )
+from attnprobe.studies.loop.in_loop import log_capture_prefill
 from attnprobe.studies.loop.layout import CALLS, HISTORY, StudyLayout
 from attnprobe.trajectory.schema import Trajectory
 
@@ -328,10 +329,11 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
         jobs = _capture_jobs(out, settings, model, capture, force, skipped)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
-        for job in jobs.values():
+        for s, job in jobs.items():
             if job.trajectories:
                 for k, v in executor.run(job).items():
                     counts[k] += v
+            log_capture_prefill(s, job)  # calls captured in the loop, tokens prefilled now
         cf: dict[str, dict] = {}
         base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
         for s in settings:
