@@ -1,0 +1,136 @@
+"""One vLLM engine that generates and captures (issue 40, item 2), on the bundled SmolLM2 (fp32, vLLM-CPU).
+
+``VllmChat.open(..., capture=True)``: the generation engine carries the capture extension. Three episodes
+in one batch, two turns each (the second turn extends the first, so its prompt is served from the prefix
+cache: the keys the hit skipped are copied from the first turn's retained plan), all 30 layers, at the
+decision (last prompt token, scored in the prefill) and the reasoning start (the reply's first token,
+scored at the decode step that feeds it). Every capture equals the transformers backend's post-hoc capture
+of the same prompt + reply (the call rendered as ``study attention`` renders it, segments of 16 tokens)
+within 2e-5, the bound of the other vLLM tests (tests/vllm_backend/test_vllm_smol.py): per layer, head and
+segment, and per token (the token attention a capture stores: the token sums over layers x heads, averaged). Requests with
+per-key rows (``token_segment=None``, summed here into the segments) and with segments given both occur;
+a listed early position makes the request read no prefix cache; a reply of one token is scored by the
+follow-up pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.sampling_params", reason="the vLLM backend tests need vLLM (run .ci/vllm.sh)")
+
+TOL = 2e-5  # as tests/vllm_backend/test_vllm_smol.py: two kernels summing the same softmax rows
+CHUNK = 256
+SEG = 16  # the post-hoc plan's segments: 16 prompt tokens each, the whole reply one more
+SYSTEM = ("You are a careful research assistant working for a library. Answer the user's question in a short "
+          "sentence. When you are unsure, say so, and name the source you would check. ") * 5
+
+
+def full_plan(prompt: list[int], reply: list[int], queries):
+    """The post-hoc plan of a recorded call: prompt + reply, segments of SEG prompt tokens, the reply one segment."""
+    from attnprobe_hooks.backend import CapturePlan
+
+    n = len(prompt)
+    seg = np.concatenate([np.arange(n) // SEG, np.full(len(reply), (n - 1) // SEG + 1)])
+    return CapturePlan(input_ids=np.asarray(prompt + reply, dtype=np.int64), token_segment=seg,
+                       num_segments=int(seg[-1]) + 1, query_positions=tuple(queries))
+
+
+def live_in_segments(cap, plan):
+    """The live capture summed into the plan's segments (per-key rows: one segment per key) and widened."""
+    import torch
+
+    n1 = len(cap.token_ids)
+    seg = torch.as_tensor(plan.token_segment[:n1])
+    out = {}
+    for layer, arr in cap.scorer.per_layer.items():
+        if arr.shape[-1] == n1:  # per-key rows
+            arr = torch.zeros(*arr.shape[:-1], plan.num_segments).index_add_(-1, seg, arr)
+        out[layer] = arr
+    tok = torch.zeros(cap.scorer.token_sum.shape[0], plan.n)
+    tok[:, :n1] = cap.scorer.token_sum
+    return out, tok
+
+
+def r_msgs(reqs, replies, reply):
+    """The messages of the call that produced ``reply``, then the reply."""
+    req = reqs[[id(x) for x in replies].index(id(reply))]
+    return [*req.messages, reply.as_message()]
+
+
+@pytest.fixture(scope="module")
+def chats(smol_folder):
+    import attnprobe
+    from attnprobe.generation.vllm_chat import VllmChat
+
+    vchat = VllmChat.open(str(smol_folder), dtype="float32", chunk_size=CHUNK, progress=False, capture=True)
+    tm = attnprobe.load_model(str(smol_folder), backend="transformers", dtype="float32")
+    yield vchat, tm
+    vchat.close()
+
+
+def _spec(chat, msgs, *, per_key: bool, early: bool = False):
+    from attnprobe.generation.capturing import CaptureSpec
+
+    n = len(chat.prompt(msgs).ids)
+    seg = None if per_key else tuple(int(s) for s in np.concatenate([np.arange(n) // SEG, [(n - 1) // SEG + 1]]))
+    return CaptureSpec(positions=((5,) if early else ()) + (n - 1,), reply_start=True, token_segment=seg,
+                       num_segments=0 if per_key else (n - 1) // SEG + 2)
+
+
+def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
+    from attnprobe.generation.chat import ChatRequest
+    from attnprobe.render.rendering import render
+    from attnprobe.trajectory.schema import Trajectory
+    from attnprobe_hooks.backend import get_backend
+
+    vchat, tm = chats
+    questions = ["Which river flows through Vienna?", "Who painted the Mona Lisa?", "What is the boiling point of water?"]
+    convs = [[{"role": "system", "content": f"Desk {k}. " + SYSTEM}, {"role": "user", "content": q}]
+             for k, q in enumerate(questions)]
+    worst = {"segment": 0.0, "token": 0.0}
+    seen: list[dict] = []
+    for turn in range(2):
+        reqs = [ChatRequest(m, max_tokens=[12, 12, 1][k] if turn == 1 else 12,
+                            capture=_spec(vchat, m, per_key=k != 1, early=turn == 1 and k == 1))
+                for k, m in enumerate(convs)]
+        replies = vchat.complete_batch(reqs)
+        plans = []
+        for r in replies:
+            n = len(r.prompt.ids)
+            cap = r.capture
+            assert cap is not None and cap.token_ids[:n] == r.prompt.ids and len(cap.token_ids) == n + 1
+            assert cap.scorer.qpos.tolist()[-2:] == [n - 1, n]
+            assert sorted(cap.scorer.per_layer) == list(range(30))
+            # the recorded call as study attention renders it: the messages sent and the reply
+            full = render(Trajectory(id="call", messages=r_msgs(reqs, replies, r)), vchat.tokenizer,
+                          add_generation_prompt=False).input_ids.tolist()
+            assert full[:n + 1] == cap.token_ids  # the prompt, then the reply's first token
+            plans.append(full_plan(full[:n], full[n:], cap.scorer.qpos.tolist()))
+            seen.append({"turn": turn, "n": n, **{k: cap.info.get(k) for k in (
+                "captured_in", "prefix_cache_hit_tokens", "read_prefix_cache", "followup")}, "prefilled": cap.prefilled})
+        ref = get_backend("transformers").run(tm, plans, chunk_size=CHUNK, share_prefixes=False)
+        for r, plan, o in zip(replies, plans, ref):
+            per_layer, tok = live_in_segments(r.capture, plan)
+            for layer, arr in o.scorer.per_layer.items():
+                d = float((per_layer[layer] - arr).abs().max())
+                assert d <= TOL, (turn, layer, d)
+                worst["segment"] = max(worst["segment"], d)
+            lh = len(o.scorer.per_layer) * o.scorer.per_layer[0].shape[1]  # token_attention = token_sum / lh
+            d = float((tok - o.scorer.token_sum).abs().max()) / lh
+            assert d <= TOL, (turn, d)
+            worst["token"] = max(worst["token"], d)
+            assert abs(float(per_layer[0][-1].sum()) - o.scorer.per_layer[0].shape[1]) < 1e-4  # whole softmax rows
+        convs = [m + [r.as_message(), {"role": "user", "content": "Say it again, shorter."}]
+                 for m, r in zip(convs, replies)]
+    print("captures:", seen, "\nmax |live - post-hoc transformers|:", worst)
+    first, second = seen[:3], seen[3:]
+    assert all(s["captured_in"] == "generation" and s["read_prefix_cache"] for s in first)
+    # turn 2 reads the prefix cache (keys the hit skipped taken from turn 1's retained plans) ...
+    assert second[0]["captured_in"] == "generation" and second[0]["prefix_cache_hit_tokens"] > 0
+    assert second[0]["prefilled"] == second[0]["n"] - second[0]["prefix_cache_hit_tokens"]
+    # ... except the request listing position 5 (a hit could skip it) ...
+    assert second[1]["read_prefix_cache"] is False and second[1]["prefix_cache_hit_tokens"] == 0
+    # ... and the one-token reply, whose first token is never fed back: scored by the follow-up pass
+    assert second[2]["captured_in"] == "generation, then a follow-up pass" and second[2]["followup"]
