@@ -53,12 +53,6 @@ def live_in_segments(cap, plan):
     return out, tok
 
 
-def r_msgs(reqs, replies, reply):
-    """The messages of the call that produced ``reply``, then the reply."""
-    req = reqs[[id(x) for x in replies].index(id(reply))]
-    return [*req.messages, reply.as_message()]
-
-
 @pytest.fixture(scope="module")
 def chats(smol_folder):
     import attnprobe
@@ -79,11 +73,43 @@ def _spec(chat, msgs, *, per_key: bool, early: bool = False):
                        num_segments=0 if per_key else (n - 1) // SEG + 2)
 
 
-def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
-    from attnprobe.generation.chat import ChatRequest
+def compare(vchat, tm, reqs, replies, worst) -> list[dict]:
+    """Each reply's capture against the transformers backend's post-hoc capture of the recorded call."""
     from attnprobe.render.rendering import render
     from attnprobe.trajectory.schema import Trajectory
     from attnprobe_hooks.backend import get_backend
+
+    plans, seen = [], []
+    for req, r in zip(reqs, replies):
+        n = len(r.prompt.ids)
+        cap = r.capture
+        assert cap is not None and cap.token_ids[:n] == r.prompt.ids and len(cap.token_ids) == n + 1
+        assert cap.scorer.qpos.tolist()[-2:] == [n - 1, n]
+        assert sorted(cap.scorer.per_layer) == list(range(30))
+        # the recorded call as study attention renders it: the messages sent and the reply
+        full = render(Trajectory(id="call", messages=[*req.messages, r.as_message()]), vchat.tokenizer,
+                      add_generation_prompt=False).input_ids.tolist()
+        assert full[:n + 1] == cap.token_ids  # the prompt, then the reply's first token
+        plans.append(full_plan(full[:n], full[n:], cap.scorer.qpos.tolist()))
+        seen.append({"n": n, "prefilled": cap.prefilled, **{k: cap.info.get(k) for k in (
+            "captured_in", "prefix_cache_hit_tokens", "read_prefix_cache", "followup")}})
+    ref = get_backend("transformers").run(tm, plans, chunk_size=CHUNK, share_prefixes=False)
+    for r, plan, o in zip(replies, plans, ref):
+        per_layer, tok = live_in_segments(r.capture, plan)
+        for layer, arr in o.scorer.per_layer.items():
+            d = float((per_layer[layer] - arr).abs().max())
+            assert d <= TOL, (layer, d)
+            worst["segment"] = max(worst["segment"], d)
+        lh = len(o.scorer.per_layer) * o.scorer.per_layer[0].shape[1]  # token_attention = token_sum / lh
+        d = float((tok - o.scorer.token_sum).abs().max()) / lh
+        assert d <= TOL, d
+        worst["token"] = max(worst["token"], d)
+        assert abs(float(per_layer[0][-1].sum()) - o.scorer.per_layer[0].shape[1]) < 1e-4  # whole softmax rows
+    return seen
+
+
+def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
+    from attnprobe.generation.chat import ChatRequest
 
     vchat, tm = chats
     questions = ["Which river flows through Vienna?", "Who painted the Mona Lisa?", "What is the boiling point of water?"]
@@ -96,32 +122,7 @@ def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
                             capture=_spec(vchat, m, per_key=k != 1, early=turn == 1 and k == 1))
                 for k, m in enumerate(convs)]
         replies = vchat.complete_batch(reqs)
-        plans = []
-        for r in replies:
-            n = len(r.prompt.ids)
-            cap = r.capture
-            assert cap is not None and cap.token_ids[:n] == r.prompt.ids and len(cap.token_ids) == n + 1
-            assert cap.scorer.qpos.tolist()[-2:] == [n - 1, n]
-            assert sorted(cap.scorer.per_layer) == list(range(30))
-            # the recorded call as study attention renders it: the messages sent and the reply
-            full = render(Trajectory(id="call", messages=r_msgs(reqs, replies, r)), vchat.tokenizer,
-                          add_generation_prompt=False).input_ids.tolist()
-            assert full[:n + 1] == cap.token_ids  # the prompt, then the reply's first token
-            plans.append(full_plan(full[:n], full[n:], cap.scorer.qpos.tolist()))
-            seen.append({"turn": turn, "n": n, **{k: cap.info.get(k) for k in (
-                "captured_in", "prefix_cache_hit_tokens", "read_prefix_cache", "followup")}, "prefilled": cap.prefilled})
-        ref = get_backend("transformers").run(tm, plans, chunk_size=CHUNK, share_prefixes=False)
-        for r, plan, o in zip(replies, plans, ref):
-            per_layer, tok = live_in_segments(r.capture, plan)
-            for layer, arr in o.scorer.per_layer.items():
-                d = float((per_layer[layer] - arr).abs().max())
-                assert d <= TOL, (turn, layer, d)
-                worst["segment"] = max(worst["segment"], d)
-            lh = len(o.scorer.per_layer) * o.scorer.per_layer[0].shape[1]  # token_attention = token_sum / lh
-            d = float((tok - o.scorer.token_sum).abs().max()) / lh
-            assert d <= TOL, (turn, d)
-            worst["token"] = max(worst["token"], d)
-            assert abs(float(per_layer[0][-1].sum()) - o.scorer.per_layer[0].shape[1]) < 1e-4  # whole softmax rows
+        seen += compare(vchat, tm, reqs, replies, worst)
         convs = [m + [r.as_message(), {"role": "user", "content": "Say it again, shorter."}]
                  for m, r in zip(convs, replies)]
     print("captures:", seen, "\nmax |live - post-hoc transformers|:", worst)
@@ -134,3 +135,26 @@ def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
     assert second[1]["read_prefix_cache"] is False and second[1]["prefix_cache_hit_tokens"] == 0
     # ... and the one-token reply, whose first token is never fed back: scored by the follow-up pass
     assert second[2]["captured_in"] == "generation, then a follow-up pass" and second[2]["followup"]
+
+
+def test_rollouts_sharing_a_prompt_and_a_forgotten_prefix(chats):
+    """Two rollouts of one system prompt in one batch, then the same prompt again after the retained keys
+    were dropped: its hit has no plan to copy from, so the follow-up pass scores it; all equal post-hoc."""
+    from attnprobe.generation.chat import ChatRequest
+    from attnprobe_hooks.vllm.generate import forget
+
+    vchat, tm = chats
+    base = [{"role": "system", "content": "Shared desk. " + SYSTEM}]
+    convs = [base + [{"role": "user", "content": q}] for q in ("Name a river in Spain.", "Name a river in Italy.")]
+    worst = {"segment": 0.0, "token": 0.0}
+    reqs = [ChatRequest(m, max_tokens=8, capture=_spec(vchat, m, per_key=True)) for m in convs]
+    rollouts = compare(vchat, tm, reqs, vchat.complete_batch(reqs), worst)
+    held = forget(vchat.loaded)
+    again = [ChatRequest(convs[0], max_tokens=8, capture=_spec(vchat, convs[0], per_key=True))]
+    after = compare(vchat, tm, again, vchat.complete_batch(again), worst)
+    print("rollouts:", rollouts, "retained positions dropped:", held, "after:", after, "max |diff|:", worst)
+    assert held > 0
+    # the second rollout took the first one's system-prompt block in the same call (an in-call donor)
+    assert sorted(r["prefix_cache_hit_tokens"] for r in rollouts) == [0, 128]
+    assert after[0]["captured_in"] == "generation, then a follow-up pass"
+    assert after[0]["followup"] == "a prefix-cache hit no retained plan held"
