@@ -155,7 +155,8 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
     override them); the in-process generator (:mod:`attnprobe.generation.vllm_chat`) passes its own
     (prefix caching on, no hooks). ``defaults``: ``vllm.LLM`` settings ``engine_kwargs`` may override.
     Engines are cached per options and ``purpose``; a capture engine and a generation engine on the
-    same model are two engines. ``backend``: the backend object that keeps the CPU core binding it set
+    same model are two engines, unless the generator carries the capture extension (``purpose``
+    "generate+capture": :mod:`attnprobe_hooks.vllm.generate`). ``backend``: the backend object that keeps the CPU core binding it set
     (default: the registered one)."""
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
