@@ -122,7 +122,11 @@ def main() -> None:
     both = VllmChat.open(args.model, capture=True, **opts)
     start_both = time.perf_counter() - t0
     calls_a, gen_a = run_loop(both, args.episodes, args.turns, args.max_tokens, capture=True)
+    # the same engine without capture (hooks installed, no plan armed), its prefix cache emptied first
+    both.loaded.model.reset_prefix_cache()
+    _, gen_off = run_loop(both, args.episodes, args.turns, args.max_tokens, capture=False)
     both.close()
+    hook_s = sum(float(r.capture.info.get("hook_seconds") or 0.0) for _, r in calls_a)
 
     same = sum(a[1].raw_text == b[1].raw_text and a[1].prompt.ids == b[1].prompt.ids for a, b in zip(calls_a, calls_b))
     worst, live_calls, followups, hits = 0.0, 0, 0, 0
@@ -141,7 +145,9 @@ def main() -> None:
         "max_tokens": args.max_tokens, "chunk": args.chunk, "calls": len(calls_a), "prompt_tokens": prompt_tokens,
         "posthoc_plan_tokens": sum(p.n for p in plans), "posthoc_prefilled": posthoc.sharing.prefilled_tokens,
         "one_engine": {"start_s": round(start_both, 2), "generate_and_capture_s": round(gen_a, 2),
+                       "generate_capture_off_s": round(gen_off, 2), "hook_s": round(hook_s, 2),
                        "prefix_cache_hit_tokens": hits, "followup_passes": followups},
+        "load_average": os.getloadavg()[0],
         "two_engines": {"start_generate_s": round(start_gen, 2), "generate_s": round(gen_b, 2),
                         "start_capture_s": round(start_cap, 2), "capture_s": round(cap_b, 2),
                         "total_work_s": round(gen_b + cap_b, 2)},
@@ -165,7 +171,10 @@ def main() -> None:
         f"{one['generate_and_capture_s']} |",
         f"| two engines (generate, then capture) | {two['start_generate_s']} + {two['start_capture_s']} | "
         f"{two['generate_s']} | {two['capture_s']} | {two['total_work_s']} |", "",
-        f"Work ratio one / two: {res['ratio_work']}; with engine starts: {res['ratio_with_starts']}. "
+        f"The one engine without capture (same batches, prefix cache emptied): {one['generate_capture_off_s']} s; "
+        f"time inside the hooks while capturing: {one['hook_s']} s. Load average at the end: "
+        f"{res['load_average']:.1f}. Work ratio one / two: {res['ratio_work']}; with engine starts: "
+        f"{res['ratio_with_starts']}. "
         f"Calls {res['calls']} ({prompt_tokens} prompt tokens; the post-hoc capture prefilled "
         f"{res['posthoc_prefilled']} of {res['posthoc_plan_tokens']} plan tokens). One engine: "
         f"{hits} prompt tokens served from the prefix cache, {followups} follow-up passes. Replies equal: "
