@@ -26,6 +26,13 @@ Backend-neutral rules (transformers: :mod:`attnprobe.generation.decode`; vLLM: i
   rendering of the recorded call (the rows are then exactly those a post-hoc prefill of the same tokens
   computes: no segmentation has to be known before the reply exists).
 
+**Side plans** (:class:`SidePlan`, ``CaptureSpec.before``): a recorded call is rendered afterwards, and its
+rendering may hold tokens the model never ran where the reply begins (seed 002's release keeps no content in
+a tool-call turn, so the rendered reply starts at the template's call markup, not at the text the model wrote
+first). Those rows are scored on the episode's kept cache before the request's own prefill: the plan's tokens
+are run from their first difference with the kept cache (a few tokens: the rendered reply up to its first own
+token), never the whole context again; the counts say how many.
+
 A backend that cannot capture (a served model, a scripted chat) refuses a request with ``capture`` in one
 line; served generators stay post-hoc (docs/loop.md, "Captured in the loop").
 """
@@ -39,6 +46,15 @@ if TYPE_CHECKING:  # torch loads only when a capture runs
     from attnprobe_hooks.scoring import QueryScorer
 
 CAPTURED_IN_THE_LOOP = "captured in the loop"  # the stamp a capture made this way carries (meta "captured")
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    """Token ids to score at ``positions`` (strictly increasing, each < ``len(ids)``) without generating,
+    from the episode's kept cache: the kept tokens they share are not run again (module docstring)."""
+
+    ids: tuple[int, ...]
+    positions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,7 @@ class CaptureSpec:
     layers: tuple[int, ...] | None = None
     token_segment: tuple[int, ...] | None = None
     num_segments: int = 0
+    before: tuple[SidePlan, ...] = ()  # scored first, from the episode's kept cache (per-key rows)
 
     def __post_init__(self) -> None:
         pos = [int(p) for p in self.positions]
@@ -93,10 +110,12 @@ class LoopCapture:
     reply's first token), so a caller checks them against its rendering of the recorded call.
     ``prefilled``: prompt tokens run in this call (the rest came from the episode's kept cache);
     ``info``: backend notes recorded with the capture (``attention_calls``, ``num_key_value_heads``,
-    ``head_dim``, ``batch_rows``: rows in the decode step that scored the reply start).
+    ``head_dim``, ``batch_rows``: rows in the decode step that scored the reply start). ``side``: the side
+    plans' captures (their ``token_ids`` are the plan's ids, ``prefilled`` the tokens run for it).
     """
 
     scorer: QueryScorer
     token_ids: list[int]
     prefilled: int
     info: dict[str, Any] = field(default_factory=dict)
+    side: list[LoopCapture] = field(default_factory=list)  # one per CaptureSpec.before, in order

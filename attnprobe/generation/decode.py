@@ -58,6 +58,7 @@ class RowResult:
     prefilled: int  # prompt tokens run (the rest came from the kept cache)
     scorer: Any = None  # the row's QueryScorer on the host (capture in the loop), else None
     attention_calls: int = 0  # attention calls that scored the row (prefill and its reply-start step)
+    side: list = field(default_factory=list)  # per side plan (scorer on the host, tokens run)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -278,6 +279,23 @@ def keep_rows(cache, mask, idx: list[int]):
     return cache, mask[:, lead:]
 
 
+def side_plan(model, row: Row, plan) -> tuple[Any, int]:
+    """Score a :class:`~attnprobe.generation.capturing.SidePlan` on the row's kept cache (its shared prefix is
+    not run again; the cache is left as it was): (scorer on the host, tokens run)."""
+    import torch
+
+    from attnprobe_hooks.scoring import QueryScorer
+
+    ids = [int(t) for t in plan.ids]
+    n = len(ids)
+    kept = Row(ids=ids, max_tokens=1, kept=row.kept, kept_ids=row.kept_ids)
+    reuse = min(reusable(kept), int(plan.positions[0])) if plan.positions else reusable(kept)
+    scorer = QueryScorer(seg_ids=torch.arange(n), num_segments=n, query_positions=torch.as_tensor(plan.positions),
+                         layers=None if row.capture.layers is None else list(row.capture.layers))
+    prefill(model, kept, reuse, scorer)
+    return scorer.to_host(), n - reuse
+
+
 def _feed_first(model, kv: KV, row: Row, token: int, scorer) -> int:
     """Capture in the loop for a reply that ended at its first token (never fed back in the batch): feed it
     alone on the row's own cache (batch 1, no padding) and score its query; the number of attention calls."""
@@ -315,6 +333,8 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
         from attnprobe_hooks.transformers.attention import install
 
         install(model)  # the scoring attention function (a plain pass-through while nothing is scored)
+    side = [[side_plan(model, row, plan) for plan in row.capture.before] if row.capture is not None else []
+            for row in rows]  # on the kept caches, before the prefills crop them
     caches, first = [], []
     for r, (row, n) in enumerate(zip(rows, reuse)):
         if scorers[r] is not None:
@@ -341,7 +361,7 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
             if why is None:
                 still.append(i)
                 continue
-            first_only = scorers[r] is not None and len(new[r]) == 1  # its first token is never fed back
+            first_only = scorers[r] is not None and len(new[r]) == 1 and rows[r].capture.reply_start  # never fed back
             kv = split_row(cache, mask, i) if keep[r] or first_only else None
             if first_only:
                 calls[r] += _feed_first(model, kv, rows[r], t, scorers[r])
@@ -374,7 +394,7 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
         logits = out.logits[:, -1].float()
     for r, sc in enumerate(scorers):
         if sc is not None:
-            results[r].scorer, results[r].attention_calls = sc.to_host(), calls[r]
+            results[r].scorer, results[r].attention_calls, results[r].side = sc.to_host(), calls[r], side[r]
     return results  # type: ignore[return-value]
 
 
@@ -386,7 +406,7 @@ def _first_step_rows(rows: list[Row], active: list[int], new: list[list[int]], s
 
     todo = []
     for i, r in enumerate(active):
-        if scorers[r] is None or len(new[r]) != 1:
+        if scorers[r] is None or len(new[r]) != 1 or not rows[r].capture.reply_start:
             continue
         keys = int(mask[i].sum())
         if keys != len(rows[r].ids) + 1:

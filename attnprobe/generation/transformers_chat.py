@@ -305,7 +305,7 @@ class TransformersChat(OneByOne):
             if res.reason == "grammar":
                 reply.stopped_by = "grammar"
             if res.scorer is not None:
-                reply.capture = self._loop_capture(res, p, len(requests))
+                reply.capture = self._loop_capture(req, res, p, len(requests))
             replies.append(reply)
             if res.cache is not None:
                 self._kept[req.episode] = (res.cache_ids, res.cache)
@@ -322,13 +322,15 @@ class TransformersChat(OneByOne):
                  f"{call['generated']:,}")
         return replies
 
-    def _loop_capture(self, res, prompt: Prompt, rows: int):
+    def _loop_capture(self, req: ChatRequest, res, prompt: Prompt, rows: int):
         """The reply's :class:`~attnprobe.generation.capturing.LoopCapture` (capture in the loop)."""
         from attnprobe.generation.capturing import LoopCapture
 
         cfg = getattr(self.loaded.model.config, "text_config", None) or self.loaded.model.config
+        side = [LoopCapture(scorer=sc, token_ids=[int(t) for t in plan.ids], prefilled=ran)
+                for (sc, ran), plan in zip(res.side, req.capture.before)]
         return LoopCapture(scorer=res.scorer, token_ids=list(prompt.ids) + res.new[:1], prefilled=res.prefilled,
-                           info={"num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+                           side=side, info={"num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
                                  "head_dim": getattr(cfg, "head_dim", None), "attention_calls": res.attention_calls,
                                  "batch_rows": rows})
 

@@ -2,6 +2,9 @@
 generation scores while it runs equal transformers' own eager attention on the same tokens (an independent
 reference: explicit softmax, full sequence, no attnprobe code)."""
 
+import json
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +78,104 @@ def test_the_spec_checks_its_positions():
         CaptureSpec(positions=(5,)).query_positions(5)
     assert CaptureSpec(positions=(1, 4)).query_positions(5) == [1, 4, 5]
     assert torch.equal(torch.as_tensor(CaptureSpec(positions=()).segments(3)[0]), torch.arange(4))
+
+
+# ---------------------------------------------------------------------------------------- the study side
+from attnprobe.cli.main import main  # noqa: E402
+from attnprobe.resources import data_path  # noqa: E402
+from tests.support.loop_capture import compare, in_loop_folders, numbers_close, post_hoc_copy  # noqa: E402
+
+SCAFFOLDS = {  # every scaffold form, three policies each, structured actions (a random model then acts)
+    # (the reply budget is the one at which the random model, seed 0, acts over several turns)
+    "seed002": ["--scaffold", "seed002", "--policy", "none", "--policy", "mask:1", "--policy", "mask-obs:1",
+                "--max-new-tokens", "40"],
+    "ircot-chat": ["--scaffold", "ircot", "--ircot-form", "chat", "--policy", "none", "--policy", "ircot:o",
+                   "--policy", "mask-obs:1", "--max-new-tokens", "32"],
+    "ircot-stream": ["--scaffold", "ircot", "--policy", "none", "--policy", "ircot:oq", "--policy", "mask-obs:1",
+                     "--max-new-tokens", "60"],
+}
+
+
+def _interference(out, model, form, *extra):
+    return main(["study", "interference", str(data_path("questions_loop.jsonl")), *SCAFFOLDS[form], "--limit", "1",
+                 "--max-turns", "3", "--generation-preset", "cpu", "--structured-actions",
+                 "--episodes-per-batch", "3", "--model", str(model), "--out", str(out), "--no-progress",
+                 "--bootstrap", "20", *extra])
+
+
+def _attention(out, capsys):
+    capsys.readouterr()
+    assert main(["study", "attention", str(out), "--no-progress", "--bootstrap", "20"]) == 0
+    return [line for line in capsys.readouterr().err.splitlines() if "captured in the loop (0 tokens" in line]
+
+
+@pytest.mark.parametrize("form", list(SCAFFOLDS))
+def test_study_captured_in_the_loop_equals_study_attention(tmp_path, tiny_smol_folder, form, capsys):
+    loop = tmp_path / "loop"
+    assert _interference(loop, tiny_smol_folder, form, "--capture-in-loop") == 0
+    calls = sum(1 for p in loop.glob("*/calls/*.jsonl") for _ in p.open())
+    assert calls > 3 and len(in_loop_folders(loop)) == calls  # every call, each setting, several turns
+    post = post_hoc_copy(loop, tmp_path / "post")
+    lines = _attention(loop, capsys)
+    assert len(lines) == 3  # one per setting: every call captured in the loop, nothing prefilled for them
+    for line in lines:
+        m = re.search(r"(\d+) of (\d+) calls were captured in the loop", line)
+        assert m and m[1] == m[2] and int(m[1]) > 0, line
+        assert "; 0 tokens prefilled for the calls captured now" in line, line
+    _attention(post, capsys)
+    cmp = compare(loop, post)
+    assert cmp["calls"] == calls and cmp["meta_differs"] == []
+    assert max(cmp["max_abs_diff"].values()) < 1e-5
+    a = json.loads((loop / "attention.json").read_text())
+    b = json.loads((post / "attention.json").read_text())
+    assert numbers_close(a, b, 1e-5) == []
+    assert (loop / "attention.md").read_text() == (post / "attention.md").read_text()
+
+
+def test_killed_study_captured_in_the_loop_resumes_to_the_same_files(tmp_path, tiny_smol_folder, monkeypatch):
+    from attnprobe.studies.loop import in_loop
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert _interference(whole, tiny_smol_folder, "seed002", "--capture-in-loop", "--episodes-per-batch", "1") == 0
+    real, seen = in_loop.CapturingChat.complete_batch, []
+
+    def dying(self, requests):
+        seen.append(1)
+        if len(seen) == 5:
+            raise KeyboardInterrupt  # the process dies: no executor catches it
+        return real(self, requests)
+
+    monkeypatch.setattr(in_loop.CapturingChat, "complete_batch", dying)
+    try:
+        assert _interference(resumed, tiny_smol_folder, "seed002", "--capture-in-loop", "--episodes-per-batch", "1") != 0
+    except KeyboardInterrupt:
+        pass
+    assert 0 < len(list(resumed.glob("*/results/*.json"))) < 3
+    monkeypatch.setattr(in_loop.CapturingChat, "complete_batch", real)
+    assert _interference(resumed, tiny_smol_folder, "seed002", "--capture-in-loop", "--episodes-per-batch", "1") == 0
+    assert _files(whole) == _files(resumed)
+
+
+def _files(root):
+    """Every file of the study but timings (results' seconds), the lock and the summary files that hold them."""
+    import numpy as np
+
+    from attnprobe.results.result import CaptureResult
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if not p.is_file() or p.name in ("study.json", "study.md") or ".lock" in p.name or "/capture/" in rel:
+            continue
+        rec = p.read_text(encoding="utf-8")
+        if p.parent.name == "results":
+            d = json.loads(rec)
+            d.pop("seconds")
+            rec = json.dumps(d, sort_keys=True)
+        out[rel] = rec
+    for meta in sorted(root.glob("*/capture/*/meta.json")):
+        r = CaptureResult.load(meta.parent)
+        m = {k: v for k, v in r.meta.items() if k not in ("capture_seconds",)}
+        out[str(meta.parent.relative_to(root))] = (json.dumps(m, sort_keys=True, default=str),
+                                                   np.asarray(r.layer_head_attention).tobytes())
+    return out

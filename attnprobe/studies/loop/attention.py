@@ -405,10 +405,11 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
         jobs = _capture_jobs(out, settings, model, capture, force, skipped)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
-        for job in jobs.values():
+        for s, job in jobs.items():
             if job.trajectories:
                 for k, v in executor.run(job).items():
                     counts[k] += v
+            log_capture_prefill(s, job)
         cf: dict[str, dict] = {}
         base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
         for s in settings:
@@ -439,6 +440,27 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         elif study_md.is_file():
             atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
     return counts, doc
+
+
+def log_capture_prefill(setting: str, job: CaptureJob) -> None:
+    """One line per setting: its calls captured in the loop before (``study interference --capture-in-loop``:
+    nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
+    from attnprobe.generation.capturing import CAPTURED_IN_THE_LOOP
+    from attnprobe.io import load_json
+    from attnprobe.results.result import META_FILE
+
+    in_loop = 0
+    for t in job.trajectories:  # meta.json only (the scores are read once, for the tables)
+        meta = job.folder(t) / META_FILE
+        if meta.is_file() and not meta.is_symlink():
+            try:
+                in_loop += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
+            except AttnprobeError:
+                pass
+    t = job.tally
+    log.info("study attention: %s: %d of %d calls were captured in the loop (0 tokens prefilled for them); %d "
+             "tokens prefilled for the calls captured now (%d tokens in them)", setting, in_loop,
+             len(job.trajectories), t["prefilled_tokens"], t["plan_tokens"])
 
 
 def _model_record(model) -> dict:
