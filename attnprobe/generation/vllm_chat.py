@@ -172,13 +172,21 @@ class VllmChat(OneByOne):
 
     def _generate_capturing(self, requests: Sequence[ChatRequest], prompts: list) -> tuple[list, list]:
         """One ``llm.generate`` on the engine that captures: the requests with ``capture`` scored as they run
-        (:func:`attnprobe_hooks.vllm.generate.generate`); their :class:`LoopCapture` in request order."""
+        (:func:`attnprobe_hooks.vllm.generate.generate`), their side plans (``CaptureSpec.before``) as requests
+        of one new token in the same batch (per-key rows; the keys of a prefix their prompt shares with an
+        earlier request come from the prefix cache); their :class:`LoopCapture` in request order.
+
+        A spec with nothing to score (no positions, no reply start) gets an empty scorer."""
+        import torch
+        from vllm import SamplingParams
+
         from attnprobe.generation.capturing import LoopCapture
+        from attnprobe_hooks.scoring import QueryScorer
         from attnprobe_hooks.vllm import generate as live
 
         if not self.captures:
             raise AttnprobeError("this vLLM generator cannot capture while generating: open it with capture=True")
-        asks = []
+        asks, sides = [], []
         for r, p in zip(requests, prompts):
             spec = r.capture
             item = live.LiveRequest(prompt=list(p.ids), params=self._params(r))
@@ -188,14 +196,40 @@ class VllmChat(OneByOne):
                 item.segments, item.num_segments = seg, count
                 item.layers = None if spec.layers is None else list(spec.layers)
             asks.append(item)
+        one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        for i, r in enumerate(requests):
+            for plan in (r.capture.before if r.capture is not None else ()):
+                ids = [int(t) for t in plan.ids]
+                asks.append(live.LiveRequest(prompt=ids, params=one, positions=[int(x) for x in plan.positions],
+                                             reply_start=False, segments=list(range(len(ids))),
+                                             num_segments=len(ids), layers=asks[i].layers))
+                sides.append((i, ids))
         kw = {} if self.retain_tokens is None else {"retain_tokens": int(self.retain_tokens)}
         outputs, results = live.generate(self.loaded, asks, **kw)
         cfg = self.loaded._text_config
-        caps = [None if res is None else LoopCapture(
-            scorer=res.scorer, token_ids=res.token_ids, prefilled=res.prefilled,
-            info={**res.info, "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
-                  "head_dim": self.loaded.ranks[0]["head_dim"]}) for res in results]
-        return outputs, caps
+        notes = {"num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+                 "head_dim": self.loaded.ranks[0]["head_dim"]}
+        caps: list[LoopCapture | None] = []
+        for r, p, out, res in zip(requests, prompts, outputs, results):
+            if r.capture is None:
+                caps.append(None)
+            elif res is None:  # nothing to score: an empty scorer over the call's keys
+                seg, count = r.capture.segments(len(p.ids))
+                empty = QueryScorer(seg_ids=torch.as_tensor(seg), num_segments=count,
+                                    query_positions=torch.zeros(0, dtype=torch.long),
+                                    layers=None if r.capture.layers is None else list(r.capture.layers))
+                caps.append(LoopCapture(scorer=empty, token_ids=[*p.ids, int(out.outputs[0].token_ids[0])],
+                                        prefilled=len(p.ids) - int(getattr(out, "num_cached_tokens", 0) or 0),
+                                        info=dict(notes)))
+            else:
+                caps.append(LoopCapture(scorer=res.scorer, token_ids=res.token_ids, prefilled=res.prefilled,
+                                        info={**res.info, **notes}))
+        for (i, ids), res in zip(sides, results[len(requests):]):
+            if res is None:
+                raise AttnprobeError(f"request {i + 1}: a side plan of {len(ids)} tokens scores no position")
+            caps[i].side.append(LoopCapture(scorer=res.scorer, token_ids=ids, prefilled=res.prefilled,
+                                            info={**res.info, **notes}))
+        return outputs[: len(requests)], caps
 
     def end_episode(self, episode: str) -> None:
         """Nothing to free: the engine's prefix cache is shared by all episodes and evicts by itself."""

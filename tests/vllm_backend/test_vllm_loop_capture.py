@@ -158,3 +158,44 @@ def test_rollouts_sharing_a_prompt_and_a_forgotten_prefix(chats):
     assert sorted(r["prefix_cache_hit_tokens"] for r in rollouts) == [0, 128]
     assert after[0]["captured_in"] == "generation, then a follow-up pass"
     assert after[0]["followup"] == "a prefix-cache hit no retained plan held"
+
+
+def test_side_plans_and_a_spec_with_nothing_to_score(chats):
+    """A side plan (``CaptureSpec.before``: rows of a recorded call's rendering the model never ran, here the
+    rendered reply's positions n and n + 2) is scored in the same batch as a request whose spec scores
+    nothing; its prefix comes from the prefix cache (keys of the earlier call's retained plan), and its rows
+    equal the transformers capture of the same tokens."""
+    import torch
+
+    from attnprobe.generation.capturing import CaptureSpec, SidePlan
+    from attnprobe.generation.chat import ChatRequest
+    from attnprobe.render.rendering import render
+    from attnprobe.trajectory.schema import Trajectory
+    from attnprobe_hooks.backend import CapturePlan, get_backend
+
+    vchat, tm = chats
+    msgs = [{"role": "system", "content": "Side desk. " + SYSTEM}, {"role": "user", "content": "Name a lake in Austria."}]
+    r1 = vchat.complete_batch([ChatRequest(msgs, max_tokens=8, capture=_spec(vchat, msgs, per_key=True))])[0]
+    n = len(r1.prompt.ids)
+    full = render(Trajectory(id="call", messages=[*msgs, r1.as_message()]), vchat.tokenizer,
+                  add_generation_prompt=False).input_ids.tolist()
+    side = SidePlan(tuple(full[:n + 3]), (n, n + 2))
+    nxt = [*msgs, r1.as_message(), {"role": "user", "content": "Thanks."}]
+    rep = vchat.complete_batch([ChatRequest(nxt, max_tokens=4,
+                                            capture=CaptureSpec(positions=(), reply_start=False, before=(side,)))])[0]
+    assert rep.capture.scorer.qpos.tolist() == [] and len(rep.capture.token_ids) == len(rep.prompt.ids) + 1
+    sc = rep.capture.side[0]
+    assert sc.token_ids == list(side.ids) and sc.scorer.qpos.tolist() == [n, n + 2]
+    plan = CapturePlan(input_ids=np.asarray(side.ids), token_segment=np.arange(n + 3), num_segments=n + 3,
+                       query_positions=(n, n + 2))
+    ref = get_backend("transformers").run(tm, [plan], chunk_size=CHUNK, share_prefixes=False)[0]
+    worst = 0.0
+    for layer, arr in ref.scorer.per_layer.items():
+        worst = max(worst, float((sc.scorer.per_layer[layer] - arr).abs().max()))
+    lh = len(ref.scorer.per_layer) * ref.scorer.per_layer[0].shape[1]
+    tok = float((sc.scorer.token_sum - ref.scorer.token_sum).abs().max()) / lh
+    print("side plan:", sc.info, "prefilled", sc.prefilled, "max |diff|", worst, tok)
+    assert worst <= TOL and tok <= TOL
+    assert torch.allclose(sc.scorer.per_layer[0].sum(-1), torch.ones(2, 9), atol=1e-4)
+    hit = sc.info["prefix_cache_hit_tokens"]
+    assert hit > 0 and sc.prefilled == n + 3 - hit and sc.info["captured_in"] == "generation"
