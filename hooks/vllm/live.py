@@ -94,6 +94,7 @@ class Retained:
         if plan.failed or self.capacity <= 0:
             return
         plan.shared_q = {}
+        plan.peers = []  # its call's other plans: not kept alive through it
         self.plans[plan.tag] = plan
         while self.plans and self.tokens() > self.capacity:
             self.plans.popitem(last=False)

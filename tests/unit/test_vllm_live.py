@@ -151,8 +151,10 @@ def test_the_retained_store_keeps_the_most_recently_used_within_its_budget():
     store.keep(plans[0])
     store.keep(plans[1])
     store.touch([plans[0]])  # p0 served a hit: the most recent now
+    plans[2].peers = [plans[1]]  # its call's other plan
     store.keep(plans[2])
     assert list(store.plans) == ["p0", "p2"] and store.tokens() == 14
+    assert all(not p.peers and not p.shared_q for p in store.plans.values())  # nothing else kept alive
     assert [p.tag for p in store.group("g")] == ["p0", "p2"] and store.group("other") == []
     failed = _plan("f", [1, 2], [1])
     failed.failed = "x"
