@@ -73,8 +73,9 @@ def _spec(chat, msgs, *, per_key: bool, early: bool = False):
                        num_segments=0 if per_key else (n - 1) // SEG + 2)
 
 
-def compare(vchat, tm, reqs, replies, worst) -> list[dict]:
-    """Each reply's capture against the transformers backend's post-hoc capture of the recorded call."""
+def compare(vchat, tm, reqs, replies, worst, layers: int = 30, rendered: bool = True) -> list[dict]:
+    """Each reply's capture against the transformers backend's post-hoc capture of the recorded call (without
+    ``rendered``: of the tokens the rows saw, for a random model whose replies do not re-tokenize as written)."""
     from attnprobe.render.rendering import render
     from attnprobe.trajectory.schema import Trajectory
     from attnprobe_hooks.backend import get_backend
@@ -85,10 +86,10 @@ def compare(vchat, tm, reqs, replies, worst) -> list[dict]:
         cap = r.capture
         assert cap is not None and cap.token_ids[:n] == r.prompt.ids and len(cap.token_ids) == n + 1
         assert cap.scorer.qpos.tolist()[-2:] == [n - 1, n]
-        assert sorted(cap.scorer.per_layer) == list(range(30))
+        assert sorted(cap.scorer.per_layer) == list(range(layers))
         # the recorded call as study attention renders it: the messages sent and the reply
         full = render(Trajectory(id="call", messages=[*req.messages, r.as_message()]), vchat.tokenizer,
-                      add_generation_prompt=False).input_ids.tolist()
+                      add_generation_prompt=False).input_ids.tolist() if rendered else list(cap.token_ids)
         assert full[:n + 1] == cap.token_ids  # the prompt, then the reply's first token
         plans.append(full_plan(full[:n], full[n:], cap.scorer.qpos.tolist()))
         seen.append({"n": n, "prefilled": cap.prefilled, **{k: cap.info.get(k) for k in (
@@ -199,3 +200,33 @@ def test_side_plans_and_a_spec_with_nothing_to_score(chats):
     assert torch.allclose(sc.scorer.per_layer[0].sum(-1), torch.ones(2, 9), atol=1e-4)
     hit = sc.info["prefix_cache_hit_tokens"]
     assert hit > 0 and sc.prefilled == n + 3 - hit and sc.info["captured_in"] == "generation"
+
+
+def test_tensor_parallel_generation_captures_equal_post_hoc(random_llama):
+    """TP=2 (a random llama, 8 heads / 2 KV heads: each rank scores 4 heads): two turns of two episodes, the
+    second served from the prefix cache; the merged shards equal the transformers capture."""
+    import attnprobe
+    from attnprobe.generation.chat import ChatRequest
+    from attnprobe.generation.vllm_chat import VllmChat
+
+    folder = random_llama(heads=8, kv_heads=2, head_dim=32, hidden=64, layers=2)
+    tm = attnprobe.load_model(str(folder), backend="transformers", dtype="float32")
+    vchat = VllmChat.open(str(folder), dtype="float32", chunk_size=128, tensor_parallel_size=2, progress=False,
+                          capture=True)
+    try:
+        assert [r["head_offset"] for r in vchat.loaded.ranks] == [0, 4]
+        convs = [[{"role": "system", "content": f"Desk {k}. " + SYSTEM}, {"role": "user", "content": q}]
+                 for k, q in enumerate(["Who wrote Dracula?", "Name a planet."])]
+        worst = {"segment": 0.0, "token": 0.0}
+        seen = []
+        for _ in range(2):
+            reqs = [ChatRequest(m, max_tokens=4, capture=_spec(vchat, m, per_key=True)) for m in convs]
+            replies = vchat.complete_batch(reqs)
+            for r in replies:
+                assert sorted(r.capture.scorer.per_layer) == [0, 1] and r.capture.scorer.per_layer[0].shape[1] == 8
+            seen += compare(vchat, tm, reqs, replies, worst, layers=2, rendered=False)
+            convs = [m + [r.as_message(), {"role": "user", "content": "Again."}] for m, r in zip(convs, replies)]
+    finally:
+        vchat.close()
+    print("tp=2:", seen, worst)
+    assert all(s["captured_in"] == "generation" for s in seen) and seen[2]["prefix_cache_hit_tokens"] > 0
