@@ -31,7 +31,7 @@ from attnprobe.errors import AttnprobeError
 from attnprobe_hooks.backend import CapturePlan
 from attnprobe_hooks.scoring import QueryScorer
 from attnprobe_hooks.vllm import live
-from attnprobe_hooks.vllm.backend import VllmModel, _merge, _scored_layers
+from attnprobe_hooks.vllm.backend import VllmModel, merge_shards, scored_layers
 
 DEFAULT_RETAIN_TOKENS = 65536  # positions of finished live plans each rank keeps for later prefix-cache hits
 _CALLS = itertools.count()
@@ -97,7 +97,7 @@ def _pass(loaded: VllmModel, items: Sequence[tuple[list[int], Any, list[int] | N
             params.append(p)
             picks.append(None)
             continue
-        keep, _ = _scored_layers(loaded, req.layers)
+        keep, _ = scored_layers(loaded, req.layers)
         group = f"aplive-{os.getpid()}|{keep}"
         tag = f"aplive{os.getpid()}-{call}-{i}"
         segs = req.segments if req.segments is not None else list(range(len(req.prompt) + 1))
@@ -138,7 +138,7 @@ def _scores(loaded: VllmModel, pick: dict, token_ids: list[int]) -> tuple[QueryS
     plan = CapturePlan(input_ids=np.asarray(token_ids, dtype=np.int64),
                        token_segment=np.asarray(pick["segs"][: len(token_ids)], dtype=np.int64),
                        num_segments=pick["nseg"], query_positions=tuple(pick["qpos"]), layers=pick["keep"])
-    scorer, _, stats = _merge(loaded, plan, pick["keep"], pick["tag"], pick["shards"])
+    scorer, _, stats = merge_shards(loaded, plan, pick["keep"], pick["tag"], pick["shards"])
     return scorer.to_host(), stats
 
 
