@@ -20,37 +20,7 @@ import pytest
 
 pytest.importorskip("vllm.sampling_params", reason="the vLLM backend tests need vLLM (run .ci/vllm.sh)")
 
-TOL = 2e-5  # as tests/vllm_backend/test_vllm_smol.py: two kernels summing the same softmax rows
-CHUNK = 256
-SEG = 16  # the post-hoc plan's segments: 16 prompt tokens each, the whole reply one more
-SYSTEM = ("You are a careful research assistant working for a library. Answer the user's question in a short "
-          "sentence. When you are unsure, say so, and name the source you would check. ") * 5
-
-
-def full_plan(prompt: list[int], reply: list[int], queries):
-    """The post-hoc plan of a recorded call: prompt + reply, segments of SEG prompt tokens, the reply one segment."""
-    from attnprobe_hooks.backend import CapturePlan
-
-    n = len(prompt)
-    seg = np.concatenate([np.arange(n) // SEG, np.full(len(reply), (n - 1) // SEG + 1)])
-    return CapturePlan(input_ids=np.asarray(prompt + reply, dtype=np.int64), token_segment=seg,
-                       num_segments=int(seg[-1]) + 1, query_positions=tuple(queries))
-
-
-def live_in_segments(cap, plan):
-    """The live capture summed into the plan's segments (per-key rows: one segment per key) and widened."""
-    import torch
-
-    n1 = len(cap.token_ids)
-    seg = torch.as_tensor(plan.token_segment[:n1])
-    out = {}
-    for layer, arr in cap.scorer.per_layer.items():
-        if arr.shape[-1] == n1:  # per-key rows
-            arr = torch.zeros(*arr.shape[:-1], plan.num_segments).index_add_(-1, seg, arr)
-        out[layer] = arr
-    tok = torch.zeros(cap.scorer.token_sum.shape[0], plan.n)
-    tok[:, :n1] = cap.scorer.token_sum
-    return out, tok
+from support.vllm_live import CHUNK, SYSTEM, TOL, compare, live_spec  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,51 +34,6 @@ def chats(smol_folder):
     vchat.close()
 
 
-def _spec(chat, msgs, *, per_key: bool, early: bool = False):
-    from attnprobe.generation.capturing import CaptureSpec
-
-    n = len(chat.prompt(msgs).ids)
-    seg = None if per_key else tuple(int(s) for s in np.concatenate([np.arange(n) // SEG, [(n - 1) // SEG + 1]]))
-    return CaptureSpec(positions=((5,) if early else ()) + (n - 1,), reply_start=True, token_segment=seg,
-                       num_segments=0 if per_key else (n - 1) // SEG + 2)
-
-
-def compare(vchat, tm, reqs, replies, worst, layers: int = 30, rendered: bool = True) -> list[dict]:
-    """Each reply's capture against the transformers backend's post-hoc capture of the recorded call (without
-    ``rendered``: of the tokens the rows saw, for a random model whose replies do not re-tokenize as written)."""
-    from attnprobe.render.rendering import render
-    from attnprobe.trajectory.schema import Trajectory
-    from attnprobe_hooks.backend import get_backend
-
-    plans, seen = [], []
-    for req, r in zip(reqs, replies):
-        n = len(r.prompt.ids)
-        cap = r.capture
-        assert cap is not None and cap.token_ids[:n] == r.prompt.ids and len(cap.token_ids) == n + 1
-        assert cap.scorer.qpos.tolist()[-2:] == [n - 1, n]
-        assert sorted(cap.scorer.per_layer) == list(range(layers))
-        # the recorded call as study attention renders it: the messages sent and the reply
-        full = render(Trajectory(id="call", messages=[*req.messages, r.as_message()]), vchat.tokenizer,
-                      add_generation_prompt=False).input_ids.tolist() if rendered else list(cap.token_ids)
-        assert full[:n + 1] == cap.token_ids  # the prompt, then the reply's first token
-        plans.append(full_plan(full[:n], full[n:], cap.scorer.qpos.tolist()))
-        seen.append({"n": n, "prefilled": cap.prefilled, **{k: cap.info.get(k) for k in (
-            "captured_in", "prefix_cache_hit_tokens", "read_prefix_cache", "followup")}})
-    ref = get_backend("transformers").run(tm, plans, chunk_size=CHUNK, share_prefixes=False)
-    for r, plan, o in zip(replies, plans, ref):
-        per_layer, tok = live_in_segments(r.capture, plan)
-        for layer, arr in o.scorer.per_layer.items():
-            d = float((per_layer[layer] - arr).abs().max())
-            assert d <= TOL, (layer, d)
-            worst["segment"] = max(worst["segment"], d)
-        lh = len(o.scorer.per_layer) * o.scorer.per_layer[0].shape[1]  # token_attention = token_sum / lh
-        d = float((tok - o.scorer.token_sum).abs().max()) / lh
-        assert d <= TOL, d
-        worst["token"] = max(worst["token"], d)
-        assert abs(float(per_layer[0][-1].sum()) - o.scorer.per_layer[0].shape[1]) < 1e-4  # whole softmax rows
-    return seen
-
-
 def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
     from attnprobe.generation.chat import ChatRequest
 
@@ -120,7 +45,7 @@ def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
     seen: list[dict] = []
     for turn in range(2):
         reqs = [ChatRequest(m, max_tokens=[12, 12, 1][k] if turn == 1 else 12,
-                            capture=_spec(vchat, m, per_key=k != 1, early=turn == 1 and k == 1))
+                            capture=live_spec(vchat, m, per_key=k != 1, early=turn == 1 and k == 1))
                 for k, m in enumerate(convs)]
         replies = vchat.complete_batch(reqs)
         seen += compare(vchat, tm, reqs, replies, worst)
@@ -148,10 +73,10 @@ def test_rollouts_sharing_a_prompt_and_a_forgotten_prefix(chats):
     base = [{"role": "system", "content": "Shared desk. " + SYSTEM}]
     convs = [base + [{"role": "user", "content": q}] for q in ("Name a river in Spain.", "Name a river in Italy.")]
     worst = {"segment": 0.0, "token": 0.0}
-    reqs = [ChatRequest(m, max_tokens=8, capture=_spec(vchat, m, per_key=True)) for m in convs]
+    reqs = [ChatRequest(m, max_tokens=8, capture=live_spec(vchat, m, per_key=True)) for m in convs]
     rollouts = compare(vchat, tm, reqs, vchat.complete_batch(reqs), worst)
     held = forget(vchat.loaded)
-    again = [ChatRequest(convs[0], max_tokens=8, capture=_spec(vchat, convs[0], per_key=True))]
+    again = [ChatRequest(convs[0], max_tokens=8, capture=live_spec(vchat, convs[0], per_key=True))]
     after = compare(vchat, tm, again, vchat.complete_batch(again), worst)
     print("rollouts:", rollouts, "retained positions dropped:", held, "after:", after, "max |diff|:", worst)
     assert held > 0
@@ -176,7 +101,7 @@ def test_side_plans_and_a_spec_with_nothing_to_score(chats):
 
     vchat, tm = chats
     msgs = [{"role": "system", "content": "Side desk. " + SYSTEM}, {"role": "user", "content": "Name a lake in Austria."}]
-    r1 = vchat.complete_batch([ChatRequest(msgs, max_tokens=8, capture=_spec(vchat, msgs, per_key=True))])[0]
+    r1 = vchat.complete_batch([ChatRequest(msgs, max_tokens=8, capture=live_spec(vchat, msgs, per_key=True))])[0]
     n = len(r1.prompt.ids)
     full = render(Trajectory(id="call", messages=[*msgs, r1.as_message()]), vchat.tokenizer,
                   add_generation_prompt=False).input_ids.tolist()
@@ -201,32 +126,3 @@ def test_side_plans_and_a_spec_with_nothing_to_score(chats):
     hit = sc.info["prefix_cache_hit_tokens"]
     assert hit > 0 and sc.prefilled == n + 3 - hit and sc.info["captured_in"] == "generation"
 
-
-def test_tensor_parallel_generation_captures_equal_post_hoc(random_llama):
-    """TP=2 (a random llama, 8 heads / 2 KV heads: each rank scores 4 heads): two turns of two episodes, the
-    second served from the prefix cache; the merged shards equal the transformers capture."""
-    import attnprobe
-    from attnprobe.generation.chat import ChatRequest
-    from attnprobe.generation.vllm_chat import VllmChat
-
-    folder = random_llama(heads=8, kv_heads=2, head_dim=32, hidden=64, layers=2)
-    tm = attnprobe.load_model(str(folder), backend="transformers", dtype="float32")
-    vchat = VllmChat.open(str(folder), dtype="float32", chunk_size=128, tensor_parallel_size=2, progress=False,
-                          capture=True)
-    try:
-        assert [r["head_offset"] for r in vchat.loaded.ranks] == [0, 4]
-        convs = [[{"role": "system", "content": f"Desk {k}. " + SYSTEM}, {"role": "user", "content": q}]
-                 for k, q in enumerate(["Who wrote Dracula?", "Name a planet."])]
-        worst = {"segment": 0.0, "token": 0.0}
-        seen = []
-        for _ in range(2):
-            reqs = [ChatRequest(m, max_tokens=4, capture=_spec(vchat, m, per_key=True)) for m in convs]
-            replies = vchat.complete_batch(reqs)
-            for r in replies:
-                assert sorted(r.capture.scorer.per_layer) == [0, 1] and r.capture.scorer.per_layer[0].shape[1] == 8
-            seen += compare(vchat, tm, reqs, replies, worst, layers=2, rendered=False)
-            convs = [m + [r.as_message(), {"role": "user", "content": "Again."}] for m, r in zip(convs, replies)]
-    finally:
-        vchat.close()
-    print("tp=2:", seen, worst)
-    assert all(s["captured_in"] == "generation" for s in seen) and seen[2]["prefix_cache_hit_tokens"] > 0
