@@ -252,7 +252,8 @@ def _register_attention(studies) -> None:
     g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
                    help="the share tables use calls with at least N past turns in the agent's run (default "
                         "5: seed 002 E.5, 'using only reasoning steps with at least five past "
-                        "turns'); first calls and, at the reasoning start, tool-call-only replies are always left "
+                        "turns'; fewer when the study's turn limit allows fewer: 4 for ircot's --max-turns 4); "
+                        "first calls and, at the reasoning start, tool-call-only replies are always left "
                         "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     from attnprobe.capture.models import MODEL_HELP
@@ -273,7 +274,7 @@ def cmd_attention(args) -> int:
     from attnprobe.cli.options import capture_options, executor, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.attention import read_study, run_attention
     from attnprobe.studies.loop.capture_model import choose_capture_model
     from attnprobe.studies.loop.layout import StudyLayout
 
@@ -294,8 +295,7 @@ def cmd_attention(args) -> int:
         with executor(args) as ex:
             counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
                                         counterfactual=opts, min_past=args.min_past,
-                                        shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
-                                        else args.shares_min_past, force=args.force,
+                                        shares_min_past=args.shares_min_past, force=args.force,
                                         n_boot=args.bootstrap, only=args.policies, models=choice)
     attention_md = StudyLayout(out).attention_md
     print(attention_md.read_text(encoding="utf-8"))

@@ -19,13 +19,14 @@ from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings, finished_something, record_settings
 from attnprobe.io.urls import redact
-from attnprobe.results.caveats import structured_replies, study_caveats
+from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
-from attnprobe.studies.loop.layout import StudyLayout
+from attnprobe.studies.loop.layout import HISTORY, StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
+from attnprobe.studies.loop.validity import invalid_actions
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,15 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
     if config.structured_actions:  # every reply recorded as structured, checked against its grammar
         study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
+    study["invalid_actions"] = invalid_actions(calls)  # replies that were no valid action, per setting
+    study["observations"] = {s: observations_with_passage(rec for _, _, rec in layout.stamped(s, stamps[s], HISTORY))
+                             for s in settings}  # what each setting's agent retrieved, passages or nothing
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
     atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
-                  caveats=study["caveats"])
+                  caveats=study["caveats"], structured=config.structured_actions,
+                  observations=study["observations"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
