@@ -131,7 +131,7 @@ def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, tempera
         retrievals = f"{round(art * n_q)} retrieval{'' if round(art * n_q) == 1 else 's'}" if _num(art) else \
             "retrievals unknown"
         seen, n_calls = observed_calls((calls or {}).get(s) or [])
-        if n_calls:
+        if n_calls and not (_num(art) and art == 0):  # it retrieved, and every observation was empty
             if seen:
                 continue
             # the policy may still have edited the empty observations (a placeholder for an empty block): its row
@@ -140,7 +140,9 @@ def retrieved_nothing(settings: Mapping[str, Mapping], baseline: str, *, tempera
                        f"recorded calls; {retrievals} over {n_q} questions); whatever differs from the baseline "
                        "comes from what the policy wrote in place of empty observations, not from retrieved text")
             continue
-        elif _num(art) and art == 0:
+        elif _num(art) and art == 0:  # no retrieval ran: no policy had an observation to edit
+            if seen:
+                continue
             why = f"{retrievals} over {n_q} questions"
         else:
             continue

@@ -165,8 +165,8 @@ def test_study_md_and_json_carry_the_caveats(tmp_path):
         return ("<search>holmium</search>" if messages[-1]["content"].startswith("Answer the given question")
                 else "<answer>1</answer>")
 
-    quiet = ("setting ircot:o retrieved nothing: no observation held a passage (none in any of its 3 recorded "
-             f"calls; 0 retrievals over 3 questions){FROM_EDITS}")  # study.json decides from the calls since issue 29
+    # study.json decides from the calls since issue 29; no retrieval ran, so no policy acted (issue 37)
+    quiet = f"setting ircot:o retrieved nothing: no policy acted (0 retrievals over 3 questions); {GREEDY}"
     never = ("the baseline none never searched (0 retrievals over 3 questions): its agent answered without "
              "retrieving, so no setting's difference from it is a policy's effect on retrieved text")
     for name, script, first in (("quiet", answers, [never, quiet]),
@@ -362,3 +362,16 @@ def test_malformed_study_json_gives_no_caveat_and_no_crash():
                              "baseline": "x"}) == ["setting b retrieved nothing: no policy acted (0 retrievals over 12 questions); "
                                                  + GREEDY]
     assert CV.study_caveats({"settings": [1, 2]}) == []
+
+
+def test_retrieved_nothing_with_no_retrieval_says_no_policy_acted():
+    """Recorded calls without an observation and ART 0: no retrieval ran, so no policy had anything to edit
+    (not "what the policy wrote in place of empty observations", which needs an empty retrieval to replace)."""
+    settings = {"none": {"questions": 2, "art": 0.0}, "ircot:oq": {"questions": 2, "art": 0.0}}
+    calls = {"ircot:oq": [_rec(USER), _rec(USER)]}
+    assert CV.retrieved_nothing(settings, "none", temperature=0.0, calls=calls) == [
+        f"setting ircot:oq retrieved nothing: no policy acted (0 retrievals over 2 questions); {GREEDY}"]
+    settings["ircot:oq"]["art"] = 0.5  # one empty retrieval: a placeholder may stand in for it
+    assert CV.retrieved_nothing(settings, "none", temperature=0.0, calls=calls) == [
+        "setting ircot:oq retrieved nothing: no observation held a passage (none in any of its 2 recorded calls; "
+        f"1 retrieval over 2 questions){FROM_EDITS}"]
