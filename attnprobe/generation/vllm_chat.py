@@ -67,9 +67,9 @@ class VllmChat(OneByOne):
         """Build (or reuse) the generation engine for ``spec``; ``engine``: the capture backend's engine
         options (``tensor_parallel_size``, ``chunk_size``, ``max_model_len``, ``kv_cache_gib``,
         ``gpu_memory_utilization``, ``max_num_seqs``, ``seed``, ``progress``)."""
-        from attnprobe_hooks.vllm.backend import _require_vllm, open_engine
+        from attnprobe_hooks.vllm.backend import open_engine, require_vllm
 
-        _require_vllm()
+        require_vllm()
         from vllm.platforms import current_platform
 
         chunk = int(engine.get("chunk_size") or 512)

@@ -46,7 +46,9 @@ _CACHE: dict[tuple, VllmModel] = {}
 _TAGS = itertools.count()
 
 
-def _require_vllm():
+def require_vllm():
+    """The imported ``vllm`` module, or an :class:`AttnprobeError` that says how to install it (public: the
+    generation engine checks the same way before it opens an engine)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:  # missing, or only a folder named vllm (namespace package)
         raise AttnprobeError(INSTALL_HINT)
@@ -171,7 +173,7 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
            tuple(sorted((k, repr(v)) for k, v in (defaults or {}).items())))
     if key in _CACHE:
         return _CACHE[key]
-    _require_vllm()
+    require_vllm()
     source, folder, gguf = _resolve_folder(str(spec), progress)
     from vllm import LLM
     from vllm.platforms import current_platform

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -58,6 +57,7 @@ from attnprobe.studies.loop.prompts import (
 )
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.trajectory.schema import message_text
+from attnprobe.trajectory.tags import removed
 
 SCAFFOLDS = ("ircot", "seed002")
 # How the ircot scaffold sends its history: "stream", Search-R1's one growing sequence (attnprobe.agents.searchr1,
@@ -326,7 +326,7 @@ class Loop:
         ep = self.ep
         ep.tool_calls += 1
         ep.retrievals += 1
-        thought = re.sub(r"<search>.*?(?:</search>|$)", "", tag_text, flags=re.S).strip()
+        thought = removed(tag_text, "search").strip()
         call = {"id": f"call{ep.tool_calls}", "type": "function",
                 "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
         ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": tag_text})
