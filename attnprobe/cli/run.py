@@ -169,7 +169,7 @@ def cmd_run(args) -> int:
     # before the executor loads a model
     with _executor(args) as ex:
         ray = cluster_options(args) is not None
-        result = run_questions(None, questions, settings, out, executor=ex, loaded_model=ray, overwrite=args.force,
+        result = run_questions(None, questions, settings, out, executor=ex, overwrite=args.force,
                                batch_size=args.batch_size, search_kind=args.search, corpus=args.corpus,
                                search=None if ray else search)  # replicas build their own
     s = result["summary"]

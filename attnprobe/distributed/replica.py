@@ -61,12 +61,7 @@ class Replica:
             raise self.load_error
         key = job.prepare_key
         if self._prepared[0] != key or self._prepared[1] is None:
-            model = self.model
-            if getattr(job, "needs", None) == "chat":  # the job chats with the model: wrap it as it says
-                from attnprobe.generation.transformers_chat import TransformersChat
-
-                model = TransformersChat(model, **getattr(job, "chat_options", {}))
-            self._prepared = (key, job.prepare(model))
+            self._prepared = (key, job.prepare(self.model))  # a chat job wraps the model itself (job.needs)
         state = self._prepared[1]
         records: dict[str, dict] = {}
         groups: list[list[WorkItem]] = []

@@ -2,7 +2,10 @@
 
 A job is a list of :class:`WorkItem` plus three questions an executor asks without knowing the
 study: is this item finished (``done``), what does a loaded model become for this job
-(``prepare``), and run this batch (``run``, which writes every result atomically itself). Results a
+(``prepare``), and run this batch (``run``, which writes every result atomically itself). ``needs`` says
+what ``prepare`` turns the executor's model into: ``"model"`` (the loaded model, as is) or ``"chat"`` (a chat
+backend, made with ``chat_options`` by the one factory :func:`attnprobe.generation.factory.chat_for`, which
+:class:`attnprobe.generation.factory.ChatJob` calls); the executors never import the generation layer. Results a
 job returns instead of writing (IBIS decisions, appended to one file) go back to the process that
 started the job and are handed to ``collect`` there, so such a file has one writer.
 
@@ -42,7 +45,9 @@ class Job(Protocol):
     ``stage`` (names the stage in logs and errors.jsonl), ``unit`` (progress unit), ``out`` (the
     job's folder: ``errors.jsonl`` and, on Ray, ``distributed.json`` go there), ``batch_size`` (items
     per ``run`` call; a failed batch is redone item by item), ``force`` (redo finished items),
-    ``catch`` (exceptions that fail an item instead of the job).
+    ``catch`` (exceptions that fail an item instead of the job), ``needs`` ("model" or "chat": what
+    ``prepare`` makes of the executor's model), ``chat_options`` (for "chat": how a loaded model is wrapped,
+    e.g. ``{"stop_at_call": False}``).
     """
 
     stage: str
@@ -51,6 +56,8 @@ class Job(Protocol):
     batch_size: int
     force: bool
     catch: tuple[type[BaseException], ...]
+    needs: str
+    chat_options: dict
 
     def items(self) -> list[WorkItem]: ...
 
@@ -83,6 +90,8 @@ class JobBase:
     batch_size = 1
     force = False
     catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS
+    needs = "model"  # a chat job derives from attnprobe.generation.factory.ChatJob (needs = "chat")
+    chat_options: dict = {}  # read only (a class attribute shared by every job)
     _note = None  # set by an executor that shows progress
     _advance = None  # set by an executor whose bar counts the job's units (see ``bar_units``)
     # Optional: ``bar_units(item) -> int``, an upper bound of the item's units of progress (``bar_unit``, e.g. a

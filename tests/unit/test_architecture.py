@@ -108,6 +108,8 @@ def test_counterfactual_is_a_stage_below_the_studies():
     i = layers.index("attnprobe.counterfactual")
     assert layers[i - 1] == "attnprobe.studies | attnprobe.distributed" and layers[i + 1] == "attnprobe.agents"
     assert "attnprobe.counterfactual" not in cfg["importlinter:contract:studies-independent"]["modules"]
+    executors = cfg["importlinter:contract:executors-know-no-study"]
+    assert "attnprobe.generation" in executors["forbidden_modules"].split()  # a chat job wraps its own model
     graph = import_graph()
     assert "attnprobe.counterfactual.job" in graph["attnprobe.studies.loop.attention"]
     source = "\n".join(p.read_text() for root in CODE_ROOTS.values() for p in root.rglob("*.py"))

@@ -353,26 +353,30 @@ def _replica(model):
     return r
 
 
-def test_replica_hands_a_chat_job_its_model_wrapped_as_the_job_says(tmp_path, monkeypatch):
-    """The interference job declares ``needs = "chat"``: the replica wraps its loaded model in TransformersChat
-    with the job's chat options (seed002: no stop at the first call); other jobs get the model itself."""
-    from attnprobe.generation import transformers_chat
+def test_replica_hands_a_chat_job_its_model_wrapped_as_the_job_says(tmp_path):
+    """The interference job needs a chat (``ChatJob``): its own ``prepare`` wraps the replica's loaded model in
+    TransformersChat with the job's chat options (seed002: no stop at the first call) through the one factory,
+    ``chat_for``; other jobs get the model itself; a chat handed in (an endpoint, a scripted chat) is kept."""
+    from types import SimpleNamespace
 
-    class FakeChat:
-        def __init__(self, loaded, **kw):
-            self.loaded, self.kw = loaded, kw
+    from attnprobe.capture.models import LoadedModel
+    from attnprobe.generation.transformers_chat import TransformersChat
 
-    monkeypatch.setattr(transformers_chat, "TransformersChat", FakeChat)
+    tok = SimpleNamespace(chat_template=None, eos_token_id=0, pad_token_id=0)
+    loaded = LoadedModel(model=SimpleNamespace(), tokenizer=tok, spec="x", name="x", backend="transformers",
+                         dtype="float32", source="hf-folder")
     job = InterferenceJob(tmp_path, [], ["none"], LoopConfig("seed002"))
     assert job.needs == "chat" and job.chat_options == {"stop_at_call": False}
     assert InterferenceJob(tmp_path, [], ["none"], LoopConfig("ircot", ircot_form="chat")).chat_options == {"stop_at_call": None}
-    replica = _replica("LOADED")
+    replica = _replica(loaded)
     replica.run(job, [], 0.0)
     state = replica._prepared[1]
-    assert isinstance(state, FakeChat) and (state.loaded, state.kw) == ("LOADED", {"stop_at_call": False})
-    toy = _replica("LOADED")
+    assert isinstance(state, TransformersChat) and state.loaded is loaded and state.stop_at_call is False
+    scripted = ScriptedChat([])
+    assert _replica(scripted).run(job, [], 0.0) == [] and job.prepare(scripted) is scripted
+    toy = _replica(loaded)
     toy.run(PartlyWritingJob(tmp_path), [], 0.0)  # a job that needs the model gets the model
-    assert toy._prepared[1] == "LOADED"
+    assert PartlyWritingJob.needs == "model" and toy._prepared[1] is loaded
 
 
 def test_replica_redo_skips_items_the_failed_batch_wrote(tmp_path):

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.policies import setting_rules
-from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.execution.job import WorkItem
+from attnprobe.generation.factory import ChatJob
 from attnprobe.io import atomic_write_text, write_jsonl
 from attnprobe.io.urls import redact
 from attnprobe.studies.loop.agents import LoopConfig
@@ -53,7 +54,7 @@ def search_backend(kind: str, corpus: str | None):
 
 
 @dataclass
-class InterferenceJob(JobBase):
+class InterferenceJob(ChatJob):
     """Run every (setting, question) not finished in ``out`` with ``config``."""
 
     out: Path
@@ -69,7 +70,6 @@ class InterferenceJob(JobBase):
     stage: str = "interference"
     unit: str = "run"
     bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
-    needs = "chat"  # run() is handed a chat backend (a Ray replica wraps its loaded model: chat_options)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -109,7 +109,7 @@ class InterferenceJob(JobBase):
 
     @property
     def chat_options(self) -> dict:
-        """How a replica wraps its loaded model in a chat backend (``needs = "chat"``): seed 002's replies may
+        """How a loaded model (a Ray replica's) becomes this job's chat (:class:`ChatJob`): seed 002's replies may
         hold several calls, so generation does not stop at the first."""
         return {"stop_at_call": False if self.config.scaffold == "seed002" else None}
 

@@ -26,8 +26,9 @@ from typing import Any
 from attnprobe.agents.recorder import drop_records
 from attnprobe.agents.search import SearchBackend, make_search
 from attnprobe.execution.counts import RunCounts
-from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.execution.job import WorkItem
 from attnprobe.execution.local import LocalExecutor
+from attnprobe.generation.factory import ChatJob
 from attnprobe.io import append_jsonl, atomic_write_text, finite_json, hold_file_lock, read_records
 from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
@@ -65,12 +66,12 @@ def write_summary(out: Path, settings: RunSettings, results: list[dict], *, ques
 
 
 @dataclass
-class RunnerJob(JobBase):
+class RunnerJob(ChatJob):
     """Run every question of ``questions`` not finished in ``path`` (the OUT JSONL) with ``settings``.
 
     ``search``: a search backend object, or None to build ``make_search(search_kind, corpus)`` where the job
-    runs (once per process: what a Ray replica does). ``loaded_model``: the executor hands a loaded model (a
-    Ray replica's), which the job wraps in the in-process chat; else it hands a chat backend as is.
+    runs (once per process: what a Ray replica does). The executor hands a chat backend, or a loaded model (a
+    Ray replica's) that :class:`ChatJob` wraps in the in-process chat as `attnprobe run` opens it.
     ``batch_size``: questions per executor batch (one ``run`` call; a Ray shard is made of whole batches).
     Inside a batch the questions still run one after another: the manager calls the worker from inside its
     own step, so two questions cannot be stepped together without making both steppable (docs/runner.md)."""
@@ -81,7 +82,6 @@ class RunnerJob(JobBase):
     search: SearchBackend | None = None
     search_kind: str = "bm25"
     corpus: str | None = None
-    loaded_model: bool = False
     batch_size: int = 1
     unit: str = "q"
     catch: tuple[type[BaseException], ...] = ()  # a failing question stops the run; the next run resumes it
@@ -129,14 +129,11 @@ class RunnerJob(JobBase):
 
     @property
     def prepare_key(self) -> Any:
-        return ("runner", self.loaded_model)
+        return ("runner",)
 
-    def prepare(self, model: Any) -> Any:
-        if not self.loaded_model:
-            return model
-        from attnprobe.generation.transformers_chat import TransformersChat
-
-        return TransformersChat(model, stop_at_call=None)  # as `attnprobe run` opens it in process
+    @property
+    def chat_options(self) -> dict:
+        return {"stop_at_call": None}  # as `attnprobe run` opens the in-process chat
 
     def _search(self) -> SearchBackend:
         if self.search is not None:
@@ -200,12 +197,12 @@ def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bo
 
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
                   search: SearchBackend | None = None, resume: bool = True, overwrite: bool = False,
-                  progress: bool = False, batch_size: int = 1, executor=None, loaded_model: bool = False,
+                  progress: bool = False, batch_size: int = 1, executor=None,
                   search_kind: str = "bm25", corpus: str | None = None) -> dict:
     """Run every question; returns ``{"summary", "results", "skipped", "counts"}`` (``counts``: :class:`RunCounts`).
 
-    ``chat`` generates in this process; or pass ``chat=None`` and an ``executor`` (Ray replicas of a model,
-    with ``loaded_model=True``). A run continues what OUT holds (``resume=False`` refuses records there
+    ``chat`` generates in this process; or pass ``chat=None`` and an ``executor`` (Ray replicas of a model:
+    the job wraps their loaded model itself). A run continues what OUT holds (``resume=False`` refuses records there
     instead; ``overwrite`` starts again). The output is locked for the whole run
     (:func:`attnprobe.io.hold_file_lock`): a second run into the same ``out`` is refused in one line naming
     the first one's PID, so the checks and the appends that follow can never race another process."""
@@ -214,7 +211,7 @@ def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: s
     with hold_file_lock(out, "output of attnprobe run"):
         begin(out, questions, settings, resume=resume, overwrite=overwrite)
         job = RunnerJob(out, questions, settings, search=search, search_kind=search_kind, corpus=corpus,
-                        loaded_model=loaded_model, batch_size=batch_size)
+                        batch_size=batch_size)
         ex = executor if executor is not None else LocalExecutor(lambda: chat, progress=progress)
         counts = RunCounts.of(ex.run(job))
         results = job.finished()
