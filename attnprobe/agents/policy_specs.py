@@ -21,6 +21,10 @@ IRCOT_VARIANTS = ("o", "oq", "oqp")
 POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
                 "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
 DEFAULT_BM25_KEEP = 3
+# seed 002's masking window: the paper's K = 5 (§3.2), the release's 4 (its run_agent.sh; docs/methods.md, "Masking
+# window"). The default policy of `counterfactual`, `study masking` and seed002's settings is the paper's.
+PAPER_MASK_WINDOW = 5
+DEFAULT_MASK_POLICY = f"mask:{PAPER_MASK_WINDOW}"
 _INT = re.compile(r"-?[0-9]{1,9}")  # ASCII digits only: str.isdigit / int() also take '٣' and ' 2'
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
 

@@ -69,7 +69,7 @@ def step_choice(args):
     """The policy and step options (:class:`~attnprobe.counterfactual.job.StepChoice`)."""
     from attnprobe.counterfactual.job import StepChoice
 
-    return StepChoice(tuple(args.policies or ["mask:5"]), args.min_past, args.include_actions, args.turns,
+    return StepChoice(tuple(args.policies or StepChoice.policies), args.min_past, args.include_actions, args.turns,
                       args.max_steps)
 
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from attnprobe.agents.policy_specs import DEFAULT_MASK_POLICY
 from attnprobe.cli.options import (
     add_capture_options,
     add_cluster_options,
@@ -93,7 +94,7 @@ def register(studies) -> None:
 
 
 DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
-                    "seed002": ["none", "mask:5"]}
+                    "seed002": ["none", DEFAULT_MASK_POLICY]}
 
 
 def _executor(args):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.policies import Policy, parse_policy, policy_name
+from attnprobe.agents.policy_specs import DEFAULT_MASK_POLICY
 from attnprobe.capture.models import LoadedModel
 from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
@@ -181,7 +182,7 @@ class StepChoice:
     """Which steps a counterfactual run takes, and under which policies (``attnprobe counterfactual``'s
     and ``study masking``'s options): ``min_past`` None = the first step at which the policies can act."""
 
-    policies: Sequence[str] = ("mask:5",)
+    policies: Sequence[str] = (DEFAULT_MASK_POLICY,)
     min_past: int | None = None
     include_actions: bool = False
     turns: Sequence[int] | None = None
@@ -194,7 +195,7 @@ class StepChoice:
         from attnprobe.agents.policy_specs import canonical_policy
         from attnprobe.trajectory.schema import load_files
 
-        specs = [canonical_policy(s) for s in self.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
+        specs = [canonical_policy(s) for s in self.policies or [DEFAULT_MASK_POLICY]]  # one spelling: mask:05 is mask:5
         trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
         min_past = self.min_past if self.min_past is not None else default_min_past(specs)
         names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=self.include_actions,

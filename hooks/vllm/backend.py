@@ -146,7 +146,7 @@ def unload(model: VllmModel) -> None:
 
 
 def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
-                tensor_parallel_size: int = 1, chunk_size: int = 512, max_model_len: int | None = None,
+                tensor_parallel_size: int = 1, chunk_size: int = DEFAULT_CHUNK_SIZE, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None, gpu_memory_utilization: float | None = None,
                 max_num_seqs: int | None = None, seed: int = 0, progress: bool = True,
                 engine_kwargs: dict | None = None, forced: dict | None = None, defaults: dict | None = None,
