@@ -17,7 +17,6 @@ from attnprobe.cli.options import (
     add_hidden_alias,
     add_model_options,
     add_output_options,
-    cluster_free,
     non_negative_int,
     positive_int,
 )
@@ -180,19 +179,13 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _generation_executor(args):
-    """Where generation runs: the executor of the model options (this process or Ray replicas), or an
-    endpoint's client here (--generator openai; ``ibis all`` then still captures on the cluster)."""
-    from attnprobe.cli.options import executor, make_generator
+def _generation_executor(args, endpoint_refuses_ray: str | None = None):
+    """Where generation runs (:func:`attnprobe.cli.adapter.open_executor`): the model options' executor (this
+    process or Ray replicas), or an endpoint's client here (--generator openai; ``ibis all`` then still
+    captures on the cluster, ``ibis run`` refuses --ray)."""
+    from attnprobe.cli.adapter import open_executor
 
-    def load():
-        return make_generator(args, timeout=600.0)
-
-    if args.generator == "openai":
-        from attnprobe.execution.local import LocalExecutor
-
-        return LocalExecutor(load, progress=not args.no_progress)
-    return executor(args, load=load)
+    return open_executor(args, generate=True, endpoint_refuses_ray=endpoint_refuses_ray, timeout=600.0)
 
 
 # ------------------------------------------------------------------ commands
@@ -202,23 +195,22 @@ def cmd_run(args) -> int:
 
     opts = ibis_options(args)
     items, where = select_items(opts), target(opts)
-    if args.generator == "openai":  # an endpoint already serves many requests: no replicas to run
-        cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
-                           "the generation (drop --ray, or scale the server)")
-    with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args) as ex:
+    refuse = ("ibis run --generator openai generates through the endpoint, which already serves the generation "
+              "(drop --ray, or scale the server)")
+    with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args, refuse) as ex:
         done = stage_run(opts, where, items, ex)
     _say(run_line(done, where))
     return done.exit_code
 
 
 def cmd_capture(args) -> int:
-    from attnprobe.cli.options import executor
+    from attnprobe.cli.adapter import open_executor
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.ibis.pipeline import capture_line, select_items, stage_capture, target
 
     opts = ibis_options(args)
     items, where = select_items(opts), target(opts)
-    with hold_dir_lock(where.folder, "IBIS model folder"), executor(args) as ex:
+    with hold_dir_lock(where.folder, "IBIS model folder"), open_executor(args) as ex:
         done = stage_capture(opts, where, items, ex)
     _say(capture_line(done, where))
     return done.exit_code
@@ -240,7 +232,7 @@ def cmd_all(args) -> int:
     """Behaviour and capture item group by item group, then aggregate and report
     (:func:`~attnprobe.studies.ibis.pipeline.run_all`). One executor per stage for the whole command, so
     a model (or each Ray replica) loads once."""
-    from attnprobe.cli.options import executor
+    from attnprobe.cli.adapter import open_executor
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.ibis.pipeline import run_all, select_items, target
 
@@ -249,7 +241,7 @@ def cmd_all(args) -> int:
     with hold_dir_lock(where.folder, "IBIS model folder"):
         if args.generator == "openai":
             _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
-        with _generation_executor(args) as gen, executor(args) as cap:
+        with _generation_executor(args) as gen, open_executor(args) as cap:
             rc = run_all(opts, where, items, gen, cap, say=_say)
         cmd_report(args)
     return rc

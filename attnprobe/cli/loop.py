@@ -25,7 +25,6 @@ from attnprobe.cli.options import (
     add_model_options,
     add_options,
     add_output_options,
-    cluster_free,
     from_args,
     non_negative_int,
     positive_int,
@@ -98,21 +97,12 @@ DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refin
 
 
 def _executor(args):
-    """Generation where the options say: an endpoint's client here (--generator openai; --ray refused), else
-    the model options' executor, which chats with the model in process."""
-    from attnprobe.cli.options import executor, make_generator
+    """Generation where the options say (:func:`attnprobe.cli.adapter.open_executor`); seed002 does not stop
+    at the first call (its replies hold parallel calls)."""
+    from attnprobe.cli.adapter import open_executor
 
-    stop = False if args.scaffold == "seed002" else None  # parallel calls: do not stop at the first one
-
-    def load():
-        return make_generator(args, timeout=600.0, stop_at_call=stop)
-
-    if args.generator == "openai":
-        from attnprobe.execution.local import LocalExecutor
-
-        cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
-        return LocalExecutor(load, progress=not args.no_progress)
-    return executor(args, load=load)
+    return open_executor(args, generate=True, timeout=600.0,
+                         stop_at_call=False if args.scaffold == "seed002" else None)
 
 
 def model_label(args) -> str:
@@ -240,7 +230,8 @@ def _register_attention(studies) -> None:
 
 def cmd_attention(args) -> int:
     from attnprobe.agents.policy_specs import canonical_settings
-    from attnprobe.cli.options import capture_options, executor, model_options
+    from attnprobe.cli.adapter import open_executor
+    from attnprobe.cli.options import capture_options, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
     from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study, run_attention
@@ -261,7 +252,7 @@ def cmd_attention(args) -> int:
         if choice.differs:
             log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
                         "and every output says so", choice.label)
-        with executor(args) as ex:
+        with open_executor(args) as ex:
             counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
                                         counterfactual=opts, min_past=args.min_past,
                                         shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None

@@ -123,23 +123,10 @@ def make_chat(args):
     return make_generator(args)
 
 
-def _executor(args):
-    """Where the questions run: Ray replicas of the model with --ray (each wraps its loaded model in the
-    in-process chat), else this process, opening the generator on first need (a run with nothing left
-    loads nothing). An endpoint (--generator openai) serves many requests itself: --ray is refused."""
-    from attnprobe.cli.options import cluster_free, cluster_options, executor
-    from attnprobe.execution.local import LocalExecutor
-
-    if cluster_options(args) is None:  # no model options needed here (they import the capture backend)
-        return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
-    if args.generator == "openai":
-        cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
-    return executor(args, load=lambda: make_chat(args))
-
-
 def cmd_run(args) -> int:
     from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import make_search
+    from attnprobe.cli.adapter import open_executor
     from attnprobe.cli.options import cluster_options
     from attnprobe.studies.runner.job import run_questions
     from attnprobe.studies.runner.run import token_table
@@ -167,7 +154,7 @@ def cmd_run(args) -> int:
     search = make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
     # run_questions checks the output (writable, not in use, records made with these settings) under its lock
     # before the executor loads a model
-    with _executor(args) as ex:
+    with open_executor(args, generate=True, load=lambda: make_chat(args)) as ex:
         ray = cluster_options(args) is not None
         result = run_questions(None, questions, settings, out, executor=ex, overwrite=args.force,
                                batch_size=args.batch_size, search_kind=args.search, corpus=args.corpus,
