@@ -23,8 +23,9 @@ from typing import Any
 from attnprobe.capture.api import capture_many, weights_hash
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.io import load_json, recover_atomic_dirs, safe_name, safetensors_problem
+from attnprobe.io import load_json, recover_atomic_dirs, safetensors_problem
 from attnprobe.io.options import option, parse_int_list, parse_layers, parse_queries, positive_int
+from attnprobe.results.layout import CaptureLayout
 from attnprobe.results.result import META_FILE, QK_FILE, SCORES_FILE
 from attnprobe.trajectory.schema import Trajectory
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
@@ -133,7 +134,7 @@ class CaptureJob(JobBase):
             "save_qk_layers": list(o.save_qk_layers or []), "max_tokens": o.max_tokens, "truncate": o.truncate}))
 
     def folder(self, trajectory: Trajectory) -> Path:
-        return self.out / safe_name(trajectory.id)
+        return CaptureLayout(self.out).folder(trajectory.id)
 
     def items(self) -> list[WorkItem]:
         cap = self.options.max_tokens if self.options.truncate else None
@@ -245,5 +246,5 @@ def capture_files(files: Sequence[Path], out: Path, options: CaptureOptions, mod
     if counts["done_before"]:
         log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
     log.info("captured %d trajectories into %s%s", counts["done"], out,
-             f"; {counts['failed']} failed (see {out / 'errors.jsonl'})" if counts["failed"] else "")
+             f"; {counts['failed']} failed (see {CaptureLayout(out).errors})" if counts["failed"] else "")
     return counts
