@@ -25,8 +25,9 @@ from attnprobe.capture.models import ModelSpec
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
 from attnprobe.execution.study import Counts, Outcome, Plan, run_study
-from attnprobe.io import load_json, recover_atomic_dirs, safe_name, safetensors_problem
+from attnprobe.io import load_json, recover_atomic_dirs, safetensors_problem
 from attnprobe.io.options import option, parse_int_list, parse_layers, parse_queries, positive_int
+from attnprobe.results.layout import CaptureLayout
 from attnprobe.results.result import META_FILE, QK_FILE, SCORES_FILE
 from attnprobe.trajectory.schema import Trajectory
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
@@ -135,7 +136,7 @@ class CaptureJob(JobBase):
             "save_qk_layers": list(o.save_qk_layers or []), "max_tokens": o.max_tokens, "truncate": o.truncate}))
 
     def folder(self, trajectory: Trajectory) -> Path:
-        return self.out / safe_name(trajectory.id)
+        return CaptureLayout(self.out).folder(trajectory.id)
 
     def items(self) -> list[WorkItem]:
         cap = self.options.max_tokens if self.options.truncate else None
@@ -233,13 +234,6 @@ class CaptureFilesOptions:
     progress: bool = True
 
 
-@dataclass(frozen=True)
-class CaptureLayoutRoot:
-    """The capture folder: one subfolder per trajectory, ``errors.jsonl`` beside them."""
-
-    root: Path
-
-
 class CaptureStudy:
     """``attnprobe capture`` as a :class:`~attnprobe.execution.study.Study`: every trajectory of the files
     into ``out/<safe id>/`` (resumable). The plan reads and validates every file (ids unique across files)
@@ -250,10 +244,10 @@ class CaptureStudy:
     folder = "output folder"
     Options = CaptureFilesOptions
 
-    def layout(self, options: CaptureFilesOptions) -> CaptureLayoutRoot:
-        return CaptureLayoutRoot(Path(options.out))
+    def layout(self, options: CaptureFilesOptions) -> CaptureLayout:
+        return CaptureLayout(Path(options.out))  # the capture folder (attnprobe.results.layout)
 
-    def plan(self, options: CaptureFilesOptions, layout: CaptureLayoutRoot) -> Plan:
+    def plan(self, options: CaptureFilesOptions, layout: CaptureLayout) -> Plan:
         from attnprobe.trajectory.schema import load_files
 
         trajs = load_files(options.files)  # validate everything before the slow part
@@ -264,12 +258,12 @@ class CaptureStudy:
         # job's catch); it loads only if something is left to do.
         return Plan([[job]], conflicts=job.conflicts, results="captures", data=len(trajs))
 
-    def finish(self, options: CaptureFilesOptions, layout: CaptureLayoutRoot, counts: Counts) -> Outcome:
+    def finish(self, options: CaptureFilesOptions, layout: CaptureLayout, counts: Counts) -> Outcome:
         c, out = counts.total, layout.root
         if c.done_before:
             log.info("resuming: %d of %d trajectories already captured in %s", c.done_before, counts.plan.data, out)
         log.info("captured %d trajectories into %s%s", c.done, out,
-                 f"; {c.failed} failed (see {out / 'errors.jsonl'})" if c.failed else "")
+                 f"; {c.failed} failed (see {layout.errors})" if c.failed else "")
         return Outcome(exit_code=c.exit_code)
 
 

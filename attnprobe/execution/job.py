@@ -15,7 +15,8 @@ settings only, so shipping it to every replica is cheap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -144,6 +145,40 @@ def batches(todo: Sequence[WorkItem], size: int) -> list[list[WorkItem]]:
             where[it.group] = len(units)
             units.append([it])
     return [[it for u in units[i:i + size] for it in u] for i in range(0, len(units), size)]
+
+
+CLOCK_SLACK = 0.05  # file times come from the kernel's coarse clock, a few ms behind time.time()
+
+
+def redo_batches(job: Job, groups: Sequence[Sequence[WorkItem]], run: Callable[[list[WorkItem]], Any], *,
+                 since: Callable[[float], float | None],
+                 on_split: Callable[[list[WorkItem], BaseException], None] | None = None,
+                 ) -> Iterator[tuple[str, list[WorkItem], Any]]:
+    """The one batch-and-redo loop of every executor: ``run(batch)`` each batch in order, and yield
+    ``("ran", batch, value)``; a batch of several that fails with one of ``job.catch`` is redone item by item
+    (``on_split(batch, exc)`` first), so one bad item fails alone: ``("failed", [item], exc)``. An item of a
+    failed batch that the batch wrote before it failed is not run again: ``("written", [item], None)``, when
+    ``job.done(item, since=since(started))`` holds, ``started`` being when its batch began (by the file clock)."""
+    groups = [list(g) for g in groups]
+    redo: dict[str, float | None] = {}  # item of a failed batch -> the ``since`` its done check takes
+    while groups:
+        batch = groups.pop(0)
+        if batch[0].key in redo and job.done(batch[0], since=redo.pop(batch[0].key)):
+            yield "written", batch, None
+            continue
+        started = time.time() - CLOCK_SLACK
+        try:
+            value = run(batch)
+        except job.catch as exc:
+            if len(batch) > 1:
+                if on_split is not None:
+                    on_split(batch, exc)
+                groups[:0] = [[it] for it in batch]
+                redo.update({it.key: since(started) for it in batch})
+                continue
+            yield "failed", batch, exc
+            continue
+        yield "ran", batch, value
 
 
 def written_since(path: Path, since: float | None) -> bool:

@@ -192,3 +192,18 @@ def test_shipped_data_is_package_data():
     for name in (*SAMPLE_TRAJECTORIES, "ibis_items.jsonl", "questions.jsonl", "corpus/docs.jsonl"):
         assert Path(name) in shipped, name
         assert data_path(*name.split("/")).is_file()
+
+
+def test_capture_folder_names_are_spelled_only_in_its_layout():
+    """Issue 39: the capture folder is the main product; its file names are spelled once, in
+    ``results/layout.py`` (``CaptureLayout``), and ``errors.jsonl`` once, in ``io/errlog.py``."""
+    where: dict[str, list[str]] = {}
+    for root in CODE_ROOTS.values():
+        for f in root.rglob("*.py"):
+            text = f.read_text()
+            for name in ("meta.json", "text.json", "scores.safetensors", "qk.safetensors", "errors.jsonl"):
+                if re.search(rf"[\"']{re.escape(name)}[\"']", text):
+                    where.setdefault(name, []).append(str(f.relative_to(ROOT)))
+    assert where == {**{n: ["attnprobe/results/layout.py"] for n in
+                        ("meta.json", "text.json", "scores.safetensors", "qk.safetensors")},
+                     "errors.jsonl": ["attnprobe/io/errlog.py"]}
