@@ -12,7 +12,6 @@ from attnprobe.cli.options import (
     add_model_options,
     add_options,
     add_output_options,
-    executor,
     from_args,
     non_negative_int,
     parse_int_list,
@@ -73,23 +72,23 @@ def step_choice(args):
                       args.max_steps)
 
 
-def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Plan, run resumably on the executor the options choose (the stage writes OUT/summary.json and
-    OUT/summary.md); (exit code, summary)."""
-    from attnprobe.counterfactual.job import run_files
-    from attnprobe.execution.counts import RunCounts
+def counterfactual_options(args, files: list[Path], out: Path):
+    """The stage's options record (:class:`~attnprobe.counterfactual.study.CounterfactualOptions`)."""
+    from attnprobe.counterfactual.study import CounterfactualOptions
 
-    report = run_files(files, out, step_choice(args), run_options(args), lambda: executor(args),
-                       batch_size=args.batch_size, force=args.force, model=model_record(args))
-    if not getattr(args, "quiet", False):
-        print(report["markdown"]["decision"])
-    return RunCounts.of(report["counts"]).exit_code, report["summary"]
+    return CounterfactualOptions(out, files, choice=step_choice(args), run=run_options(args),
+                                 batch_size=args.batch_size, force=args.force, model=model_record(args),
+                                 table=not getattr(args, "quiet", False))
 
 
 def cmd_counterfactual(args) -> int:
-    out = Path(args.out)
-    code, _ = execute(args, [Path(p) for p in args.trajectories], out)
-    return code
+    """Plan, run resumably on the executor the options choose; the stage writes OUT/summary.json and
+    OUT/summary.md and the decision table goes to stdout."""
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.counterfactual.study import COUNTERFACTUAL
+
+    return run_command(COUNTERFACTUAL, counterfactual_options(args, [Path(p) for p in args.trajectories],
+                                                              Path(args.out)), args)
 
 
 def register(sub) -> None:

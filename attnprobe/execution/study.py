@@ -23,7 +23,7 @@ like the executors, knows no study.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -33,15 +33,23 @@ from attnprobe.execution.counts import RunCounts
 
 # A step of a group: a job, or a function that builds it from the open executor (a job whose items or
 # settings need the model, e.g. the counterfactual settings made where the model is, or the IBIS capture
-# items read from the decisions the group before wrote); None from the function: nothing to run.
-Step = Any  # a Job, or Callable[[executor], Job | None]
+# items read from the decisions the group before wrote; None: nothing to run), or :func:`part`: another
+# study run as a part of this one, on the same executor.
+Step = Any  # a Job, or Callable[[executor], Job | Part | None]
 
 
 @runtime_checkable
 class Layout(Protocol):
-    """Where a study writes: ``root`` is the folder the driver locks, recovers and records settings in."""
+    """Where a study writes. The folder the driver locks, recovers and records settings in is
+    :func:`folder_of` the layout: its ``folder`` (the :class:`attnprobe.io.layout.FolderLayout` family, whose
+    ``root`` is the app's data directory) or else its ``root`` (the capture folder)."""
 
-    root: Path
+    root: Path | None
+
+
+def folder_of(layout: Layout) -> Path:
+    """The folder ``layout`` writes (see :class:`Layout`)."""
+    return Path(getattr(layout, "folder", None) or layout.root)
 
 
 @dataclass
@@ -65,10 +73,12 @@ class Plan:
 @dataclass
 class Counts:
     """What the executor reported: ``jobs`` the counts of each job run, by its ``stage``, in run order (a
-    stage run in several groups is summed); ``total`` all of them together; ``plan`` the plan they ran."""
+    stage run in several groups is summed); ``total`` all of them together; ``plan`` the plan they ran;
+    ``parts``: the outcome of each study run as a part (:func:`part`), by its name."""
 
     plan: Plan
     jobs: dict[str, RunCounts] = field(default_factory=dict)
+    parts: dict[str, Outcome] = field(default_factory=dict)
 
     @property
     def total(self) -> RunCounts:
@@ -84,12 +94,13 @@ class Counts:
 class Outcome:
     """What a study's run ends with: ``lines`` for stdout (a summary table), ``notes`` for stderr (the
     count line), ``exit_code`` (0 ok, 1 some items failed); ``counts``: what the run counted (the driver
-    sets it), for a caller that composes studies."""
+    sets it), for a caller that composes studies; ``value``: what the study hands such a caller (a summary)."""
 
     lines: Sequence[str] = ()
     notes: Sequence[str] = ()
     exit_code: int = 0
     counts: Counts | None = None
+    value: Any = None
 
 
 @runtime_checkable
@@ -108,6 +119,23 @@ class Study(Protocol):
     def finish(self, options: Any, layout: Any, counts: Counts) -> Outcome: ...
 
 
+@dataclass(frozen=True)
+class Part:
+    """What a :func:`part` step ran: the part's study name and its outcome."""
+
+    name: str
+    outcome: Outcome
+
+
+def part(study: Study, options: Any) -> Step:
+    """A step that runs ``study`` as a part of another (``study masking``: a capture, then a counterfactual
+    run): its own folder lock, settings check and finish, on the executor the whole run opened once."""
+    def step(ex) -> Part:
+        return Part(study.name, run_study(study, options, lambda: nullcontext(ex)))
+
+    return step
+
+
 def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractContextManager]) -> Outcome:
     """Run ``study`` with ``options``: plan (inputs refused before anything else), lock the layout's root,
     recover, check the settings and conflicts, open the executor once (``open_executor()``, a context
@@ -118,7 +146,7 @@ def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractCo
     layout = study.layout(options)
     plan = study.plan(options, layout)
     force = bool(getattr(options, "force", False))
-    root = Path(layout.root)
+    root = folder_of(layout)
     ensure_writable_dir(root, study.folder)
     with hold_dir_lock(root, study.folder):  # one run per folder: a second is refused, naming the first's PID
         recover_atomic_dirs(root)
@@ -135,7 +163,11 @@ def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractCo
                 for group in plan.groups:
                     for step in group:
                         job = step if hasattr(step, "items") else step(ex)
-                        if job is not None:
+                        if isinstance(job, Part):
+                            counts.parts[job.name] = job.outcome
+                            for stage, c in job.outcome.counts.jobs.items():
+                                counts.add(stage, c.__dict__)
+                        elif job is not None:
                             counts.add(job.stage, ex.run(job))
         if plan.stamp is not None and finished_something(counts.total.__dict__):
             record_settings(root, study.name, plan.stamp, force=force)

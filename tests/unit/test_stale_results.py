@@ -100,7 +100,7 @@ def test_settings_record_names_the_option_and_keeps_older_keys(tmp_path):
 
 # ------------------------------------------------------------------ 3. counterfactual without --actions
 class _Executor:
-    """Enough of an executor for run_steps' bookkeeping: no model, nothing to run (``done`` steps said done)."""
+    """Enough of an executor for the stage's bookkeeping: no model, nothing to run (``done`` steps said done)."""
 
     def __init__(self, done: int = 1):
         self.done = done
@@ -113,19 +113,27 @@ class _Executor:
 
 
 def test_a_counterfactual_rerun_without_actions_is_refused_unless_force(tmp_path):
-    from attnprobe.counterfactual.job import run_steps
+    from support.cfrun import run_on
+
     from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.resources import data_path
 
     model = {"spec": "toy", "backend": "transformers", "dtype": "float32"}
-    run_steps(_Executor(done=0), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model)
+    files = [data_path("long_research.jsonl")]  # steps with >= 6 past turns: the stage has a job to run
+
+    def run(done=1, **kw):
+        opts = RunOptions(actions=kw.pop("actions"), progress=False)
+        return run_on(_Executor(done), tmp_path, files=files, opts=opts, **{"model": model, **kw})
+
+    run(done=0, actions=False)
     assert not (tmp_path / SETTINGS_FILE).exists()  # nothing finished: nothing recorded (issue 38)
-    run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=True), model=model)
+    run(actions=True)
     with pytest.raises(AttnprobeError, match=r"counterfactual ran there with other options: --actions was True, "
                                              r"now False \(and 1 more\); use --force to redo or another --out"):
-        run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model)
+        run(actions=False)
     with pytest.raises(AttnprobeError, match="--model was 'toy', now 'other'"):
-        run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=True), model={**model, "spec": "other"})
-    run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model, force=True)
+        run(actions=True, model={**model, "spec": "other"})
+    run(actions=False, force=True)
 
 
 # ------------------------------------------------------------------ 4. summaries from every result on disk

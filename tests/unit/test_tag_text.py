@@ -324,9 +324,9 @@ def test_counterfactual_run_on_an_ircot_history_edits_the_tag_text(tmp_path, tok
     the steps are the tag text's, ircot:o at the last step removes exactly the first ``<information>`` message
     (its tokens are the tokens saved) and nothing at the step before."""
     import torch
+    from support.cfrun import run_counterfactuals
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from attnprobe.counterfactual.job import run_counterfactuals
     from attnprobe_hooks.backend import LoadedModel
 
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

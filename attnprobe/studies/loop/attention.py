@@ -11,7 +11,7 @@ Two parts, both resumable, run on one executor (local or Ray, chosen once by the
   ``OUT/<setting>/counterfactual/``: where the baseline agent's attention would have gone under the
   policy, beside what the agent under the policy did. Steps: the counterfactual command's default
   ``--min-past`` per policy family (:func:`attnprobe.agents.policies.default_min_past`), through the
-  counterfactual stage (:func:`attnprobe.counterfactual.job.run_on_executor`, a layer below the studies),
+  counterfactual stage (:data:`attnprobe.counterfactual.study.COUNTERFACTUAL`, a layer below the studies),
   which writes the folder's summary.md / summary.json (naming both models when the capture model is not
   the agent's).
 
@@ -41,6 +41,7 @@ by a one-line note when they changed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import replace
@@ -51,9 +52,12 @@ import numpy as np
 
 from attnprobe.agents.policies import default_min_past, parse_policy
 from attnprobe.capture.job import CaptureJob, CaptureOptions
-from attnprobe.counterfactual.job import run_on_executor
+from attnprobe.counterfactual.job import StepChoice
 from attnprobe.counterfactual.run import RunOptions
+from attnprobe.counterfactual.steps import choose_steps
+from attnprobe.counterfactual.study import COUNTERFACTUAL, CounterfactualOptions
 from attnprobe.errors import AttnprobeError, TrajectoryError
+from attnprobe.execution.study import run_study
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock
 from attnprobe.render.segments import ROLES
 from attnprobe.results.analysis import R, category_masks, token_owners
@@ -421,9 +425,13 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
                 cf[s] = {"status": "not run: no counterfactual stage given"}
                 continue
             mp = min_past if min_past is not None else default_min_past([spec])
-            rep = run_on_executor(executor, layout.counterfactual_dir(s), base_hist, [spec],
-                                  counterfactual, min_past=mp, force=force, model=_model_record(model),
-                                  models=models.label if models is not None and models.differs else None)
+            rep = {"steps": 0, "min_past": mp}  # no step qualifies: nothing run, no folder, no model loaded
+            if any(choose_steps(t, min_past=mp) for t in base_hist):
+                cf_opts = CounterfactualOptions(
+                    layout.counterfactual_dir(s), trajectories=base_hist, choice=StepChoice((spec,), mp),
+                    run=counterfactual, force=force, model=_model_record(model), table=False,
+                    models=models.label if models is not None and models.differs else None)
+                rep = run_study(COUNTERFACTUAL, cf_opts, lambda: contextlib.nullcontext(executor)).value
             rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
             cf[s] = rep
         doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
