@@ -96,15 +96,6 @@ DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refin
                     "seed002": ["none", DEFAULT_MASK_POLICY]}
 
 
-def _executor(args):
-    """Generation where the options say (:func:`attnprobe.cli.adapter.open_executor`); seed002 does not stop
-    at the first call (its replies hold parallel calls)."""
-    from attnprobe.cli.adapter import open_executor
-
-    return open_executor(args, generate=True, timeout=600.0,
-                         stop_at_call=False if args.scaffold == "seed002" else None)
-
-
 def model_label(args) -> str:
     """What generates, as results are stamped with it: the endpoint's served model, or the model
     path with its dtype (a changed one is refused on rerun unless --force)."""
@@ -123,43 +114,24 @@ def batch_size(args) -> int:
     return 1
 
 
-def cmd_interference(args) -> int:
-    from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
-    from attnprobe.agents.questions import read_questions
-    from attnprobe.agents.search import make_search
-    from attnprobe.io import hold_dir_lock
+def interference_options(args):
+    """The study's options record (:class:`~attnprobe.studies.loop.study.InterferenceOptions`)."""
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.context import parse_setting
-    from attnprobe.studies.loop.layout import StudyLayout
-    from attnprobe.studies.loop.scoring import Scorer
-    from attnprobe.studies.loop.study import run_study
+    from attnprobe.studies.loop.study import InterferenceOptions
 
-    # one spelling per setting (mask:05 is mask:5), so one folder; exit 2 on a bad one, before anything loads
-    settings = canonical_settings(args.policies or DEFAULT_SETTINGS[args.scaffold])
-    for s in settings:
-        parse_setting(s)
-    if args.baseline:
-        args.baseline = canonical_setting(args.baseline)
-    if args.baseline and args.baseline not in settings:
-        raise ValueError(f"--baseline {args.baseline!r} is not one of the settings ({', '.join(settings)})")
-    Scorer(args.judge)  # a bad --judge fails here
-    questions = read_questions(args.questions)[: args.limit]
     config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
-    if config.stream and args.generator == "openai":  # a chat endpoint takes messages, not token ids
-        raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in process "
-                         "(--generator transformers or vllm); against a served model use --ircot-form chat")
-    make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
-    with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
-        counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
-                                  force=args.force, n_boot=args.bootstrap, model=model_label(args),
-                                  batch_size=batch_size(args))
-    study_md = StudyLayout(Path(args.out)).study_md
-    print(study_md.read_text(encoding="utf-8"))
-    from attnprobe.execution.counts import RunCounts
+    return InterferenceOptions(Path(args.out), args.policies or DEFAULT_SETTINGS[args.scaffold], config,
+                               questions_file=Path(args.questions), limit=args.limit, baseline=args.baseline,
+                               force=args.force, n_boot=args.bootstrap, model=model_label(args),
+                               batch_size=batch_size(args), endpoint=args.generator == "openai")
 
-    counts = RunCounts.of(counts)
-    print(counts.line("study interference", to=study_md), file=sys.stderr)
-    return counts.exit_code
+
+def cmd_interference(args) -> int:
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.loop.study import INTERFERENCE
+
+    return run_command(INTERFERENCE, interference_options(args), args, generate=True, timeout=600.0,
+                       stop_at_call=False if args.scaffold == "seed002" else None)  # seed002: parallel calls
 
 
 ATTENTION_EPILOG = """\

@@ -22,6 +22,7 @@ like the executors, knows no study.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -49,7 +50,8 @@ class Layout(Protocol):
 
 def folder_of(layout: Layout) -> Path:
     """The folder ``layout`` writes (see :class:`Layout`)."""
-    return Path(getattr(layout, "folder", None) or layout.root)
+    folder = getattr(layout, "folder", None)  # the capture layout's folder(id) is a method: its root is the folder
+    return Path(folder if isinstance(folder, (str, os.PathLike)) else layout.root)
 
 
 @dataclass
@@ -66,7 +68,7 @@ class Plan:
     stamp: Mapping[str, Any] | None = None
     names: Mapping[str, str] | None = None
     conflicts: Callable[[], list[str]] | None = None
-    results: str = "results"
+    results: str = "results made"
     data: Any = None
 
 
@@ -155,7 +157,7 @@ def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractCo
         conflicts = [] if force or plan.conflicts is None else plan.conflicts()
         if conflicts:
             more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-            raise AttnprobeError(f"{root} holds {plan.results} made with other settings: {conflicts[0]}{more}; "
+            raise AttnprobeError(f"{root} holds {plan.results} with other settings: {conflicts[0]}{more}; "
                                  "use --force to redo or another --out")
         counts = Counts(plan)
         if any(plan.groups):

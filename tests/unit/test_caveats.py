@@ -150,11 +150,11 @@ def test_study_caveats_on_the_hand_built_study(tmp_path):
 def test_study_md_and_json_carry_the_caveats(tmp_path):
     """A scripted IRCoT study whose agent answers at once: no setting retrieves, so ircot:o's policy never
     acted (greedy: its row is the baseline's); 3 questions. One that searches first: only the n caveat."""
+    from support.interference import run_interference as run_study
     from support.scripted_chat import ScriptedChat
 
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.study import run_study
 
     qs = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in range(3)]
 

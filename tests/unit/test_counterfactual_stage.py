@@ -13,7 +13,6 @@ from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.summary import markdown_table, summarize
 from attnprobe.resources import data_path
 
-
 FILES = [data_path("long_research.jsonl")]  # steps to plan (the executor below says each one is done already)
 
 

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.agents.questions import read_questions
@@ -19,7 +20,6 @@ from attnprobe.resources import data_path
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.job import InterferenceJob, inputs_stamp
 from attnprobe.studies.loop.pool import TOOLS
-from attnprobe.studies.loop.study import run_study
 
 QUESTIONS = read_questions(data_path("questions_loop.jsonl"))[:5]
 REFINER = "openai:http://127.0.0.1:9/v1:refiner"  # answered by a scripted chat (the refiner_chat fixture)
@@ -314,26 +314,16 @@ STAMP_IRCOT = "a4413932298da634e5a0"  # main at 1c9429f
 STAMP_SEED002 = "bedbddb1d54d73dd67bb"
 
 
-def test_cli_batch_size_and_structured_actions_reach_the_study(tmp_path, monkeypatch):
-    import contextlib
-
+def test_cli_batch_size_and_structured_actions_reach_the_study():
     from attnprobe.cli import loop as cli_loop
-    from attnprobe.cli.main import main
-    from attnprobe.studies.loop import study as study_mod
+    from attnprobe.cli.main import build_parser
 
-    seen = []
-
-    def fake_run_study(ex, out, questions, settings, config, **kw):
-        seen.append((kw["batch_size"], config.structured_actions))
-        (out / "study.md").write_text("")
-        return {"done": 0, "done_before": 0, "failed": 0}, {}
-
-    monkeypatch.setattr(cli_loop, "_executor", lambda args: contextlib.nullcontext())
-    monkeypatch.setattr(study_mod, "run_study", fake_run_study)
     q = str(data_path("questions_loop.jsonl"))
-    for i, extra in enumerate([[], ["--episodes-per-batch", "8", "--structured-actions"]]):
-        (tmp_path / str(i)).mkdir()
-        assert main(["study", "interference", "--ircot-form", "chat", q, "--out", str(tmp_path / str(i)), *extra]) == 0
+    seen = []
+    for extra in ([], ["--episodes-per-batch", "8", "--structured-actions"]):
+        o = cli_loop.interference_options(build_parser().parse_args(["study", "interference", "--ircot-form", "chat",
+                                                                     q, "--out", "o", *extra]))
+        seen.append((o.batch_size, o.config.structured_actions))
     assert seen == [(1, False), (8, True)]
     import argparse
 

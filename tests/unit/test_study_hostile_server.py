@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 from support.scripted_server import scripted_endpoint
 
@@ -19,7 +20,6 @@ from attnprobe.execution.local import LocalExecutor
 from attnprobe.generation.openai_chat import OpenAIChat
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import histories, recorded_calls
-from attnprobe.studies.loop.study import run_study
 from attnprobe.trajectory.schema import load_trajectories
 
 QUESTION = {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"], "type": None}

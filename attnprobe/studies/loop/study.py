@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
+from attnprobe.execution.study import Counts, Outcome, Plan
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
-from attnprobe.io.settings import check_settings, finished_something, record_settings
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
@@ -66,25 +67,80 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     return study
 
 
-def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-              baseline: str | None = None, force: bool = False, n_boot: int = 2000,
-              model: str | None = None, batch_size: int = 1) -> tuple[dict, dict]:
-    """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
-    A folder whose results were made with another loop config or ``model`` is refused before anything
-    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`; the options are recorded only once an
-    item is finished); settings may be added freely.
-    ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
-    # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
-    # rerun of every item; the stamps carry it only when on
-    # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
-    # changed corpus reruns the items and a moved identical one does not; the record leaves it out
-    wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
-              "structured_actions": config.structured_actions, "model": model,
-              **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
-    check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
-    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
-                          batch_size=batch_size, settings_record=wanted)  # recorded as its first item finishes
-    counts = executor.run(job)
-    if finished_something(counts):  # and when every item was done before; a run that finished nothing (no
-        record_settings(out, "study interference", wanted, force=force)  # model, every item failed): nothing
-    return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
+@dataclass(frozen=True)
+class InterferenceOptions:
+    """What ``attnprobe study interference`` takes. The questions: ``questions_file`` (read by the plan, the
+    first ``limit``) or ``questions`` already read; ``settings``: the settings to run side by side (one
+    spelling each: mask:05 is mask:5); ``baseline``: the one the others are compared with (default the
+    first); ``model``: the label results are stamped with; ``batch_size``: episodes stepped together
+    (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp); ``endpoint``: generation goes through an
+    OpenAI-compatible endpoint (which takes messages, not token ids)."""
+
+    out: Path
+    settings: Sequence[str]
+    config: LoopConfig
+    questions: Sequence[dict] | None = None
+    questions_file: Path | None = None
+    limit: int | None = None
+    baseline: str | None = None
+    force: bool = False
+    n_boot: int = 2000
+    model: str | None = None
+    batch_size: int = 1
+    endpoint: bool = False
+
+
+class InterferenceStudy:
+    """Every unfinished (setting, question) on the executor, then the study's files (:func:`write_study`).
+    A folder whose results were made with another loop config or ``model`` is refused before anything runs
+    unless ``force`` (the options are recorded once an item is finished); settings may be added freely."""
+
+    name = "study interference"
+    folder = "study folder"
+    Options = InterferenceOptions
+
+    def layout(self, options: InterferenceOptions) -> StudyLayout:
+        return StudyLayout(Path(options.out))
+
+    def plan(self, options: InterferenceOptions, layout: StudyLayout) -> Plan:
+        from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
+        from attnprobe.agents.questions import read_questions
+        from attnprobe.agents.search import make_search
+        from attnprobe.studies.loop.context import parse_setting
+        from attnprobe.studies.loop.scoring import Scorer
+
+        o, config = options, options.config
+        settings = canonical_settings(o.settings)  # one spelling per setting, so one folder; exit 2 on a bad one
+        for s in settings:
+            parse_setting(s)
+        baseline = canonical_setting(o.baseline) if o.baseline else None
+        if baseline and baseline not in settings:
+            raise ValueError(f"--baseline {baseline!r} is not one of the settings ({', '.join(settings)})")
+        Scorer(config.judge)  # a bad --judge fails here
+        questions = list(o.questions) if o.questions is not None else read_questions(o.questions_file)[: o.limit]
+        if config.stream and o.endpoint:  # a chat endpoint takes messages, not token ids
+            raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in "
+                             "process (--generator transformers or vllm); against a served model use --ircot-form "
+                             "chat")
+        make_search(config.search, config.corpus)  # a missing corpus or key fails before the model loads
+        # structured_actions always recorded here (false too), so switching it in a folder is refused, not a
+        # silent rerun of every item; the stamps carry it only when on. The corpus is input, not an option
+        # (like the questions): its content is in every item's stamp, so a changed corpus reruns the items
+        # and a moved identical one does not; the record leaves it out
+        wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
+                  "structured_actions": config.structured_actions, "model": o.model,
+                  **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
+        job = InterferenceJob(layout.folder, questions, list(settings), config, force=o.force, model=o.model,
+                              batch_size=o.batch_size, settings_record=wanted)  # recorded as its first item finishes
+        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline))
+
+    def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
+        questions, settings, baseline = counts.plan.data
+        study = write_study(layout.folder, questions, settings, options.config, baseline=baseline,
+                            n_boot=options.n_boot, model=options.model)
+        c = counts.total
+        return Outcome(lines=[layout.study_md.read_text(encoding="utf-8")],
+                       notes=[c.line("study interference", to=layout.study_md)], exit_code=c.exit_code, value=study)
+
+
+INTERFERENCE = InterferenceStudy()
