@@ -96,7 +96,7 @@ def register(sub) -> None:
                    help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
                         "replayed)")
     add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, policy_option="--context-policy")  # how a refused policy spec is named
 
 
 def setting_name(base: str, policy: str | None) -> str:
