@@ -86,7 +86,6 @@ def register(sub) -> None:
                            max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
                                                "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
                                                "'study interference' follows its scaffold's seed instead)")
-    add_hidden_alias(p, "--max-tokens", "max_new_tokens", new="--max-new-tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
     add_cluster_options(p)
