@@ -36,11 +36,24 @@ def _show(spec: str) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def _fail(spec: str, what: str) -> ValueError:
-    return ValueError(f"--policy {_show(spec)}: {what}")
+class PolicySpecError(ValueError):
+    """A refused policy or setting spec: ``policy 'mask:x': K must be an integer, ...``. The agents layer
+    knows no command line; a CLI names its own option with :meth:`for_option` (``--policy``, ``--context-policy``)."""
+
+    def __init__(self, shown: str, what: str, *, sep: str = ": "):
+        self.shown, self.what, self.sep = shown, what, sep
+        super().__init__(self.for_option("policy"))
+
+    def for_option(self, option: str) -> str:
+        """The same line naming ``option`` as the place the spec came from."""
+        return f"{option} {self.shown}{self.sep}{self.what}"
 
 
-def _int(fail: Callable[[str], ValueError], value: str, what: str, example: str, least: int) -> int:
+def _fail(spec: str, what: str) -> PolicySpecError:
+    return PolicySpecError(_show(spec), what)
+
+
+def _int(fail: Callable[[str], PolicySpecError], value: str, what: str, example: str, least: int) -> int:
     if not _INT.fullmatch(value):
         raise fail(f"{what} must be an integer, e.g. {example}")
     n = int(value)
@@ -121,6 +134,6 @@ def canonical_settings(specs: Iterable[str]) -> list[str]:
     for s in specs:
         c = canonical_setting(s)
         if c in out:
-            raise ValueError(f"--policy {_show(s)} is the same setting as {_show(out[c])} ({c}); give it once")
+            raise PolicySpecError(_show(s), f"is the same setting as {_show(out[c])} ({c}); give it once", sep=" ")
         out[c] = s
     return list(out)

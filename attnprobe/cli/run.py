@@ -86,7 +86,6 @@ def register(sub) -> None:
                            max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
                                                "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
                                                "'study interference' follows its scaffold's seed instead)")
-    add_hidden_alias(p, "--max-tokens", "max_new_tokens", new="--max-new-tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
     add_cluster_options(p)
@@ -96,7 +95,7 @@ def register(sub) -> None:
                    help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
                         "replayed)")
     add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, policy_option="--context-policy")  # how a refused policy spec is named
 
 
 def setting_name(base: str, policy: str | None) -> str:

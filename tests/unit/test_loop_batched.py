@@ -273,7 +273,7 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     study = json.loads((tmp_path / "ircot" / "study.json").read_text())
     assert study["config"]["structured_actions"] is True
     calls = [json.loads(x) for x in (tmp_path / "ircot" / "none" / "calls.jsonl").read_text().splitlines()]
-    assert calls and all(c["meta"]["structured_actions"] is True for c in calls)
+    assert calls and all(c["meta"]["structured_actions"] == "ircot" for c in calls)  # the grammar's name
     assert len(finals) == sum(bool(c["meta"].get("final_call")) for c in calls) > 0
     res = json.loads((tmp_path / "ircot" / "none" / "results" / f"{QUESTIONS[0]['id']}.json").read_text())
     assert res["config"]["structured_actions"] is True
@@ -281,6 +281,8 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     _study(tmp_path / "s2", chat2, "seed002", 2, settings=["none"], structured_actions=True)
     assert {r.actions for r in chat2.requests} == {ActionFormat("seed002", tools=json.dumps(TOOLS),
                                                                 max_tokens=chat2.requests[0].max_tokens)}
+    s2 = [json.loads(x) for x in (tmp_path / "s2" / "none" / "calls.jsonl").read_text().splitlines()]
+    assert s2 and all(c["meta"]["structured_actions"] == "seed002" for c in s2)
     # off: nothing asked for, nothing recorded
     chat3 = ScriptedChat(ircot_script)
     _study(tmp_path / "off", chat3, "ircot", 2, settings=["none"])

@@ -168,3 +168,18 @@ def test_run_counts_line_and_exit_code():
     assert c.line("ibis run", done="decided", to="x/decisions.jsonl") == \
         "ibis run: 5 decided, 2 already done, 1 failed -> x/decisions.jsonl"
     assert RunCounts().line("study interference") == "study interference: 0 run, 0 already done, 0 failed"
+
+
+def test_one_search_index_per_process_and_corpus_content(tmp_path):
+    """Issue 39: one search cache (agents/search.py: shared_search; the loop study's job calls it too): the
+    same (kind, corpus) is indexed once per process; a corpus changed in place is indexed again."""
+    from attnprobe.agents.search import shared_search
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"title": "Holmium", "url": "u1", "text": "Holmium is named after Stockholm."}) + "\n")
+    first = RunnerJob(tmp_path / "out.jsonl", [], RunSettings(), search_kind="bm25", corpus=str(corpus))._search()
+    assert shared_search("bm25", str(corpus)) is first
+    assert [r.title for r in first.search("Stockholm", 1)] == ["Holmium"]
+    corpus.write_text(json.dumps({"title": "Erbium", "url": "u2", "text": "Erbium is named after Ytterby."}) + "\n")
+    again = shared_search("bm25", str(corpus))
+    assert again is not first and [r.title for r in again.search("Ytterby", 1)] == ["Erbium"]

@@ -41,17 +41,6 @@ from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.context import parse_setting, slug
 from attnprobe.studies.loop.layout import StudyLayout
 
-_SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas build their own)
-
-
-def search_backend(kind: str, corpus: str | None):
-    from attnprobe.agents.search import corpus_identity, make_search
-
-    key = (kind, corpus, corpus_identity(corpus) if kind == "bm25" else None)  # a corpus changed in place: reindexed
-    if key not in _SEARCH:
-        _SEARCH[key] = make_search(kind, corpus)
-    return _SEARCH[key]
-
 
 @dataclass
 class InterferenceJob(ChatJob):
@@ -116,11 +105,12 @@ class InterferenceJob(ChatJob):
     def run(self, chat, batch: Sequence[WorkItem]) -> list[dict]:
         """Run the batch's episodes together (:func:`attnprobe.studies.loop.rollout.rollout`: one batched model
         call per turn) and write each item's records as soon as its episode finishes."""
+        from attnprobe.agents.search import shared_search
         from attnprobe.studies.loop.agents import Loop, question_records
         from attnprobe.studies.loop.rollout import rollout
         from attnprobe.studies.loop.scoring import Scorer
 
-        search = search_backend(self.config.search, self.config.corpus)
+        search = shared_search(self.config.search, self.config.corpus)
         scorer = Scorer(self.config.judge)
         loops, specs = [], {}
         for item in batch:

@@ -86,10 +86,7 @@ class RunSettings:
             raise ValueError("max_rewrites and validation_extra_steps must be >= 0 and max_validation_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
-        try:
-            self.context_policy = parse_setting(self.context_policy).spec
-        except ValueError as exc:  # the policy parser names --policy, the loop's option
-            raise ValueError(str(exc).replace("--policy ", "--context-policy ")) from None
+        self.context_policy = parse_setting(self.context_policy).spec  # PolicySpecError: the CLI names its option
 
     @classmethod
     def preset(cls, preset: str, **overrides) -> RunSettings:

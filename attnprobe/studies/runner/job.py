@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.recorder import drop_records
-from attnprobe.agents.search import SearchBackend, make_search
+from attnprobe.agents.search import SearchBackend, shared_search
 from attnprobe.execution.counts import RunCounts
 from attnprobe.execution.job import WorkItem
 from attnprobe.execution.local import LocalExecutor
@@ -43,9 +43,6 @@ from attnprobe.studies.runner.run import (
 )
 
 log = logging.getLogger(__name__)
-
-_SEARCH: dict[tuple, SearchBackend] = {}  # one search index per process (Ray replicas build their own)
-
 
 def read_results(out: Path) -> dict[str, dict]:
     """The finished runs of ``out`` by run id (:meth:`RunnerLayout.read_results`, the one reader)."""
@@ -138,10 +135,7 @@ class RunnerJob(ChatJob):
     def _search(self) -> SearchBackend:
         if self.search is not None:
             return self.search
-        key = (self.search_kind, self.corpus)
-        if key not in _SEARCH:
-            _SEARCH[key] = make_search(self.search_kind, self.corpus)
-        return _SEARCH[key]
+        return shared_search(self.search_kind, self.corpus)
 
     def _replay(self, run_id: str) -> list[dict] | None:
         """The calls an earlier try of ``run_id`` recorded, read from OUT once per job object (each Ray shard
