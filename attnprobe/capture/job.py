@@ -256,7 +256,7 @@ class CaptureStudy:
                          force=options.force, progress=options.progress)
         # A missing model is exit code 3 for the whole command, not a per-trajectory failure (not in the
         # job's catch); it loads only if something is left to do.
-        return Plan([[job]], conflicts=job.conflicts, results="captures made", data=len(trajs))
+        return Plan([[job]], conflicts=None if options.force else job.conflicts, results="captures made", data=len(trajs))
 
     def finish(self, options: CaptureFilesOptions, layout: CaptureLayout, counts: Counts) -> Outcome:
         c, out = counts.total, layout.root

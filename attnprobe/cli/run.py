@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 import textwrap
-from pathlib import Path
 
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
 from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
@@ -122,13 +119,12 @@ def make_chat(args):
     return make_generator(args)
 
 
-def cmd_run(args) -> int:
+def runner_options(args):
+    """The run's options record (:class:`~attnprobe.studies.runner.job.RunnerOptions`); the questions read and
+    the search backend checked (a missing corpus or key fails before the model loads)."""
     from attnprobe.agents.questions import read_questions
-    from attnprobe.agents.search import make_search
-    from attnprobe.cli.adapter import open_executor
-    from attnprobe.cli.options import cluster_options
-    from attnprobe.studies.runner.job import run_questions
-    from attnprobe.studies.runner.run import token_table
+    from attnprobe.agents.search import shared_search
+    from attnprobe.studies.runner.job import RunnerOptions
 
     if args.resume and args.force:
         raise AttnprobeError("--resume and --force exclude each other")
@@ -149,20 +145,17 @@ def cmd_run(args) -> int:
     questions = read_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
-    out = Path(args.out)
-    search = make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
-    # run_questions checks the output (writable, not in use, records made with these settings) under its lock
+    # a missing corpus or key fails before the model loads; the job uses this process's index (replicas
+    # build their own), so it is built once
+    shared_search(args.search, args.corpus)
+    return RunnerOptions(questions, settings, args.out, search_kind=args.search, corpus=args.corpus,
+                         force=args.force, batch_size=args.batch_size)
+
+
+def cmd_run(args) -> int:
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.runner.job import RUNNER
+
+    # the study checks the output (writable, not in use, records made with these settings) under its lock
     # before the executor loads a model
-    with open_executor(args, generate=True, load=lambda: make_chat(args)) as ex:
-        ray = cluster_options(args) is not None
-        result = run_questions(None, questions, settings, out, executor=ex, overwrite=args.force,
-                               batch_size=args.batch_size, search_kind=args.search, corpus=args.corpus,
-                               search=None if ray else search)  # replicas build their own
-    s = result["summary"]
-    print(token_table({settings.name: s}))
-    for c in s.get("caveats") or []:
-        print(f"Caveat: {c}")
-    counts = result["counts"]
-    print(counts.line("run", to=out), file=sys.stderr)
-    print(json.dumps({"out": args.out, "accuracy": s["accuracy"], "runs": s["runs"]}), file=sys.stderr)
-    return counts.exit_code
+    return run_command(RUNNER, runner_options(args), args, generate=True, load=lambda: make_chat(args))

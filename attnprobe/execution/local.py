@@ -152,3 +152,10 @@ class _Progress:
                 self.bar.total -= rest
         self.bar.set_description(self._desc(), refresh=False)
         self.bar.refresh()
+
+
+def in_process(loaded: Any, *, progress: bool = False) -> LocalExecutor:
+    """The executor for a model (or chat) a Python caller already loaded in this process: the API entry
+    points that take one (``run_questions(chat, ...)``, ``run_behaviour(backend, ...)``) run their study on
+    it, so no study module builds an executor itself (the CLI's executors: :mod:`attnprobe.cli.adapter`)."""
+    return LocalExecutor(lambda: loaded, progress=progress)

@@ -43,7 +43,9 @@ Step = Any  # a Job, or Callable[[executor], Job | Part | None]
 class Layout(Protocol):
     """Where a study writes. The folder the driver locks, recovers and records settings in is
     :func:`folder_of` the layout: its ``folder`` (the :class:`attnprobe.io.layout.FolderLayout` family, whose
-    ``root`` is the app's data directory) or else its ``root`` (the capture folder)."""
+    ``root`` is the app's data directory) or else its ``root`` (the capture folder). A layout whose output
+    is one file among others in its folder (the runner's ``X.jsonl``) has ``hold()``: its own lock and
+    checks, and the driver neither creates, locks nor recovers the folder."""
 
     root: Path | None
 
@@ -60,9 +62,10 @@ class Plan:
 
     ``groups``: run in order, each group's steps in order, all on the one executor; ``stamp``: the options
     that must match what ``root`` was made with (:func:`attnprobe.io.settings.check_settings`; None: no
-    check), ``names`` how each key is spelled on the command line; ``conflicts()``: finished results made
-    with other settings, called under the lock (refused unless ``force``); ``data``: what ``finish`` needs
-    from the plan (its steps, its items)."""
+    check), ``names`` how each key is spelled on the command line; ``conflicts()``: called under the lock,
+    before the executor opens: refuses what cannot be continued (raises), may clear what ``force`` redoes,
+    and returns the finished results made with other settings (refused unless ``force``; ``results``: how
+    that error names them, e.g. "captures made"); ``data``: what ``finish`` needs from the plan."""
 
     groups: Sequence[Sequence[Step]]
     stamp: Mapping[str, Any] | None = None
@@ -149,12 +152,17 @@ def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractCo
     plan = study.plan(options, layout)
     force = bool(getattr(options, "force", False))
     root = folder_of(layout)
-    ensure_writable_dir(root, study.folder)
-    with hold_dir_lock(root, study.folder):  # one run per folder: a second is refused, naming the first's PID
-        recover_atomic_dirs(root)
+    own = getattr(layout, "hold", None)
+    if own is None:
+        ensure_writable_dir(root, study.folder)
+    # one run per folder (or output file): a second is refused, naming the first's PID
+    with own() if own is not None else hold_dir_lock(root, study.folder):
+        if own is None:
+            recover_atomic_dirs(root)
         if plan.stamp is not None:
             check_settings(root, study.name, plan.stamp, force=force, names=plan.names)
-        conflicts = [] if force or plan.conflicts is None else plan.conflicts()
+        conflicts = [] if plan.conflicts is None else plan.conflicts()
+        conflicts = [] if force else conflicts
         if conflicts:
             more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
             raise AttnprobeError(f"{root} holds {plan.results} with other settings: {conflicts[0]}{more}; "

@@ -16,6 +16,7 @@ A failing question stops the run (``catch=()``), as it always did: the next invo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -25,11 +26,11 @@ from typing import Any
 
 from attnprobe.agents.recorder import drop_records
 from attnprobe.agents.search import SearchBackend, shared_search
-from attnprobe.execution.counts import RunCounts
 from attnprobe.execution.job import WorkItem
-from attnprobe.execution.local import LocalExecutor
+from attnprobe.execution.local import in_process
+from attnprobe.execution.study import Counts, Outcome, Plan, run_study
 from attnprobe.generation.factory import ChatJob
-from attnprobe.io import append_jsonl, atomic_write_text, finite_json, hold_file_lock, read_records
+from attnprobe.io import append_jsonl, atomic_write_text, finite_json, read_records
 from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.layout import RunnerLayout
@@ -189,25 +190,76 @@ def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bo
                            if (c.get("meta") or {}).get("run_id") in changed})
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """What ``attnprobe run`` takes: the questions (already read), the :class:`RunSettings`, the output
+    ``out`` (``X.jsonl``); ``resume=False`` refuses records there, ``force`` starts again; ``search``: a search
+    backend object, or None to use the process's shared one of ``search_kind``/``corpus`` (Ray replicas build
+    their own); ``batch_size``: questions per executor batch."""
+
+    questions: Sequence[dict]
+    settings: RunSettings
+    out: str | Path
+    search: SearchBackend | None = None
+    search_kind: str = "bm25"
+    corpus: str | None = None
+    resume: bool = True
+    force: bool = False
+    batch_size: int = 1
+
+
+class RunnerStudy:
+    """``attnprobe run`` as a :class:`~attnprobe.execution.study.Study` (see the module docstring): the
+    output's own lock (:meth:`RunnerLayout.hold`), :func:`begin` under it before the executor opens, the
+    questions on the executor, then the summary with its caveats."""
+
+    name = "run"
+    folder = "output of attnprobe run"
+    Options = RunnerOptions
+
+    def layout(self, options: RunnerOptions) -> RunnerLayout:
+        return RunnerLayout(Path(options.out))
+
+    def plan(self, options: RunnerOptions, layout: RunnerLayout) -> Plan:
+        o, out, questions = options, layout.out, list(options.questions)
+        jobs: list[RunnerJob] = []
+
+        def begin_run() -> list[str]:  # under the lock, before the executor opens
+            begin(out, questions, o.settings, resume=o.resume, overwrite=o.force)
+            return []
+
+        def job(ex) -> RunnerJob:
+            jobs.append(RunnerJob(out, questions, o.settings, search=o.search, search_kind=o.search_kind,
+                                  corpus=o.corpus, batch_size=o.batch_size))
+            return jobs[-1]
+
+        return Plan([[job]], conflicts=begin_run, data=(questions, jobs))
+
+    def finish(self, options: RunnerOptions, layout: RunnerLayout, counts: Counts) -> Outcome:
+        questions, jobs = counts.plan.data
+        from attnprobe.studies.runner.run import token_table
+
+        results = jobs[0].finished()
+        s = write_summary(layout.out, options.settings, results, questions=questions)
+        c = counts.total
+        return Outcome(lines=[token_table({options.settings.name: s}), *(f"Caveat: {x}" for x in s.get("caveats") or [])],
+                       notes=[c.line("run", to=layout.out),
+                              json.dumps({"out": str(options.out), "accuracy": s["accuracy"], "runs": s["runs"]})],
+                       exit_code=c.exit_code, value={"summary": s, "results": results, "skipped": c.done_before,
+                                                     "counts": c})
+
+
+RUNNER = RunnerStudy()
+
+
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
                   search: SearchBackend | None = None, resume: bool = True, overwrite: bool = False,
                   progress: bool = False, batch_size: int = 1, executor=None,
                   search_kind: str = "bm25", corpus: str | None = None) -> dict:
-    """Run every question; returns ``{"summary", "results", "skipped", "counts"}`` (``counts``: :class:`RunCounts`).
-
-    ``chat`` generates in this process; or pass ``chat=None`` and an ``executor`` (Ray replicas of a model:
-    the job wraps their loaded model itself). A run continues what OUT holds (``resume=False`` refuses records there
-    instead; ``overwrite`` starts again). The output is locked for the whole run
-    (:func:`attnprobe.io.hold_file_lock`): a second run into the same ``out`` is refused in one line naming
-    the first one's PID, so the checks and the appends that follow can never race another process."""
-    out = Path(out)
-    questions = list(questions)
-    with hold_file_lock(out, "output of attnprobe run"):
-        begin(out, questions, settings, resume=resume, overwrite=overwrite)
-        job = RunnerJob(out, questions, settings, search=search, search_kind=search_kind, corpus=corpus,
-                        batch_size=batch_size)
-        ex = executor if executor is not None else LocalExecutor(lambda: chat, progress=progress)
-        counts = RunCounts.of(ex.run(job))
-        results = job.finished()
-        summary = write_summary(out, settings, results, questions=questions)
-    return {"summary": summary, "results": results, "skipped": counts.done_before, "counts": counts}
+    """:data:`RUNNER` through the one driver, for Python callers: ``{"summary", "results", "skipped", "counts"}``
+    (``counts``: :class:`RunCounts`). ``chat`` generates in this process; or pass ``chat=None`` and an
+    ``executor`` (Ray replicas of a model: the job wraps their loaded model itself)."""
+    options = RunnerOptions(list(questions), settings, Path(out), search=search, search_kind=search_kind,
+                            corpus=corpus, resume=resume, force=overwrite, batch_size=batch_size)
+    ex = executor if executor is not None else in_process(chat, progress=progress)
+    return run_study(RUNNER, options, lambda: contextlib.nullcontext(ex)).value
