@@ -10,33 +10,55 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnprobe.execution.counts import RunCounts
-from attnprobe.studies.ibis.framings import FRAMINGS
+from attnprobe.io.options import non_negative_int, option, positive_int
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
+from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
+PROTOCOL_HELP = ("paper (default): seed 001 appendix E's layouts, the query never shown to the observer; matched: "
+                 "the observer and direct framings also show the query, for attention to the same query tokens "
+                 "(docs/methods.md). A model folder holds one protocol.")
 
 
 @dataclass(frozen=True)
 class IbisOptions:
-    """What the IBIS commands take (a command without a stage's options keeps their defaults).
-    ``generator``: ``transformers`` (in process or Ray replicas) or ``openai`` (an endpoint)."""
+    """What the IBIS commands take (a command without a stage's options keeps their defaults), each option
+    declared once here (:func:`attnprobe.io.options.option`; ``attnprobe ibis`` builds its parser from
+    them). The defaults are the command's documented ones, so ``IbisOptions()`` runs what ``attnprobe ibis
+    all`` runs. ``generator``: ``transformers`` (in process or Ray replicas) or ``openai`` (an endpoint)."""
 
-    items: Path | None = None
-    ids: Sequence[str] | None = None
-    limit: int | None = None
-    results: Path = DEFAULT_RESULTS
-    folder: Path | None = None
+    items: Path | None = option(None, flag="--items", type=Path,
+                                help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
+    ids: Sequence[str] | None = option(None, flag="--ids", nargs="+", help="use only these item ids")
+    limit: int | None = option(None, flag="--limit", type=positive_int, help="use only the first N items")
+    results: Path = option(DEFAULT_RESULTS, flag="--results", type=Path,
+                           help="results root; each model gets <results>/<model name>/ (default: results/ibis)")
+    folder: Path | None = option(None, flag="--folder", type=Path,
+                                 help="the model folder itself (overrides --results and the name derived from the "
+                                      "model)")
     generator: str = "transformers"
     base_url: str | None = None
     served_model: str | None = None
     model: str = "default"
     dtype: str = "float32"
-    protocol: str = "paper"
-    reminder: str | None = None
-    framings: Sequence[str] = FRAMINGS
-    max_new_tokens: int | None = None
-    batch_size: int = 1
-    no_call_tokens: int | None = None
+    protocol: str = option("paper", flag="--protocol", choices=PROTOCOLS, help=PROTOCOL_HELP)
+    reminder: str | None = option(
+        None, flag="--reminder", choices=REMINDERS,
+        help="listing: each framing's reminder exactly as seed 001 appendix E prints it (the paper protocol's "
+             "default); identical: one reminder in every framing, as the appendix prose says (the matched "
+             "protocol's default). Recorded in run.json and the report")
+    framings: Sequence[str] = option(FRAMINGS, flag="--framings", nargs="+", choices=FRAMINGS,
+                                     help="framings to run (default: all of them)")
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # --max-new-tokens: the generation group's (cli/options.py)
+    batch_size: int = option(
+        12, flag="--prompts-per-batch", type=positive_int, metavar="N",
+        help="prompts generated together (transformers; left-padded batch, same greedy output; default {default})")
+    no_call_tokens: int | None = option(
+        DEFAULT_NO_CALL_TOKENS, flag="--no-call-tokens", type=non_negative_int,
+        help="in process: stop a reply after this many tokens without a tool call opening (default {default}; "
+             "0 = never), so one reply never holds its batch for the whole token limit; recorded and compared on "
+             "resume")
     chunk_size: int | None = None
     share_prefixes: bool = True
     force: bool = False
