@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import textwrap
 from pathlib import Path
 
@@ -197,43 +196,38 @@ def _register_attention(studies) -> None:
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
-    p.set_defaults(func=cmd_attention)
+    p.set_defaults(func=cmd_attention, policy_option="--only-setting")  # how a refused setting is named
 
 
-def cmd_attention(args) -> int:
+def attention_options(args):
+    """The attention side's options record (:class:`~attnprobe.studies.loop.attention_study.AttentionOptions`),
+    with the capture model chosen from the study folder (its weights and dtype; another --model is
+    labelled in every output); exit 2 for a folder that is not a study, before any model loads."""
     from attnprobe.agents.policy_specs import canonical_settings
-    from attnprobe.cli.adapter import open_executor
     from attnprobe.cli.options import capture_options, model_options
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study
+    from attnprobe.studies.loop.attention_study import AttentionOptions
     from attnprobe.studies.loop.capture_model import choose_capture_model
-    from attnprobe.studies.loop.layout import StudyLayout
 
     out = Path(args.out)
     if args.policies:
-        try:
-            args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
-        except ValueError as exc:  # the policy parser names --policy, this command's option is --only-setting
-            raise ValueError(str(exc).replace("--policy ", "--only-setting ", 1)) from None
-    read_study(out)  # exit 2 for a folder that is not a study, before any model loads
-    opts = from_args(RunOptions, args, progress=not args.no_progress)  # the capture group's fields
-    with hold_dir_lock(out, "study folder"):  # not while the study itself runs
-        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
-        args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
-        if choice.differs:
-            log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
-                        "and every output says so", choice.label)
-        with open_executor(args) as ex:
-            counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                        counterfactual=opts, min_past=args.min_past,
-                                        shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
-                                        else args.shares_min_past, force=args.force,
-                                        n_boot=args.bootstrap, only=args.policies, models=choice)
-    attention_md = StudyLayout(out).attention_md
-    print(attention_md.read_text(encoding="utf-8"))
-    cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
-    print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "
-          f"{counts['failed']} failed; {cf_failed} counterfactual steps failed -> {attention_md}",
-          file=sys.stderr)
-    return 1 if counts["failed"] or cf_failed else 0
+        args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
+    read_study(out)
+    choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
+    args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
+    if choice.differs:
+        log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
+                    "and every output says so", choice.label)
+    return AttentionOptions(out, model_options(args), capture=capture_options(args),
+                            counterfactual=from_args(RunOptions, args, progress=not args.no_progress),
+                            min_past=args.min_past,
+                            shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None else args.shares_min_past,
+                            force=args.force, n_boot=args.bootstrap, only=args.policies, models=choice)
+
+
+def cmd_attention(args) -> int:
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.loop.attention_study import ATTENTION
+
+    return run_command(ATTENTION, attention_options(args), args)

@@ -132,11 +132,12 @@ class Part:
     outcome: Outcome
 
 
-def part(study: Study, options: Any) -> Step:
+def part(study: Study, options: Any, name: str | None = None) -> Step:
     """A step that runs ``study`` as a part of another (``study masking``: a capture, then a counterfactual
-    run): its own folder lock, settings check and finish, on the executor the whole run opened once."""
+    run): its own folder lock, settings check and finish, on the executor the whole run opened once; its
+    outcome is ``Counts.parts[name]`` (default: the study's name)."""
     def step(ex) -> Part:
-        return Part(study.name, run_study(study, options, lambda: nullcontext(ex)))
+        return Part(name or study.name, run_study(study, options, lambda: nullcontext(ex)))
 
     return step
 

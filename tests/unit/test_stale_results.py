@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 
 from attnprobe.errors import AttnprobeError
@@ -17,7 +18,6 @@ from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import current_results, histories, read_study, recorded_calls
 from attnprobe.studies.loop.attention_report import ATTENTION_JSON, ATTENTION_MD, HEADING, results_stamp
 from attnprobe.studies.loop.job import InterferenceJob
-from attnprobe.studies.loop.study import run_study
 
 QUESTIONS = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in range(3)]
 
@@ -184,18 +184,16 @@ def test_study_md_drops_an_attention_section_computed_from_other_results(tmp_pat
 def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
     """`study interference` with another --served-model or --max-new-tokens on a finished folder: exit 2, one
     line naming the option, no model call, study.md untouched; --force redoes it."""
+    from attnprobe.cli import adapter
     from attnprobe.cli.main import main
-    from attnprobe.execution.local import LocalExecutor as Local
 
     chats = []
 
-    def executor(args):
+    def make_generator(args, **kw):  # the chat the adapter's executor loads (on first need)
         chats.append(ScriptedChat(script))
-        return Local(lambda: chats[-1], progress=False)
+        return chats[-1]
 
-    from attnprobe.cli import loop as cli_loop
-
-    monkeypatch.setattr(cli_loop, "_executor", executor)
+    monkeypatch.setattr(adapter, "make_generator", make_generator)
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "study"
@@ -204,13 +202,14 @@ def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tm
     assert main([*argv, "--served-model", "m1"]) == 0
     md = (out / "study.md").read_text()
     capsys.readouterr()
+    made = len(chats)
     assert main([*argv, "--served-model", "m2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"attnprobe: error: {out}: study interference ran there with other options: --model/--served-model "
                    "was 'openai:m1', now 'openai:m2'; use --force to redo or another --out")
     assert main([*argv, "--served-model", "m1", "--max-new-tokens", "64"]) == 2
     assert "--max-new-tokens was 128, now 64" in capsys.readouterr().err
-    assert (out / "study.md").read_text() == md and not chats[-1].sent
+    assert (out / "study.md").read_text() == md and len(chats) == made  # refused before any chat was made
     assert main([*argv, "--served-model", "m2", "--force"]) == 0
     assert len(chats[-1].sent) == 6  # every item redone (two calls each)
 
@@ -224,7 +223,7 @@ def test_study_attention_runs_on_current_calls_and_stamps_its_section(tmp_path):
     from attnprobe.capture.job import CaptureJob
     from attnprobe.counterfactual.job import CounterfactualJob
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
 
     class NoCapture:
         jobs: list = []
@@ -264,7 +263,7 @@ def test_study_attention_counterfactual_summary_names_both_models(tmp_path):
     from types import SimpleNamespace
 
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
     from attnprobe.studies.loop.capture_model import CaptureChoice
 
     class NoCapture:

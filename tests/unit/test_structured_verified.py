@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_server import scripted_endpoint
 
 from attnprobe.errors import AttnprobeError
@@ -20,7 +21,6 @@ from attnprobe.generation.server import Limits, make_server, parse_chat_request
 from attnprobe.generation.server.protocol import RequestError
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.pool import TOOLS
-from attnprobe.studies.loop.study import run_study
 
 IRCOT = ActionFormat("ircot", max_tokens=128)
 SEED002 = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)

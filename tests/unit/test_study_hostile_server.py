@@ -93,7 +93,7 @@ def test_study_attention_skips_and_names_a_record_the_schema_refuses(tmp_path):
 @pytest.mark.slow  # the tiny model's captures: 10-20 s on a busy 2-core machine
 def test_study_attention_captures_every_call_of_a_study_against_every_hostile_mode(tmp_path, tiny_smol):
     from attnprobe.capture.job import CaptureOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
 
     questions = [{**QUESTION, "id": mode, "question": f"Capital of France ({mode})?"} for mode in MODES]
 
