@@ -6,9 +6,11 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    TrajectoryFiles,
     add_capture_options,
     add_cluster_options,
     add_model_options,
+    add_options,
     add_output_options,
     capture_options,
     model_options,
@@ -56,7 +58,7 @@ def register(sub) -> None:
                                    "with capture hooks, and save exact attention by segment, turn and role into "
                                    "OUT/<trajectory id>/. Finished trajectories are skipped on rerun (resume; "
                                    "--force redoes them); failures go to OUT/errors.jsonl and give exit code 1.")
-    p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_options(p, TrajectoryFiles)
     add_model_options(p, backends=True)
     add_capture_options(p)
     add_cluster_options(p)

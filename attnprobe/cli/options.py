@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
     CLI,
@@ -39,6 +39,7 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
     from_args,
     non_negative_float,
     non_negative_int,
+    option,
     option_values,
     parse_int_list,
     parse_layers,
@@ -46,6 +47,13 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrajectoryFiles:
+    """The trajectory files a command reads (``capture``, ``counterfactual``, ``study masking``)."""
+
+    trajectories: list[str] = option(flag="trajectories", nargs="+", help="JSONL trajectory files")
 
 NO_PROGRESS_HELP = "no progress bars"
 

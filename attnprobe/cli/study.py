@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.counterfactual import add_counterfactual_options
-from attnprobe.cli.options import add_model_options, add_output_options
+from attnprobe.cli.options import TrajectoryFiles, add_model_options, add_options, add_output_options
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def register(sub) -> None:
     studies = p.add_subparsers(dest="study", required=True)
     m = studies.add_parser("masking", help="seed 002: headline shares, decay curves and masking counterfactuals",
                            description=__doc__)
-    m.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_options(m, TrajectoryFiles)
     add_model_options(m, backends=True)
     add_counterfactual_options(m)
     from attnprobe.studies.masking import layout as L

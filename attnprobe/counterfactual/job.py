@@ -21,11 +21,18 @@ from attnprobe.counterfactual.steps import Step, plan_steps
 from attnprobe.counterfactual.store import clear_steps
 from attnprobe.execution.job import JobBase, WorkItem
 from attnprobe.io import recover_atomic_dirs
-from attnprobe.io.options import option_flags
+from attnprobe.io.options import non_negative_int, option, option_flags, parse_int_list, positive_int
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
+POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking as its released scaffold does "
+               "it: successful results older than the K-th most recent turn with a non-error call become "
+               "'[Auto-archived browser result] tool=... | args: ...'), mask-obs:K (keep the K most recent "
+               "observations), ircot:o | ircot:oq "
+               "| ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (seed 004 section 3.3: every round's "
+               "observation refined with its own query, keep N sentences), refine-latest:bm25[:N] (the latest "
+               "observation only), refine:openai:BASE_URL:MODEL; errors are never masked")
 OPTION_NAMES = {"spec": "--model", "backend": "--backend", "dtype": "--dtype", **option_flags(RunOptions)}
 
 
@@ -118,13 +125,21 @@ def options_record(opts: RunOptions, model: dict | None = None) -> dict:
 @dataclass(frozen=True)
 class StepChoice:
     """Which steps a counterfactual run takes, and under which policies (``attnprobe counterfactual``'s
-    and ``study masking``'s options): ``min_past`` None = the first step at which the policies can act."""
+    and ``study masking``'s options, declared here): ``policies`` None = :data:`DEFAULT_MASK_POLICY`;
+    ``min_past`` None = the first step at which the policies can act."""
 
-    policies: Sequence[str] = (DEFAULT_MASK_POLICY,)
-    min_past: int | None = None
-    include_actions: bool = False
-    turns: Sequence[int] | None = None
-    max_steps: int | None = None
+    policies: Sequence[str] | None = option(None, flag="--policy", action="append", metavar="POLICY",
+                                            help=POLICY_HELP)
+    min_past: int | None = option(
+        None, flag="--min-past", type=non_negative_int,
+        help="steps with at least this many past turns (default: the first step at which the policy can act: K+1 "
+             "for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when policies are mixed)")
+    include_actions: bool = option(False, flag="--include-actions", action="store_true",
+                                   help="also tool-call-only steps (no reasoning text)")
+    turns: Sequence[int] | None = option(None, flag="--turns", type=parse_int_list,
+                                         help="only these step turns, e.g. '5-8,12'")
+    max_steps: int | None = option(None, flag="--max-steps", type=positive_int,
+                                   help="at most this many steps per trajectory")
 
     def plan(self, files: Sequence[Path]) -> tuple[list, int, list[str], list[Step]]:
         """(policy specs, min_past, policy names, steps): the trajectories read and every policy and step

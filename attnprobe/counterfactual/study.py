@@ -27,6 +27,7 @@ from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summarize_dir, write_summary
 from attnprobe.execution.study import Counts, Outcome, Plan
+from attnprobe.io.options import option, positive_int
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ class CounterfactualOptions:
     trajectories: Sequence[Trajectory] | None = None
     choice: StepChoice = field(default_factory=StepChoice)
     run: RunOptions = field(default_factory=RunOptions)
-    batch_size: int = 1
+    batch_size: int = option(1, flag="--trajectories-per-call", type=positive_int, metavar="N",
+                             help="trajectories per backend call; the steps of one trajectory always share one call, "
+                                  "which prefills their common prefixes once (vLLM batches all their contexts in one "
+                                  "generate)")
     force: bool = False
     model: dict | None = None
     models: str | None = None
