@@ -283,6 +283,11 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
                                                                 max_tokens=chat2.requests[0].max_tokens)}
     s2 = [json.loads(x) for x in (tmp_path / "s2" / "none" / "calls.jsonl").read_text().splitlines()]
     assert s2 and all(c["meta"]["structured_actions"] == "seed002" for c in s2)
+    # one builder (agents/recorder.py: call_record), the loop's key order kept: the file is byte-identical to before
+    assert list(s2[0]) == ["id", "task", "model", "framing", "messages", "labels", "meta", "tools"]
+    assert list(s2[0]["meta"])[:12] == ["runner", "run_id", "setting", "question_id", "step", "history", "usage",
+                                        "context_chars", "finish_reason", "raw_text", "structured_actions",
+                                        "follows_grammar"]
     # off: nothing asked for, nothing recorded
     chat3 = ScriptedChat(ircot_script)
     _study(tmp_path / "off", chat3, "ircot", 2, settings=["none"])

@@ -237,14 +237,15 @@ class Loop:
             messages = stream.recorded()
         call_id = f"{self.run_id}/step-{step}"
         meta = {"runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": redact(self.setting.spec),
-                "question_id": self.question["id"], "step": step, "history": ep.link(cf, kept),
-                "context_chars": _chars(sent)}
+                "question_id": self.question["id"], "step": step, "history": ep.link(cf, kept)}
         # structured: recorded with the grammar it was sent, and whether the reply follows it
         record = call_record(call_id, self.question["question"], getattr(self.chat, "name", None), messages, reply,
-                             meta, tools=tools or None, actions=request.actions)
+                             meta, actions=request.actions, after_usage={"context_chars": _chars(sent)})
         if stream is not None:  # what the model was sent: tokens, the start it did not see, observations cut
             record["meta"]["stream"] = {"prompt_tokens": len(request.prompt_ids or []), "dropped_tokens": dropped,
                                         "observation_tokens_cut": [p.cut for p in stream.pieces if p.cut]}
+        if tools:
+            record["tools"] = tools  # last, where the loop's records always had it
         ep.calls.append(record)
         ep.record_step(step, call_id)
         ep.input_tokens.append(reply.input_tokens)
