@@ -15,7 +15,6 @@ import logging
 import textwrap
 from pathlib import Path
 
-from attnprobe.agents.policy_specs import DEFAULT_MASK_POLICY
 from attnprobe.cli.options import (
     add_capture_options,
     add_cluster_options,
@@ -25,7 +24,6 @@ from attnprobe.cli.options import (
     add_options,
     add_output_options,
     from_args,
-    non_negative_int,
     positive_int,
 )
 
@@ -59,20 +57,14 @@ def register(studies) -> None:
                                                 "settings side by side (EM, ART, tokens, fixed/broken)",
                            description=textwrap.fill(__doc__.split("\n\n")[1], 100), epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("questions", help="JSONL question set (default fields: question, golden_answers / answer)")
+    from attnprobe.studies.loop.study import InterferenceOptions
+
+    add_options(p, InterferenceOptions, ("questions_file",))
     g = p.add_argument_group("study")
     add_options(g, LoopConfig, ("scaffold", "ircot_form"))
-    g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
-                   help="a setting to run; repeat it for more settings, side by side; compose policies within one "
-                        "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "
-                        "settings")
-    g.add_argument("--baseline", default=None, help="the setting the others are compared with (default: the first)")
+    add_options(g, InterferenceOptions, ("settings", "baseline"))
     add_options(g, LoopConfig, ("max_turns", "top_k", "open_lines", "judge", "search", "corpus"))
-    g.add_argument("--limit", type=positive_int, help="only the first N questions")
-    g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
-    g.add_argument("--episodes-per-batch", dest="batch_size", type=positive_int, default=None, metavar="N",
-                   help="episodes (setting x question) in flight, stepped together: one batched model call per "
-                        "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
+    add_options(g, InterferenceOptions, ("limit", "n_boot", "batch_size"))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--episodes-per-batch", type=positive_int)
     add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
@@ -90,9 +82,6 @@ def register(studies) -> None:
     p.set_defaults(func=cmd_interference)
     _register_attention(studies)
 
-
-DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
-                    "seed002": ["none", DEFAULT_MASK_POLICY]}
 
 
 def model_label(args) -> str:
@@ -119,10 +108,9 @@ def interference_options(args):
     from attnprobe.studies.loop.study import InterferenceOptions
 
     config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
-    return InterferenceOptions(Path(args.out), args.policies or DEFAULT_SETTINGS[args.scaffold], config,
-                               questions_file=Path(args.questions), limit=args.limit, baseline=args.baseline,
-                               force=args.force, n_boot=args.bootstrap, model=model_label(args),
-                               batch_size=batch_size(args), endpoint=args.generator == "openai")
+    return from_args(InterferenceOptions, args, out=Path(args.out), config=config,
+                     questions_file=Path(args.questions_file), force=args.force, model=model_label(args),
+                     batch_size=batch_size(args), endpoint=args.generator == "openai")
 
 
 def cmd_interference(args) -> int:
@@ -172,20 +160,13 @@ def _register_attention(studies) -> None:
                     "weights, else refused: give them with --model); another --model is named with the agent's in "
                     "every output ('capture model X, agent model Y').",
         epilog=ATTENTION_EPILOG.format(**n), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
+    from attnprobe.studies.loop.attention_study import AttentionOptions
+
+    add_options(p, AttentionOptions, ("out",))
     g = p.add_argument_group("study")
-    g.add_argument("--only-setting", dest="policies", action="append", metavar="SETTING",
-                   help="only this setting of the study (repeatable; default: every setting)")
-    add_hidden_alias(p, "--policy", "policies", new="--only-setting", action="append", metavar="SETTING")
-    g.add_argument("--min-past", type=non_negative_int, default=None,
-                   help="counterfactual steps with at least this many past turns (default per policy, as "
-                        "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
-    g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
-                   help="the share tables use calls with at least N past turns in the agent's run (default "
-                        "5: seed 002 E.5, 'using only reasoning steps with at least five past "
-                        "turns'); first calls and, at the reasoning start, tool-call-only replies are always left "
-                        "out (0 keeps first calls); the per-step table shows every step")
-    g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
+    add_options(g, AttentionOptions, ("only",))
+    add_hidden_alias(p, "--policy", "only", new="--only-setting", action="append", metavar="SETTING")
+    add_options(g, AttentionOptions, ("min_past", "shares_min_past", "n_boot"))
     from attnprobe.capture.models import MODEL_HELP
     from attnprobe.model_files import dtype_help
 
@@ -206,24 +187,24 @@ def attention_options(args):
     from attnprobe.agents.policy_specs import canonical_settings
     from attnprobe.cli.options import capture_options, model_options
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study
+    from attnprobe.io import hold_dir_lock
+    from attnprobe.studies.loop.attention import read_study
     from attnprobe.studies.loop.attention_study import AttentionOptions
     from attnprobe.studies.loop.capture_model import choose_capture_model
 
     out = Path(args.out)
-    if args.policies:
-        args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
-    read_study(out)
-    choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
+    if args.only:
+        args.only = canonical_settings(args.only)  # the spelling the study folder uses
+    read_study(out)  # exit 2 for a folder that is not a study, before any model loads
+    with hold_dir_lock(out, "study folder"):  # not while the study itself runs (the run locks it again)
+        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
     args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
     if choice.differs:
         log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
                     "and every output says so", choice.label)
-    return AttentionOptions(out, model_options(args), capture=capture_options(args),
-                            counterfactual=from_args(RunOptions, args, progress=not args.no_progress),
-                            min_past=args.min_past,
-                            shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None else args.shares_min_past,
-                            force=args.force, n_boot=args.bootstrap, only=args.policies, models=choice)
+    return from_args(AttentionOptions, args, out=out, model=model_options(args), capture=capture_options(args),
+                     counterfactual=from_args(RunOptions, args, progress=not args.no_progress), force=args.force,
+                     models=choice)
 
 
 def cmd_attention(args) -> int:

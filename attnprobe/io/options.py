@@ -23,7 +23,8 @@ CLI = "attnprobe.cli"  # the metadata key
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, default_factory: Any = dataclasses.MISSING,
            **argparse_kw) -> Any:
     """A dataclass field that is also a command-line option. ``help`` may name ``{default}``;
-    ``argparse_kw`` (type, choices, action, metavar, nargs) go to ``add_argument``; a ``flag`` without
+    ``argparse_kw`` (type, choices, action, metavar, nargs; ``aliases``: more spellings of the flag, shown
+    beside it) go to ``add_argument``; a ``flag`` without
     dashes is a positional argument (the field's name is its dest, the flag what --help shows). A negated flag
     (``--no-x`` for ``x: bool = True``) is ``action="store_false"``: the one place it is negated."""
     meta = {CLI: {"flag": flag, "help": help, **argparse_kw}}
@@ -66,12 +67,13 @@ def add_options(group, record: type, names: tuple[str, ...] | None = None, *,
         default = (defaults or {}).get(name, field_default(fields[name]))
         flag, text = meta.pop("flag"), (helps or {}).get(name, meta.pop("help"))
         meta.pop("help", None)
+        aliases = meta.pop("aliases", ())  # other spellings shown beside the flag
         if meta.get("action") not in ("store_true", "store_false"):
             meta["default"] = default
         elif default != (meta["action"] == "store_false"):
             raise ValueError(f"{record.__name__}.{name}: a flag's default is fixed by its action")
         if flag.startswith("-"):
-            action = group.add_argument(flag, dest=name, help=text.format(default=default), **meta)
+            action = group.add_argument(flag, *aliases, dest=name, help=text.format(default=default), **meta)
         else:  # a positional argument: its field's name is the dest, its flag what --help shows
             if meta.get("nargs") not in ("?", "*"):
                 meta.pop("default", None)  # a required positional has no default

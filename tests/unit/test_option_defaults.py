@@ -244,7 +244,7 @@ def test_each_flag_name_has_one_meaning(flag):
 @pytest.mark.parametrize("argv,dest,value,new", [
     (["study", "interference", "q", "--out", "o", "--preset", "cpu"], "preset", "cpu", "--generation-preset"),
     (["study", "interference", "q", "--out", "o", "--batch-size", "4"], "batch_size", 4, "--episodes-per-batch"),
-    (["study", "attention", "o", "--policy", "mask:1"], "policies", ["mask:1"], "--only-setting"),
+    (["study", "attention", "o", "--policy", "mask:1"], "only", ["mask:1"], "--only-setting"),
     (["ibis", "run", "--batch-size", "3"], "batch_size", 3, "--prompts-per-batch"),
     (["run", "--out", "o", "--batch-size", "2"], "batch_size", 2, "--questions-per-batch"),
     (["counterfactual", "t.jsonl", "--out", "o", "--batch-size", "5"], "batch_size", 5, "--trajectories-per-call"),

@@ -26,6 +26,7 @@ from attnprobe.counterfactual.study import COUNTERFACTUAL, CounterfactualOptions
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.study import Counts, Outcome, Plan, part, run_study
 from attnprobe.io import atomic_write_text, finite_json
+from attnprobe.io.options import non_negative_int, option, same_as
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.result import CaptureResult
 from attnprobe.studies.loop.attention import (
@@ -43,6 +44,7 @@ from attnprobe.studies.loop.attention import (
 )
 from attnprobe.studies.loop.attention_report import SHARES_MIN_PAST, markdown, results_stamp, with_attention
 from attnprobe.studies.loop.layout import StudyLayout
+from attnprobe.studies.loop.study import InterferenceOptions
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +60,24 @@ class AttentionOptions:
     :class:`~attnprobe.studies.loop.capture_model.CaptureChoice` (capture and agent model names, recorded
     and shown in every output; None: names not known)."""
 
-    out: Path
-    model: Any
+    out: Path = option(flag="OUT", help="the study folder (--out of 'attnprobe study interference')")
+    model: Any = None
     capture: CaptureOptions = DEFAULT_CAPTURE
     counterfactual: RunOptions | None = None
-    min_past: int | None = None
-    shares_min_past: int = SHARES_MIN_PAST
+    min_past: int | None = option(
+        None, flag="--min-past", type=non_negative_int,
+        help="counterfactual steps with at least this many past turns (default per policy, as 'attnprobe "
+             "counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
+    shares_min_past: int = option(
+        SHARES_MIN_PAST, flag="--shares-min-past", type=non_negative_int, metavar="N",
+        help="the share tables use calls with at least N past turns in the agent's run (default {default}: seed 002 "
+             "E.5, 'using only reasoning steps with at least five past turns'); first calls and, at the reasoning "
+             "start, tool-call-only replies are always left out (0 keeps first calls); the per-step table shows "
+             "every step")
     force: bool = False
-    n_boot: int = 2000
-    only: list[str] | None = None
+    n_boot: int = same_as(InterferenceOptions, "n_boot")
+    only: list[str] | None = option(None, flag="--only-setting", action="append", metavar="SETTING",
+                                    help="only this setting of the study (repeatable; default: every setting)")
     models: Any = None
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
+from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
@@ -27,6 +28,9 @@ from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
 
+# the settings a study runs when none is given: the baseline plus the scaffold's seed settings
+DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
+                    "seed002": ["none", "mask:5"]}
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
 OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
                 "final_call": "the final answer call", "model": "--model/--served-model",
@@ -69,24 +73,35 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
 
 @dataclass(frozen=True)
 class InterferenceOptions:
-    """What ``attnprobe study interference`` takes. The questions: ``questions_file`` (read by the plan, the
-    first ``limit``) or ``questions`` already read; ``settings``: the settings to run side by side (one
+    """What ``attnprobe study interference`` takes; its own options declared here (the loop config's on
+    :class:`~attnprobe.studies.loop.agents.LoopConfig`). The questions: ``questions_file`` (read by the plan,
+    the first ``limit``) or ``questions`` already read; ``settings``: the settings to run side by side (one
     spelling each: mask:05 is mask:5); ``baseline``: the one the others are compared with (default the
     first); ``model``: the label results are stamped with; ``batch_size``: episodes stepped together
-    (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp); ``endpoint``: generation goes through an
-    OpenAI-compatible endpoint (which takes messages, not token ids)."""
+    (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp; None: 1, or the CLI's --concurrency with an
+    endpoint); ``endpoint``: generation goes through an OpenAI-compatible endpoint (which takes messages,
+    not token ids)."""
 
     out: Path
-    settings: Sequence[str]
-    config: LoopConfig
+    settings: Sequence[str] | None = option(
+        None, flag="--policy", aliases=("--context-policy",), action="append", metavar="SETTING",
+        help="a setting to run; repeat it for more settings, side by side; compose policies within one setting with "
+             "+ (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed settings")
+    config: LoopConfig = field(default_factory=LoopConfig)
     questions: Sequence[dict] | None = None
-    questions_file: Path | None = None
-    limit: int | None = None
-    baseline: str | None = None
+    questions_file: Path | None = option(
+        None, flag="questions", help="JSONL question set (default fields: question, golden_answers / answer)")
+    limit: int | None = option(None, flag="--limit", type=positive_int, help="only the first N questions")
+    baseline: str | None = option(None, flag="--baseline",
+                                  help="the setting the others are compared with (default: the first)")
     force: bool = False
-    n_boot: int = 2000
+    n_boot: int = option(2000, flag="--bootstrap", type=positive_int,
+                         help="bootstrap resamples for CIs (default {default})")
     model: str | None = None
-    batch_size: int = 1
+    batch_size: int | None = option(
+        None, flag="--episodes-per-batch", type=positive_int, metavar="N",
+        help="episodes (setting x question) in flight, stepped together: one batched model call per turn; records "
+             "do not depend on it (default 1, or --concurrency N with --generator openai)")
     endpoint: bool = False
 
 
@@ -110,7 +125,7 @@ class InterferenceStudy:
         from attnprobe.studies.loop.scoring import Scorer
 
         o, config = options, options.config
-        settings = canonical_settings(o.settings)  # one spelling per setting, so one folder; exit 2 on a bad one
+        settings = canonical_settings(o.settings or DEFAULT_SETTINGS[config.scaffold])  # one spelling per setting, so one folder; exit 2 on a bad one
         for s in settings:
             parse_setting(s)
         baseline = canonical_setting(o.baseline) if o.baseline else None
@@ -131,7 +146,7 @@ class InterferenceStudy:
                   "structured_actions": config.structured_actions, "model": o.model,
                   **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
         job = InterferenceJob(layout.folder, questions, list(settings), config, force=o.force, model=o.model,
-                              batch_size=o.batch_size, settings_record=wanted)  # recorded as its first item finishes
+                              batch_size=o.batch_size or 1, settings_record=wanted)  # recorded as its first item finishes
         return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline))
 
     def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
