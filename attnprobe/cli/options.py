@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
     CLI,
     MAX_LIST_ITEMS,
+    OnceAction,
     add_deprecated_alias,
     add_options,
     cli_fields,
@@ -70,18 +71,6 @@ def port_number(text: str) -> int:
     from attnprobe.generation.server.options import port_number as check
 
     return check(text)
-
-
-class OnceAction(argparse.Action):
-    """An option that names one setting: given twice it is refused in one line (a repeated option
-    elsewhere means separate settings, never a composition; compose with ``A+B``)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        old = getattr(namespace, self.dest, None)
-        if old is not None and old != self.default:
-            raise argparse.ArgumentError(self, f"given twice ({old}, {values}): this command runs one setting; "
-                                               f"compose policies with '+', e.g. {option_string} {old}+{values}")
-        setattr(namespace, self.dest, values)
 
 
 # Why two commands default --queries differently (each --help says it): capture measures seed 002's

@@ -7,9 +7,7 @@ import logging
 import textwrap
 
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
-from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
 from attnprobe.cli.options import (
-    OnceAction,
     add_cluster_options,
     add_generation_options,
     add_hidden_alias,
@@ -20,7 +18,7 @@ from attnprobe.cli.options import (
     positive_int,
 )
 from attnprobe.errors import AttnprobeError
-from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
+from attnprobe.studies.runner.config import RunCommandOptions, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +51,14 @@ def register(sub) -> None:
                            "isolation-based stepwise validation) over a JSONL of questions. Every model call is "
                            "appended atomically as a trajectory; rerunning continues after a crash.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("questions", nargs="?", default=None,
-                   help="JSONL of questions ({id, question, answer, aliases}); default: the 12 shipped questions")
+    add_options(p, RunCommandOptions, ("questions",))
     g = p.add_argument_group("agent")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="nis-agent",
-                   help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
-    g.add_argument("--filter", choices=FILTER_MODES, help="override the preset's filter")
-    g.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
-    g.add_argument("--name", help="setting name used in run ids and the table (default: the preset, or 'custom' with "
-                                  "overrides, joined with the context policy: baseline_mask-1)")
-    g.add_argument("--search", choices=SEARCH_KINDS, default="bm25", help=SEARCH_HELP)
-    g.add_argument("--corpus", help=CORPUS_HELP)
+    add_options(g, RunCommandOptions, ("preset", "filter", "validation", "name", "search", "corpus"))
     add_options(g, RunSettings, ("manager_steps", "worker_steps", "max_rewrites", "validation_extra_steps",
                                  "max_validation_steps"))
-    g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
-    g.add_argument("--context-policy", action=OnceAction, default=None, metavar="SETTING",
-                   help="the context policy applied to what the search worker sees at each step: mask:K "
-                        "(seed 002's released rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, "
-                        "refine:bm25[:N], refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). "
-                        "Given once: a run is one setting (default none: the worker sees its whole history)")
+    add_options(g, RunCommandOptions, ("limit", "context_policy"))
     add_options(g, RunSettings, ("final_check", "structured_actions"))
-    g.add_argument("--questions-per-batch", dest="batch_size", type=positive_int, default=1, metavar="N",
-                   help="questions per executor batch (default 1); each batch's questions still generate one "
-                        "call at a time, the manager/worker nesting does not step questions together "
-                        "(docs/runner.md)")
+    add_options(g, RunCommandOptions, ("batch_size",))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--questions-per-batch", type=positive_int)
     add_model_options(p)
     add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
@@ -88,9 +70,7 @@ def register(sub) -> None:
     add_cluster_options(p)
     g = add_output_options(p, out_required=True, out_help="output JSONL of recorded calls (trajectories)",
                            force_help="start over: delete OUT and its results first (old name: --overwrite)")
-    g.add_argument("--resume", action="store_true",
-                   help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
-                        "replayed)")
+    add_options(g, RunCommandOptions, ("resume",))
     add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
     p.set_defaults(func=cmd_run, policy_option="--context-policy")  # how a refused policy spec is named
 

@@ -69,7 +69,8 @@ def add_options(group, record: type, names: tuple[str, ...] | None = None, *,
         meta.pop("help", None)
         aliases = meta.pop("aliases", ())  # other spellings shown beside the flag
         if meta.get("action") not in ("store_true", "store_false"):
-            meta["default"] = default
+            if default is not dataclasses.MISSING:  # a required option or positional has none
+                meta["default"] = default
         elif default != (meta["action"] == "store_false"):
             raise ValueError(f"{record.__name__}.{name}: a flag's default is fixed by its action")
         if flag.startswith("-"):
@@ -91,6 +92,18 @@ def from_args(record: type, args: argparse.Namespace, **extra):
 def option_values(record: type, args: argparse.Namespace) -> dict[str, Any]:
     """The values of ``record``'s option fields that the command declared, by field name."""
     return {n: getattr(args, n) for n in cli_fields(record) if hasattr(args, n)}
+
+
+class OnceAction(argparse.Action):
+    """An option that names one setting: given twice it is refused in one line (a repeated option
+    elsewhere means separate settings, never a composition; compose with ``A+B``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = getattr(namespace, self.dest, None)
+        if old is not None and old != self.default:
+            raise argparse.ArgumentError(self, f"given twice ({old}, {values}): this command runs one setting; "
+                                               f"compose policies with '+', e.g. {option_string} {old}+{values}")
+        setattr(namespace, self.dest, values)
 
 
 DEPRECATED = "_deprecated"  # the namespace attribute listing the warning lines of old spellings used
