@@ -104,7 +104,7 @@ def register(subparsers) -> None:
                     "report. The folder is --folder, or <--results>/<bundled model name> by default.")
     _add_report(p_rep)
     _add_output(p_rep, progress=False)
-    add_options(p_rep.add_argument_group("items"), IbisOptions, ("protocol", "reminder"), helps={
+    add_options(p_rep, IbisOptions, ("protocol", "reminder"), helps={
         "protocol": PROTOCOL_HELP + " Here: whose default folder to report (ignored with --folder)."})
     p_rep.set_defaults(func=cmd_report)
     p_check = sub.add_parser(

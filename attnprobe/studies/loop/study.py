@@ -95,7 +95,7 @@ class InterferenceOptions:
     baseline: str | None = option(None, flag="--baseline",
                                   help="the setting the others are compared with (default: the first)")
     force: bool = False
-    n_boot: int = option(2000, flag="--bootstrap", type=positive_int,
+    n_boot: int = option(2000, flag="--bootstrap", type=positive_int, metavar="BOOTSTRAP",
                          help="bootstrap resamples for CIs (default {default})")
     model: str | None = None
     batch_size: int | None = option(
