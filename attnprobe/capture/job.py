@@ -24,7 +24,7 @@ from attnprobe.capture.api import capture_many, weights_hash
 from attnprobe.capture.models import ModelSpec
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.execution.study import Counts, Outcome, Plan, run_study
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, run_study
 from attnprobe.io import load_json, recover_atomic_dirs, safetensors_problem
 from attnprobe.io.options import option, parse_int_list, parse_layers, parse_queries, positive_int
 from attnprobe.results.layout import CaptureLayout
@@ -234,18 +234,14 @@ class CaptureFilesOptions:
     progress: bool = True
 
 
-class CaptureStudy:
+class CaptureStudy(StudyBase):
     """``attnprobe capture`` as a :class:`~attnprobe.execution.study.Study`: every trajectory of the files
     into ``out/<safe id>/`` (resumable). The plan reads and validates every file (ids unique across files)
     before any model loads; finished captures made with other settings or weights are refused unless
     ``force`` (the driver asks for them under the lock), so variants never mix in one folder."""
 
     name = "capture"
-    folder = "output folder"
-    Options = CaptureFilesOptions
-
-    def layout(self, options: CaptureFilesOptions) -> CaptureLayout:
-        return CaptureLayout(Path(options.out))  # the capture folder (attnprobe.results.layout)
+    Options, Layout = CaptureFilesOptions, CaptureLayout
 
     def plan(self, options: CaptureFilesOptions, layout: CaptureLayout) -> Plan:
         from attnprobe.trajectory.schema import load_files

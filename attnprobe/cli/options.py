@@ -50,15 +50,6 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TrajectoryFiles:
-    """The trajectory files a command reads (``capture``, ``counterfactual``, ``study masking``)."""
-
-    trajectories: list[str] = option(flag="trajectories", nargs="+", help="JSONL trajectory files")
-
-NO_PROGRESS_HELP = "no progress bars"
-
-
 
 def _generators() -> list[str]:
     """Generation backends from the generation registry (one list, no copy here)."""
@@ -177,6 +168,15 @@ def add_output_options(p: argparse.ArgumentParser, *, out: bool = True, out_help
     if progress:
         g.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     return g
+
+
+@dataclass(frozen=True)
+class TrajectoryFiles:
+    """The trajectory files a command reads (``capture``, ``counterfactual``, ``study masking``)."""
+
+    trajectories: list[str] = option(flag="trajectories", nargs="+", help="JSONL trajectory files")
+
+NO_PROGRESS_HELP = "no progress bars"
 
 
 def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, *, new: str, **kw) -> None:

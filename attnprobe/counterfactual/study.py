@@ -16,17 +16,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnprobe.counterfactual.job import (
-    OPTION_NAMES,
-    CounterfactualJob,
-    StepChoice,
-    counterfactual_settings,
-    options_record,
-)
+from attnprobe.counterfactual import job as stage_job
+from attnprobe.counterfactual.job import CounterfactualJob, StepChoice
 from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summarize_dir, write_summary
-from attnprobe.execution.study import Counts, Outcome, Plan
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io.options import option, positive_int
 from attnprobe.trajectory.schema import Trajectory
 
@@ -67,7 +62,7 @@ class Planned:
     steps: list
 
 
-class CounterfactualStudy:
+class CounterfactualStudy(StudyBase):
     """Every chosen (step, policy) of the trajectories into ``out`` (resumable: finished steps made with the
     same settings are skipped; failures go to ``out/errors.jsonl``), then the summary of ``out``. Other
     options than ``out`` was made with are refused before the model loads unless ``force``
@@ -75,11 +70,7 @@ class CounterfactualStudy:
     match are made where the model is (``executor.call``), when the job is built, under the lock."""
 
     name = "counterfactual"
-    folder = "output folder"
-    Options = CounterfactualOptions
-
-    def layout(self, options: CounterfactualOptions) -> CounterfactualLayout:
-        return CounterfactualLayout(Path(options.out))
+    Options, Layout = CounterfactualOptions, CounterfactualLayout
 
     def plan(self, options: CounterfactualOptions, layout: CounterfactualLayout) -> Plan:
         c = options.choice
@@ -93,11 +84,11 @@ class CounterfactualStudy:
         o = options
 
         def job(ex) -> CounterfactualJob:
-            settings = ex.call(counterfactual_settings, list(names), replace(o.run, progress=False))
+            settings = ex.call(stage_job.counterfactual_settings, list(names), replace(o.run, progress=False))
             return CounterfactualJob(layout.folder, list(steps), list(specs), settings, o.run,
                                      batch_size=o.batch_size, force=o.force)
 
-        return Plan([[job]] if steps else [], stamp=options_record(o.run, o.model), names=OPTION_NAMES,
+        return Plan([[job]] if steps else [], stamp=stage_job.options_record(o.run, o.model), names=stage_job.OPTION_NAMES,
                     data=Planned(list(specs), min_past, list(names), list(steps)))
 
     def finish(self, options: CounterfactualOptions, layout: CounterfactualLayout, counts: Counts) -> Outcome:

@@ -142,6 +142,17 @@ def part(study: Study, options: Any, name: str | None = None) -> Step:
     return step
 
 
+class StudyBase:
+    """The usual parts of a :class:`Study`: its layout is ``Layout(options.out)`` (a study whose options
+    name their folder otherwise defines ``layout`` itself), its folder named "output folder" in errors."""
+
+    folder = "output folder"
+    Layout: type
+
+    def layout(self, options: Any) -> Any:
+        return self.Layout(Path(options.out))
+
+
 def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractContextManager]) -> Outcome:
     """Run ``study`` with ``options``: plan (inputs refused before anything else), lock the layout's root,
     recover, check the settings and conflicts, open the executor once (``open_executor()``, a context

@@ -111,7 +111,7 @@ def test_counterfactual_is_a_stage_below_the_studies():
     executors = cfg["importlinter:contract:executors-know-no-study"]
     assert "attnprobe.generation" in executors["forbidden_modules"].split()  # a chat job wraps its own model
     graph = import_graph()
-    assert "attnprobe.counterfactual.job" in graph["attnprobe.studies.loop.attention"]
+    assert "attnprobe.counterfactual.study" in graph["attnprobe.studies.loop.attention_study"]  # its one door
     source = "\n".join(p.read_text() for root in CODE_ROOTS.values() for p in root.rglob("*.py"))
     assert "CounterfactualRunner" not in source
     assert not re.search(r"from attnprobe\.capture\.api import \(?\s*_", source)

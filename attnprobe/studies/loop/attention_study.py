@@ -24,7 +24,7 @@ from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.counterfactual.study import COUNTERFACTUAL, CounterfactualOptions
 from attnprobe.errors import AttnprobeError
-from attnprobe.execution.study import Counts, Outcome, Plan, part, run_study
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, part, run_study
 from attnprobe.io import atomic_write_text, finite_json
 from attnprobe.io.options import non_negative_int, option, same_as
 from attnprobe.results.caveats import attention_caveats
@@ -92,15 +92,12 @@ class _Planned:
     ran: dict[str, int]  # per setting whose counterfactual part runs: its min_past
 
 
-class AttentionStudy:
+class AttentionStudy(StudyBase):
     """``attnprobe study attention`` (see the module docstring)."""
 
     name = "study attention"
     folder = "study folder"
-    Options = AttentionOptions
-
-    def layout(self, options: AttentionOptions) -> StudyLayout:
-        return StudyLayout(Path(options.out))
+    Options, Layout = AttentionOptions, StudyLayout
 
     def plan(self, options: AttentionOptions, layout: StudyLayout) -> Plan:
         o, out = options, layout.folder

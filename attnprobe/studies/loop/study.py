@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnprobe.agents.policies import setting_rules
-from attnprobe.execution.study import Counts, Outcome, Plan
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
@@ -105,17 +105,14 @@ class InterferenceOptions:
     endpoint: bool = False
 
 
-class InterferenceStudy:
+class InterferenceStudy(StudyBase):
     """Every unfinished (setting, question) on the executor, then the study's files (:func:`write_study`).
     A folder whose results were made with another loop config or ``model`` is refused before anything runs
     unless ``force`` (the options are recorded once an item is finished); settings may be added freely."""
 
     name = "study interference"
     folder = "study folder"
-    Options = InterferenceOptions
-
-    def layout(self, options: InterferenceOptions) -> StudyLayout:
-        return StudyLayout(Path(options.out))
+    Options, Layout = InterferenceOptions, StudyLayout
 
     def plan(self, options: InterferenceOptions, layout: StudyLayout) -> Plan:
         from attnprobe.agents.policy_specs import canonical_setting, canonical_settings

@@ -20,7 +20,7 @@ from attnprobe.counterfactual.job import StepChoice
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.study import COUNTERFACTUAL, CounterfactualOptions
 from attnprobe.execution.counts import RunCounts
-from attnprobe.execution.study import Counts, Outcome, Plan, part
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, part
 from attnprobe.studies.masking.layout import MaskingLayout
 
 # Seed 002, section 5.3.1: (label, headline key, the seed's value)
@@ -78,7 +78,7 @@ def _decay_record(curves: dict) -> dict:
             for k, v in curves.items()}
 
 
-class MaskingStudy:
+class MaskingStudy(StudyBase):
     """``attnprobe study masking`` as a :class:`~attnprobe.execution.study.Study`: two parts on one
     executor, each with its own folder, lock and resume (the capture study into ``OUT/captures``, then the
     counterfactual stage into ``OUT/counterfactual``), then ``study.json`` and ``study.md``. The plan refuses
@@ -86,10 +86,7 @@ class MaskingStudy:
 
     name = "study masking"
     folder = "study folder"
-    Options = MaskingOptions
-
-    def layout(self, options: MaskingOptions) -> MaskingLayout:
-        return MaskingLayout(Path(options.out))
+    Options, Layout = MaskingOptions, MaskingLayout
 
     def plan(self, options: MaskingOptions, layout: MaskingLayout) -> Plan:
         o, files = options, [Path(p) for p in options.trajectories]

@@ -28,7 +28,7 @@ from attnprobe.agents.recorder import drop_records
 from attnprobe.agents.search import SearchBackend, shared_search
 from attnprobe.execution.job import WorkItem
 from attnprobe.execution.local import in_process
-from attnprobe.execution.study import Counts, Outcome, Plan, run_study
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, run_study
 from attnprobe.generation.factory import ChatJob
 from attnprobe.io import append_jsonl, atomic_write_text, finite_json, read_records
 from attnprobe.results.caveats import runner_caveats
@@ -208,17 +208,14 @@ class RunnerOptions:
     batch_size: int = 1
 
 
-class RunnerStudy:
+class RunnerStudy(StudyBase):
     """``attnprobe run`` as a :class:`~attnprobe.execution.study.Study` (see the module docstring): the
     output's own lock (:meth:`RunnerLayout.hold`), :func:`begin` under it before the executor opens, the
     questions on the executor, then the summary with its caveats."""
 
     name = "run"
     folder = "output of attnprobe run"
-    Options = RunnerOptions
-
-    def layout(self, options: RunnerOptions) -> RunnerLayout:
-        return RunnerLayout(Path(options.out))
+    Options, Layout = RunnerOptions, RunnerLayout
 
     def plan(self, options: RunnerOptions, layout: RunnerLayout) -> Plan:
         o, out, questions = options, layout.out, list(options.questions)
