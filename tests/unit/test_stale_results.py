@@ -358,3 +358,32 @@ def test_a_run_killed_after_its_first_item_has_recorded_its_settings(tmp_path):
     with pytest.raises(AttnprobeError, match="--model/--served-model was 'a', now 'b'"):  # q0 was made with 'a'
         run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
                   LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10, model="b")
+
+
+def test_study_attention_command_runs_through_the_driver(tmp_path, monkeypatch, capsys):
+    """`attnprobe study attention` end to end on a scripted study, its executor one that captures nothing (the
+    adapter's one function patched): the options record reaches the study, attention.md is printed and the
+    count line ends stderr; --only-setting keeps one setting."""
+    import contextlib
+
+    from attnprobe.cli import adapter
+    from attnprobe.cli.main import main
+
+    class NoCapture:
+        def call(self, fn, names, opts):
+            return {n: {} for n in names}
+
+        def run(self, job):
+            return {"done_before": 0, "done": 0, "failed": 0}
+
+    monkeypatch.setattr(adapter, "open_executor", lambda args, **kw: contextlib.nullcontext(NoCapture()))
+    _run(tmp_path, settings=("none", "ircot:o"))
+    capsys.readouterr()
+    assert main(["study", "attention", str(tmp_path), "--model", "default", "--only-setting", "ircot:o",
+                 "--min-past", "0", "--bootstrap", "10", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == (tmp_path / ATTENTION_MD).read_text().strip()
+    assert err.strip().splitlines()[-1] == (f"study attention: 0 calls captured, 0 already done, 0 failed; 0 "
+                                            f"counterfactual steps failed -> {tmp_path / ATTENTION_MD}")
+    doc = json.loads((tmp_path / ATTENTION_JSON).read_text())
+    assert list(doc["settings"]) == ["ircot:o"] and doc["bootstrap"]["resamples"] == 10
