@@ -9,6 +9,7 @@ branching on the cluster option; here it is decided once, and commands never loo
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -50,13 +51,45 @@ def open_executor(args, *, generate: bool = False, endpoint_refuses_ray: str | N
     return choose(load, cluster=cluster, model=model_options(args) if cluster else None, progress=progress)
 
 
-def run_command(study, options, args, **executor: Any) -> int:
+class ExecutorPair:
+    """Two executors opened as one, for a study whose jobs need a chat and a model from different places
+    (``ibis all --generator openai``: the endpoint's client generates, the in-process model captures): a job
+    runs on ``chat_executor`` when it ``needs`` a chat, else on ``model_executor``."""
+
+    def __init__(self, chat_executor, model_executor):
+        self.chat_executor, self.model_executor = chat_executor, model_executor
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> ExecutorPair:
+        self.chat_executor = self._stack.enter_context(self.chat_executor)
+        self.model_executor = self._stack.enter_context(self.model_executor)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.__exit__(*exc)
+
+    @property
+    def shards(self) -> bool:
+        return bool(getattr(self.chat_executor, "shards", False) or getattr(self.model_executor, "shards", False))
+
+    def run(self, job) -> dict[str, int]:
+        return (self.chat_executor if getattr(job, "needs", "model") == "chat" else self.model_executor).run(job)
+
+
+def open_pair(args, **generator: Any) -> ExecutorPair:
+    """:class:`ExecutorPair` of the generation options' chat (``open_executor(args, generate=True, ...)``; with
+    an endpoint, --ray is left to the model's side) and the model options' model."""
+    return ExecutorPair(open_executor(args, generate=True, endpoint_refuses_ray=None, **generator),
+                        open_executor(args))
+
+
+def run_command(study, options, args, *, pair: bool = False, **executor: Any) -> int:
     """Run ``study`` with ``options`` through the one driver (:func:`attnprobe.execution.study.run_study`)
-    on :func:`open_executor`'s executor (``executor``: its keywords); prints the outcome's lines on stdout
-    and its notes on stderr; returns its exit code."""
+    on :func:`open_executor`'s executor (``executor``: its keywords; ``pair``: :func:`open_pair`'s); prints
+    the outcome's lines on stdout and its notes on stderr; returns its exit code."""
     from attnprobe.execution.study import run_study
 
-    outcome = run_study(study, options, lambda: open_executor(args, **executor))
+    outcome = run_study(study, options, lambda: (open_pair if pair else open_executor)(args, **executor))
     for line in outcome.lines:
         print(line)
     for line in outcome.notes:

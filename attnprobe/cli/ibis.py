@@ -148,41 +148,28 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _generation_executor(args, endpoint_refuses_ray: str | None = None):
-    """Where generation runs (:func:`attnprobe.cli.adapter.open_executor`): the model options' executor (this
-    process or Ray replicas), or an endpoint's client here (--generator openai; ``ibis all`` then still
-    captures on the cluster, ``ibis run`` refuses --ray)."""
-    from attnprobe.cli.adapter import open_executor
+def _run(args, stages: tuple[str, ...], **executor) -> int:
+    """The IBIS study (:data:`~attnprobe.studies.ibis.study.IBIS`) with these stages through the one driver."""
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.ibis.study import IBIS, IbisRun
 
-    return open_executor(args, generate=True, endpoint_refuses_ray=endpoint_refuses_ray, timeout=600.0)
+    report = None
+    if stages == ("run", "capture"):
+        from attnprobe.io.options import from_args
+        from attnprobe.studies.ibis.options import ReportOptions
+
+        report = from_args(ReportOptions, args)
+    return run_command(IBIS, IbisRun(ibis_options(args), stages, report=report, say=_say), args, **executor)
 
 
-# ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import run_line, select_items, stage_run, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
     refuse = ("ibis run --generator openai generates through the endpoint, which already serves the generation "
               "(drop --ray, or scale the server)")
-    with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args, refuse) as ex:
-        done = stage_run(opts, where, items, ex)
-    _say(run_line(done, where))
-    return done.exit_code
+    return _run(args, ("run",), generate=True, endpoint_refuses_ray=refuse, timeout=600.0)
 
 
 def cmd_capture(args) -> int:
-    from attnprobe.cli.adapter import open_executor
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import capture_line, select_items, stage_capture, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
-    with hold_dir_lock(where.folder, "IBIS model folder"), open_executor(args) as ex:
-        done = stage_capture(opts, where, items, ex)
-    _say(capture_line(done, where))
-    return done.exit_code
+    return _run(args, ("capture",))
 
 
 def cmd_report(args) -> int:
@@ -199,21 +186,12 @@ def cmd_report(args) -> int:
 
 def cmd_all(args) -> int:
     """Behaviour and capture item group by item group, then aggregate and report
-    (:func:`~attnprobe.studies.ibis.pipeline.run_all`). One executor per stage for the whole command, so
-    a model (or each Ray replica) loads once."""
-    from attnprobe.cli.adapter import open_executor
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import run_all, select_items, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
-    with hold_dir_lock(where.folder, "IBIS model folder"):
-        if args.generator == "openai":
-            _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
-        with _generation_executor(args) as gen, open_executor(args) as cap:
-            rc = run_all(opts, where, items, gen, cap, say=_say)
-        cmd_report(args)
-    return rc
+    (:func:`~attnprobe.studies.ibis.pipeline.all_steps`). One executor per need for the whole command (a chat
+    for behaviour, the model for capture: :func:`attnprobe.cli.adapter.open_pair`), so a model (or each Ray
+    replica) loads once."""
+    if args.generator == "openai":
+        _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
+    return _run(args, ("run", "capture"), pair=True, timeout=600.0)
 
 
 def cmd_check(args) -> int:

@@ -23,7 +23,7 @@ like the executors, knows no study.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,8 +35,9 @@ from attnprobe.execution.counts import RunCounts
 # A step of a group: a job, or a function that builds it from the open executor (a job whose items or
 # settings need the model, e.g. the counterfactual settings made where the model is, or the IBIS capture
 # items read from the decisions the group before wrote; None: nothing to run), or :func:`part`: another
-# study run as a part of this one, on the same executor.
-Step = Any  # a Job, or Callable[[executor], Job | Part | None]
+# study run as a part of this one, on the same executor; or a function returning a generator that yields
+# jobs, is sent each one's counts and returns a value (a stage that records its counts after its job: IBIS).
+Step = Any  # a Job, or Callable[[executor], Job | Part | Generator | None]
 
 
 @runtime_checkable
@@ -79,11 +80,13 @@ class Plan:
 class Counts:
     """What the executor reported: ``jobs`` the counts of each job run, by its ``stage``, in run order (a
     stage run in several groups is summed); ``total`` all of them together; ``plan`` the plan they ran;
-    ``parts``: the outcome of each study run as a part (:func:`part`), by its name."""
+    ``parts``: the outcome of each study run as a part (:func:`part`), by its name; ``returned``: what each
+    generator step returned, in order."""
 
     plan: Plan
     jobs: dict[str, RunCounts] = field(default_factory=dict)
     parts: dict[str, Outcome] = field(default_factory=dict)
+    returned: list = field(default_factory=list)
 
     @property
     def total(self) -> RunCounts:
@@ -122,6 +125,18 @@ class Study(Protocol):
     def plan(self, options: Any, layout: Any) -> Plan: ...
 
     def finish(self, options: Any, layout: Any, counts: Counts) -> Outcome: ...
+
+
+def _drive(steps: Generator, ex, counts: Counts) -> Any:
+    """Run the jobs a generator step yields, sending it each one's counts; what it returns."""
+    try:
+        job = next(steps)
+        while True:
+            c = ex.run(job)
+            counts.add(job.stage, c)
+            job = steps.send(c)
+    except StopIteration as end:
+        return end.value
 
 
 @dataclass(frozen=True)
@@ -185,7 +200,9 @@ def run_study(study: Study, options: Any, open_executor: Callable[[], AbstractCo
                 for group in plan.groups:
                     for step in group:
                         job = step if hasattr(step, "items") else step(ex)
-                        if isinstance(job, Part):
+                        if isinstance(job, Generator):
+                            counts.returned.append(_drive(job, ex, counts))
+                        elif isinstance(job, Part):
                             counts.parts[job.name] = job.outcome
                             for stage, c in job.outcome.counts.jobs.items():
                                 counts.add(stage, c.__dict__)

@@ -124,6 +124,29 @@ def prepare(opts: IbisOptions, target: Target, items, generator: str) -> None:
 
 def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
     """Behaviour: one decision per (item, framing) into the folder's decisions on executor ``ex``."""
+    return drive(behaviour_steps(opts, target, items, ex), ex)
+
+
+def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
+    """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
+    the folder's aggregate."""
+    return drive(capture_steps(opts, target, items, ex, aggregate_now=aggregate_now), ex)
+
+
+def drive(steps, ex):
+    """Run a stage's steps (a generator that yields its job and is sent the executor's counts) on ``ex``, as
+    :func:`attnprobe.execution.study.run_study` does; the stage's value."""
+    try:
+        job = next(steps)
+        while True:
+            job = steps.send(ex.run(job))
+    except StopIteration as end:
+        return end.value
+
+
+def behaviour_steps(opts: IbisOptions, target: Target, items, ex):
+    """:func:`stage_run` as steps: yields the behaviour job, is sent its counts, records the stage in run.json;
+    returns its :class:`RunCounts`. ``ex``: where the invariants are checked (the generation executor)."""
     from attnprobe.studies.ibis.folder import invariants, update_run
     from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import BehaviourJob
@@ -134,7 +157,7 @@ def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
                        protocol=opts.protocol, batch_size=opts.batch_size, force=opts.force, reminder=opts.reminder,
                        no_call_tokens=(opts.no_call_tokens or None) if opts.generator != "openai" else None)
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
-    counts = ex.run(job)
+    counts = yield job
     counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
     update_run(target.folder, "behaviour", {"backend": opts.generator, "base_url": opts.base_url,
                                             "model_spec": opts.model, "max_new_tokens": opts.max_new_tokens,
@@ -145,9 +168,9 @@ def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
     return RunCounts(counts["done_before"], counts["decided"], counts["failed"])
 
 
-def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
-    """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
-    the folder's aggregate."""
+def capture_steps(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True):
+    """:func:`stage_capture` as steps: yields the attention job, is sent its counts; returns its
+    :class:`RunCounts`. ``ex``: where the invariants are checked (the capture executor)."""
     from attnprobe.io.settings import check_settings, finished_something, record_settings
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import invariants, update_run
@@ -166,7 +189,7 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
                        force=force, reminder=opts.reminder, share_prefixes=opts.share_prefixes)
-    counts = ex.run(job)
+    counts = yield job
     if finished_something(counts):  # recorded only once a capture is finished
         record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
@@ -198,8 +221,20 @@ def _chunk_used(target: Target, items, given: int | None) -> int | None:
 def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
             say: Callable[[str], None] = lambda line: None) -> int:
     """Behaviour and capture item group by item group (so an interrupted run has both for every finished
-    item), then aggregate. A group is what one generation batch holds; an executor that shards (Ray) gets
-    the whole set. ``say``: each stage's count line and the progress line; the exit code."""
+    item), then aggregate, on the generation executor ``gen`` and the capture executor ``cap``: the exit code."""
+    steps = all_steps(opts, target, items, gen, cap, say=say)
+    try:
+        job = next(steps)
+        while True:
+            job = steps.send((gen if job.needs == "chat" else cap).run(job))
+    except StopIteration as end:
+        return end.value
+
+
+def all_steps(opts: IbisOptions, target: Target, items, gen, cap, *, say: Callable[[str], None] = lambda line: None):
+    """:func:`run_all` as steps (each behaviour job needs a chat: the generation executor runs it; each capture
+    job the model). A group is what one generation batch holds; an executor that shards (Ray) gets the whole
+    set. ``say``: each stage's count line and the progress line; returns the exit code."""
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import update_run
 
@@ -208,9 +243,9 @@ def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
         max(1, opts.batch_size // max(1, len(opts.framings)))
     for start in range(0, len(items), per):
         group = items[start:start + per]
-        done = stage_run(opts, target, group, gen)
+        done = yield from behaviour_steps(opts, target, group, gen)
         say(run_line(done, target))
-        captured = stage_capture(opts, target, group, cap, aggregate_now=False)
+        captured = yield from capture_steps(opts, target, group, cap, aggregate_now=False)
         say(capture_line(captured, target))
         rc = max(rc, done.exit_code, captured.exit_code)
         say(f"ibis all: {min(start + per, len(items))}/{len(items)} items done")
