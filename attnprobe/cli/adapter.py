@@ -47,8 +47,7 @@ def open_executor(args, *, generate: bool = False, endpoint_refuses_ray: str | N
         if endpoint_refuses_ray:
             refuse_cluster(cluster, endpoint_refuses_ray)
         return choose(load, progress=progress)
-    # in process, no model options are read (they import the capture backend); replicas load the model's spec
-    return choose(load, cluster=cluster, model=model_options(args) if cluster else None, progress=progress)
+    return choose(load, cluster=cluster, model=model_options(args), progress=progress)  # replicas: the model's spec
 
 
 class ExecutorPair:

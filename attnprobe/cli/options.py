@@ -259,14 +259,3 @@ def cluster_free(args, reason: str) -> None:
     from attnprobe.distributed.executors import refuse_cluster
 
     refuse_cluster(cluster_options(args), reason)
-
-
-def executor(args, load=None):
-    """The executor the options ask for (:func:`attnprobe.distributed.open_executor`): Ray replicas of
-    the model options' model with --ray, else this process, loading with ``load`` (default: that
-    model)."""
-    from attnprobe.distributed.executors import open_executor
-
-    model = model_options(args)
-    return open_executor(load or model.load, cluster=cluster_options(args), model=model,
-                         progress=not getattr(args, "no_progress", False))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.execution.job import JobBase, WorkItem
-from attnprobe.execution.local import LocalExecutor
+from attnprobe.execution.local import in_process
 from attnprobe.generation.factory import ChatJob
 from attnprobe.io import append_jsonl, recover_atomic_dirs
 from attnprobe.studies.ibis.behaviour import (
@@ -186,5 +186,5 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     job = BehaviourJob(Path(folder), items, framings=framings, max_tokens=max_tokens, protocol=protocol,
                        batch_size=batch_size if batched else 1, force=force, reminder=reminder,
                        no_call_tokens=getattr(backend, "no_call_tokens", DEFAULT_NO_CALL_TOKENS))
-    counts = LocalExecutor(lambda: backend, progress=progress).run(job)
+    counts = in_process(backend, progress=progress).run(job)
     return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
