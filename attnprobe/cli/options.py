@@ -252,10 +252,3 @@ def cluster_options(args):
     cluster = from_args(Cluster, args)
     check_address(cluster.address)
     return cluster
-
-
-def cluster_free(args, reason: str) -> None:
-    """Refuse --ray for a command (or combination) that runs no model replicas; ``reason`` says why."""
-    from attnprobe.distributed.executors import refuse_cluster
-
-    refuse_cluster(cluster_options(args), reason)
