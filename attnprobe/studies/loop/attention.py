@@ -54,7 +54,7 @@ from attnprobe.errors import TrajectoryError
 from attnprobe.render.segments import ROLES
 from attnprobe.results.analysis import R, category_masks, token_owners
 from attnprobe.results.result import CaptureResult
-from attnprobe.stats import bootstrap_mean_ci
+from attnprobe.stats import STUDY_RESAMPLES, bootstrap_mean_ci
 from attnprobe.studies.loop.attention_report import (
     CATEGORIES,
     FILTERS,
@@ -300,7 +300,7 @@ def by_step(records: list[dict], query: str) -> dict[str, dict]:
             for k, v in sorted(steps.items())}
 
 
-def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_past: int = 5,
+def setting_attention(results: list[CaptureResult], *, n_boot: int = STUDY_RESAMPLES, min_past: int = 5,
                       records: list[dict] | None = None) -> dict:
     """A setting's shares at each query over the calls the filter keeps (:func:`call_filter`, at least
     ``min_past`` past turns): per question the mean over its kept calls, then the mean over questions with
@@ -331,7 +331,7 @@ def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_p
 
 
 def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, min_past: int,
-                      n_boot: int = 2000) -> dict:
+                      n_boot: int = STUDY_RESAMPLES) -> dict:
     """Setting - baseline share at the same (question, step), over the calls both keep at ``query``: per
     question the mean difference over its paired steps, then the mean over questions with a paired
     percentile bootstrap CI (questions resampled, each with its pairs). ``pairs`` / ``questions``: how

@@ -21,6 +21,7 @@ from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import structured_replies, study_caveats
+from attnprobe.stats import STUDY_RESAMPLES
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
@@ -38,7 +39,7 @@ OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templat
 
 
 def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-                baseline: str | None = None, n_boot: int = 2000, seed: int = 0, model: str | None = None) -> dict:
+                baseline: str | None = None, n_boot: int = STUDY_RESAMPLES, seed: int = 0, model: str | None = None) -> dict:
     """Summarise every result in ``out`` made from the current inputs (whichever run wrote it: a rerun
     that finishes nothing leaves the numbers as they were) and write study.json, study.md and each
     setting's calls.jsonl (only the calls of those results)."""
@@ -95,7 +96,7 @@ class InterferenceOptions:
     baseline: str | None = option(None, flag="--baseline",
                                   help="the setting the others are compared with (default: the first)")
     force: bool = False
-    n_boot: int = option(2000, flag="--bootstrap", type=positive_int, metavar="BOOTSTRAP",
+    n_boot: int = option(STUDY_RESAMPLES, flag="--bootstrap", type=positive_int, metavar="BOOTSTRAP",
                          help="bootstrap resamples for CIs (default {default})")
     model: str | None = None
     batch_size: int | None = option(
