@@ -146,15 +146,21 @@ class StepChoice:
         option checked, with no model (a study calls it before its first stage too)."""
         from attnprobe.trajectory.schema import load_files
 
+        self.specs()  # a bad policy is refused before the files are read
         return self.plan_trajectories(load_files(files))  # ids unique across files: one folder per step
+
+    def specs(self) -> list:
+        """The policies, each spec in its one spelling (mask:05 is mask:5); policy objects as given."""
+        from attnprobe.agents.policy_specs import canonical_policy
+
+        return [canonical_policy(s) if isinstance(s, str) else s for s in self.policies or [DEFAULT_MASK_POLICY]]
 
     def plan_trajectories(self, trajs: Sequence[Trajectory]) -> tuple[list, int, list[str], list[Step]]:
         """:meth:`plan` for trajectories already read. A policy is a spec (one spelling: mask:05 is
         mask:5) or, from Python, a policy object."""
         from attnprobe.agents.policies import default_min_past
-        from attnprobe.agents.policy_specs import canonical_policy
 
-        specs = [canonical_policy(s) if isinstance(s, str) else s for s in self.policies or [DEFAULT_MASK_POLICY]]
+        specs = self.specs()
         min_past = self.min_past if self.min_past is not None else default_min_past(specs)
         names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=self.include_actions,
                                   turns=self.turns, max_steps=self.max_steps)
