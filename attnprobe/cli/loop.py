@@ -66,6 +66,7 @@ def register(studies) -> None:
     add_options(g, LoopConfig, ("max_turns", "top_k", "open_lines", "judge", "search", "corpus"))
     add_options(g, InterferenceOptions, ("limit", "n_boot", "batch_size"))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--episodes-per-batch", type=positive_int)
+    add_options(g, InterferenceOptions, ("capture_in_loop",))
     add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
     add_options(g, LoopConfig, ("preset",))
@@ -76,6 +77,11 @@ def register(studies) -> None:
                                                "--generation-preset cpu 128; 'run' uses 4096, seed 000 C.3, the runner's seed)",
                            temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
                                             "appendix C; ircot 0; --generation-preset cpu 0)")
+    from attnprobe.capture.job import CaptureOptions
+
+    add_options(p.add_argument_group("capture in the loop (--capture-in-loop)"), CaptureOptions, ("queries", "layers"),
+                defaults={"queries": "reasoning+decision"},
+                helps={"queries": "reasoning+decision (default, as 'study attention') | reasoning | decision"})
     add_cluster_options(p)
     add_output_options(p, out_required=True,
                        out_help=f"study folder (one subfolder per setting, {_names()['study_md']})")
@@ -102,6 +108,24 @@ def batch_size(args) -> int:
     return 1
 
 
+def in_loop_options(args):
+    """``--capture-in-loop``'s :class:`~attnprobe.studies.loop.in_loop.InLoopOptions` (None when off): the
+    capture options and the model as ``study attention`` will record them. Refused in one line with a served
+    generator (it returns no attention) and with explicit query positions."""
+    if not args.capture_in_loop:
+        return None
+    if args.generator != "transformers":
+        raise ValueError(f"--capture-in-loop needs the generator in process (--generator transformers); "
+                         f"--generator {args.generator} returns text, not attention: run 'study attention' afterwards")
+    from attnprobe.capture.job import CaptureOptions
+    from attnprobe.studies.loop.in_loop import InLoopOptions
+
+    capture = from_args(CaptureOptions, args)
+    if not isinstance(capture.queries, str):
+        raise ValueError("--capture-in-loop takes --queries reasoning, decision or reasoning+decision, not positions")
+    return InLoopOptions.of(capture, args.model, getattr(args, "dtype", None) or "float32")
+
+
 def interference_options(args):
     """The study's options record (:class:`~attnprobe.studies.loop.study.InterferenceOptions`)."""
     from attnprobe.studies.loop.agents import LoopConfig
@@ -110,7 +134,7 @@ def interference_options(args):
     config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
     return from_args(InterferenceOptions, args, out=Path(args.out), config=config,
                      questions_file=Path(args.questions_file), force=args.force, model=model_label(args),
-                     batch_size=batch_size(args), endpoint=args.generator == "openai")
+                     batch_size=batch_size(args), endpoint=args.generator == "openai", in_loop=in_loop_options(args))
 
 
 def cmd_interference(args) -> int:

@@ -42,7 +42,15 @@ from attnprobe.studies.loop.attention import (
     recorded_calls,
     setting_attention,
 )
-from attnprobe.studies.loop.attention_report import SHARES_MIN_PAST, markdown, results_stamp, with_attention
+from attnprobe.studies.loop.attention_report import (
+    SHARES_MIN_PAST,
+    default_shares_min_past,
+    markdown,
+    max_past_turns,
+    results_stamp,
+    with_attention,
+)
+from attnprobe.studies.loop.in_loop import log_capture_prefill
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe.studies.loop.study import InterferenceOptions
 
@@ -55,7 +63,8 @@ class AttentionOptions:
     ``dtype``: recorded and compared on resume); ``counterfactual``: the counterfactual stage's options
     (its steps run into ``OUT/<setting>/counterfactual``), None skips that part (said so in the report);
     ``min_past``: the counterfactual steps' (default per policy family); ``shares_min_past``: the share
-    tables' filter (seed 002 E.5's five past turns by default); ``only``: these settings of the study
+    tables' filter (None: :func:`~attnprobe.studies.loop.attention_report.default_shares_min_past`, seed 002
+    E.5's five or the most past turns the turn limit allows); ``only``: these settings of the study
     (default all; the counterfactuals still run on the baseline's histories); ``models``: the
     :class:`~attnprobe.studies.loop.capture_model.CaptureChoice` (capture and agent model names, recorded
     and shown in every output; None: names not known)."""
@@ -68,12 +77,12 @@ class AttentionOptions:
         None, flag="--min-past", type=non_negative_int,
         help="counterfactual steps with at least this many past turns (default per policy, as 'attnprobe "
              "counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
-    shares_min_past: int = option(
-        SHARES_MIN_PAST, flag="--shares-min-past", type=non_negative_int, metavar="N",
-        help="the share tables use calls with at least N past turns in the agent's run (default {default}: seed 002 "
-             "E.5, 'using only reasoning steps with at least five past turns'); first calls and, at the reasoning "
-             "start, tool-call-only replies are always left out (0 keeps first calls); the per-step table shows "
-             "every step")
+    shares_min_past: int | None = option(
+        None, flag="--shares-min-past", type=non_negative_int, metavar="N",
+        help="the share tables use calls with at least N past turns in the agent's run (default 5: seed 002 E.5, "
+             "'using only reasoning steps with at least five past turns'; fewer when the study's turn limit allows "
+             "fewer: 4 for ircot's --max-turns 4); first calls and, at the reasoning start, tool-call-only replies are "
+             "always left out (0 keeps first calls); the per-step table shows every step")
     force: bool = False
     n_boot: int = same_as(InterferenceOptions, "n_boot")
     only: list[str] | None = option(None, flag="--only-setting", action="append", metavar="SETTING",
@@ -90,6 +99,7 @@ class _Planned:
     skipped: dict[str, list[str]]
     cf: dict[str, dict]  # per setting: the counterfactual's status, or its report once its part ran
     ran: dict[str, int]  # per setting whose counterfactual part runs: its min_past
+    shares_min_past: int  # the share tables' filter
 
 
 class AttentionStudy(StudyBase):
@@ -103,6 +113,7 @@ class AttentionStudy(StudyBase):
         o, out = options, layout.folder
         study = read_study(out)
         settings, baseline = study["settings"], study["baseline"]
+        shares = o.shares_min_past if o.shares_min_past is not None else default_shares_min_past(study["config"])
         if o.only:
             unknown = [s for s in o.only if s not in settings]
             if unknown:
@@ -134,13 +145,22 @@ class AttentionStudy(StudyBase):
                     layout.counterfactual_dir(s), trajectories=base_hist, choice=StepChoice((spec,), mp),
                     run=o.counterfactual, force=o.force, model=_model_record(o.model), table=False,
                     models=o.models.label if o.models is not None and o.models.differs else None), name=s))
-        captures = [j for j in jobs.values() if j.trajectories]
+
+        def capture(s: str, job: CaptureJob):
+            def step(ex):  # the setting's captures, then its line: calls captured in the loop, tokens prefilled now
+                if job.trajectories:
+                    yield job
+                log_capture_prefill(s, job)
+
+            return step
+
+        captures = [capture(s, j) for s, j in jobs.items()]
 
         def conflicts() -> list[str]:  # under the lock, before any model loads
             return [c for j in jobs.values() for c in j.conflicts()]
 
         return Plan([captures, parts], conflicts=None if o.force else conflicts, results="captures made",
-                    data=_Planned(settings, baseline, study, jobs, skipped, cf, ran))
+                    data=_Planned(settings, baseline, study, jobs, skipped, cf, ran, shares))
 
     def finish(self, options: AttentionOptions, layout: StudyLayout, counts: Counts) -> Outcome:
         o, out, p = options, layout.folder, counts.plan.data
@@ -153,7 +173,7 @@ class AttentionStudy(StudyBase):
             if "status" not in rep:
                 rep["status"] = f"no eligible step (none with >= {rep['min_past']} past turns)"
         doc = attention_document(out, p.settings, p.baseline, p.jobs, cf, model=o.model, n_boot=o.n_boot,
-                                 min_past=o.shares_min_past, models=o.models, skipped=p.skipped)
+                                 min_past=p.shares_min_past, models=o.models, skipped=p.skipped)
         current = {s: results_stamp(current_results(out, s)) for s in p.study["settings"]}  # what was used
         doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*p.settings, p.baseline])}
         atomic_write_text(layout.attention_json, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
@@ -225,10 +245,15 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
             per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,
                                                      n_boot=n_boot) for q in QUERIES}
     names = {} if models is None else {"capture_model": models.capture_model, "agent_model": models.agent_model}
+    study = read_study(out)
     doc = {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
-           "min_past": min_past, "step": "past turns in the agent's run (meta.step - 1)",
+           "min_past": min_past, "max_past_turns": max_past_turns(study["config"]),
+           "step": "past turns in the agent's run (meta.step - 1)",
            "capture": {**jobs[settings[0]].settings, "model": model.spec, **names},
-           "study_models": read_study(out)["models"],
+           "study_models": study["models"],
+           "structured_actions": bool(study["config"].get("structured_actions")),
+           **({"invalid_actions": study["invalid_actions"]} if study.get("invalid_actions") else {}),
+           **({"observations": study["observations"]} if study.get("observations") else {}),
            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
                          "paired": "questions resampled with their (question, step) pairs"}}
     doc["caveats"] = attention_caveats(doc)

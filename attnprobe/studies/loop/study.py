@@ -11,23 +11,28 @@ gathers the recorded calls of those results in question order (one file to captu
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
-from attnprobe.results.caveats import structured_replies, study_caveats
+from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
 from attnprobe.stats import STUDY_RESAMPLES
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
-from attnprobe.studies.loop.layout import StudyLayout
+from attnprobe.studies.loop.layout import HISTORY, StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
+from attnprobe.studies.loop.validity import invalid_actions
+
+log = logging.getLogger(__name__)
 
 # the settings a study runs when none is given: the baseline plus the scaffold's seed settings
 DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
@@ -58,11 +63,15 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
     if config.structured_actions:  # every reply recorded as structured, checked against its grammar
         study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
+    study["invalid_actions"] = invalid_actions(calls)  # replies that were no valid action, per setting
+    study["observations"] = {s: observations_with_passage(rec for _, _, rec in layout.stamped(s, stamps[s], HISTORY))
+                             for s in settings}  # what each setting's agent retrieved, passages or nothing
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
     atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
-                  caveats=study["caveats"])
+                  caveats=study["caveats"], structured=config.structured_actions,
+                  observations=study["observations"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
@@ -81,7 +90,8 @@ class InterferenceOptions:
     first); ``model``: the label results are stamped with; ``batch_size``: episodes stepped together
     (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp; None: 1, or the CLI's --concurrency with an
     endpoint); ``endpoint``: generation goes through an OpenAI-compatible endpoint (which takes messages,
-    not token ids)."""
+    not token ids); ``in_loop``: capture every call while generating it
+    (:class:`attnprobe.studies.loop.in_loop.InLoopOptions`, built from ``--capture-in-loop``)."""
 
     out: Path
     settings: Sequence[str] | None = option(
@@ -104,6 +114,15 @@ class InterferenceOptions:
         help="episodes (setting x question) in flight, stepped together: one batched model call per turn; records "
              "do not depend on it (default 1, or --concurrency N with --generator openai)")
     endpoint: bool = False
+    capture_in_loop: bool = option(
+        False, flag="--capture-in-loop", action="store_true",
+        help="capture every recorded call's attention from the agent's own forward passes while it generates (the "
+             "decision in the call's prefill, the reasoning start at the decode step that feeds it; --queries and "
+             "--layers as 'study attention'), written where 'study attention' writes its captures, which then "
+             "prefills nothing for them (docs/loop.md, 'Captured in the loop'). In process only (--generator "
+             "transformers): a served model (--generator openai) returns text, not its attention, so its calls are "
+             "captured afterwards by 'study attention'")
+    in_loop: Any = None  # --capture-in-loop's InLoopOptions (attnprobe.studies.loop.in_loop); no part of any stamp
 
 
 class InterferenceStudy(StudyBase):
@@ -144,11 +163,15 @@ class InterferenceStudy(StudyBase):
                   "structured_actions": config.structured_actions, "model": o.model,
                   **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
         job = InterferenceJob(layout.folder, questions, list(settings), config, force=o.force, model=o.model,
-                              batch_size=o.batch_size or 1, settings_record=wanted)  # recorded as its first item finishes
-        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline))
+                              batch_size=o.batch_size or 1, settings_record=wanted,  # recorded as its first item finishes
+                              in_loop=o.in_loop)
+        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline, job))
 
     def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
-        questions, settings, baseline = counts.plan.data
+        questions, settings, baseline, job = counts.plan.data
+        if options.in_loop is not None:
+            log.info("capture in the loop: %d calls captured while generating, %d left to study attention",
+                     job.in_loop_counts["captured"], job.in_loop_counts["left_post_hoc"])
         study = write_study(layout.folder, questions, settings, options.config, baseline=baseline,
                             n_boot=options.n_boot, model=options.model)
         c = counts.total
