@@ -29,8 +29,9 @@ from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE, LoadedModel
 
 # Defaults that differ on purpose, each with its reason in the code (QUERIES_WHY says it in --help too;
 # study attention's model and dtype are the study's own, found in its folder: capture_model.py).
+# study interference's --queries is --capture-in-loop's: the captures study attention would make, so its default.
 DIFFERENCES = {("study attention", "queries"): "reasoning+decision", ("study attention", "model"): None,
-               ("study attention", "dtype"): None}
+               ("study attention", "dtype"): None, ("study interference", "queries"): "reasoning+decision"}
 # Record fields that the generation group declares under another name (branch vgen owns that group).
 RENAMED = {RunSettings: {"max_tokens": "max_new_tokens", "temperature": "temperature"},
            LoopConfig: {"max_tokens": "max_new_tokens", "temperature": "temperature"}}
