@@ -57,6 +57,13 @@ from attnprobe.studies.loop.study import InterferenceOptions
 log = logging.getLogger(__name__)
 
 
+SHARES_MIN_PAST_HELP = (
+    "the share tables use calls with at least N past turns in the agent's run (default 5: seed 002 E.5, 'using only "
+    "reasoning steps with at least five past turns'; fewer when the study's turn limit allows fewer: 4 for ircot's "
+    "--max-turns 4); first calls and, at the reasoning start, tool-call-only replies are always left out (0 keeps "
+    "first calls); the per-step table shows every step")
+
+
 @dataclass(frozen=True)
 class AttentionOptions:
     """What the attention side is made with. ``model``: what the executor loads (``spec``, ``backend``,
@@ -77,12 +84,8 @@ class AttentionOptions:
         None, flag="--min-past", type=non_negative_int,
         help="counterfactual steps with at least this many past turns (default per policy, as 'attnprobe "
              "counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
-    shares_min_past: int | None = option(
-        None, flag="--shares-min-past", type=non_negative_int, metavar="N",
-        help="the share tables use calls with at least N past turns in the agent's run (default 5: seed 002 E.5, "
-             "'using only reasoning steps with at least five past turns'; fewer when the study's turn limit allows "
-             "fewer: 4 for ircot's --max-turns 4); first calls and, at the reasoning start, tool-call-only replies are "
-             "always left out (0 keeps first calls); the per-step table shows every step")
+    shares_min_past: int | None = option(None, flag="--shares-min-past", type=non_negative_int, metavar="N",
+                                         help=SHARES_MIN_PAST_HELP)
     force: bool = False
     n_boot: int = same_as(InterferenceOptions, "n_boot")
     only: list[str] | None = option(None, flag="--only-setting", action="append", metavar="SETTING",
