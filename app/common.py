@@ -12,6 +12,7 @@ from typing import Any
 import streamlit as st
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.results.layout import CaptureLayout
 from attnprobe.studies.loop.layout import StudyLayout
 from attnprobe_app import data as D
 from attnprobe_app import shaping as SH
@@ -59,7 +60,7 @@ def _capture(root: str, rel: str, mtime: float):
 
 
 def capture(root: Path, rel: str):
-    return _capture(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"))
+    return _capture(str(root), rel, _mtime(CaptureLayout.meta(D.resolve_inside(root, rel))))
 
 
 @st.cache_resource(max_entries=16)
@@ -69,7 +70,7 @@ def _capture_views(root: str, rel: str, mtime: float) -> dict[str, Any]:
 
 
 def capture_views(root: Path, rel: str) -> dict[str, Any]:
-    return _capture_views(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"))
+    return _capture_views(str(root), rel, _mtime(CaptureLayout.meta(D.resolve_inside(root, rel))))
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
@@ -80,7 +81,7 @@ def _heatmap(root: str, rel: str, mtime: float, layer, head):
 
 
 def heatmap(root: Path, rel: str, layer=None, head=None):
-    return _heatmap(str(root), rel, _mtime(D.resolve_inside(root, rel) / "meta.json"), layer, head)
+    return _heatmap(str(root), rel, _mtime(CaptureLayout.meta(D.resolve_inside(root, rel))), layer, head)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Loading IBIS results…")

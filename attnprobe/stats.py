@@ -51,6 +51,8 @@ def _rng_kw(function: str) -> str:
     """scipy >= 1.15 takes ``rng``; older releases take the same Generator as ``random_state``."""
     return "rng" if "rng" in inspect.signature(getattr(stats, function)).parameters else "random_state"
 
+# Bootstrap resamples of the studies' confidence intervals (their --bootstrap; IBIS's report takes 10000)
+STUDY_RESAMPLES = 2000
 _BATCH_ELEMENTS = 1 << 24  # resampled values held at once by bootstrap_mean_ci (128 MiB of float64)
 
 

@@ -184,12 +184,18 @@ _LOCK = threading.RLock()
 
 
 def register(name: str, target: str) -> None:
-    """Register a backend class by import path, ``"package.module:ClassName"`` (imported on first use)."""
+    """Register a backend class by import path, ``"package.module:ClassName"`` (imported on first use).
+    Registering a name again with the same target does nothing; with another target it is refused, so that
+    one plugin cannot silently replace a backend another part of the program already relies on."""
     if ":" not in target:
         raise ValueError(f"backend target must look like 'package.module:ClassName', got {target!r}")
     with _LOCK:
+        if name in _REGISTRY:
+            if _REGISTRY[name] == target:
+                return
+            raise ValueError(f"backend {name!r} is already registered as {_REGISTRY[name]!r}; "
+                             f"refusing to replace it with {target!r}")
         _REGISTRY[name] = target
-        _INSTANCES.pop(name, None)
 
 
 def backend_names() -> list[str]:

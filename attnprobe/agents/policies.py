@@ -222,7 +222,7 @@ def parse_policy(spec: str) -> Policy:
     observation refined with its own query to its N best sentences, default 3) | ``refine:openai:BASE_URL:MODEL``
     (an OpenAI-compatible refiner) | ``refine-latest:...`` (the same, latest observations only).
     The spec is checked and normalised first (:func:`attnprobe.agents.policy_specs.canonical_policy`: one
-    spelling per policy); a bad spec raises ValueError naming the ``--policy`` value."""
+    spelling per policy); a bad spec raises :class:`~attnprobe.agents.policy_specs.PolicySpecError` naming the value."""
     from attnprobe.agents.refiners import bm25_refiner, openai_refiner
 
     spec = canonical_policy(spec)

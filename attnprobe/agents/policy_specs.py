@@ -21,6 +21,10 @@ IRCOT_VARIANTS = ("o", "oq", "oqp")
 POLICY_SPECS = ("mask:K", "mask-obs:K", "ircot:o|oq|oqp", "refine:bm25[:N]", "refine:openai:BASE_URL:MODEL",
                 "refine-latest:bm25[:N]", "refine-latest:openai:BASE_URL:MODEL")
 DEFAULT_BM25_KEEP = 3
+# seed 002's masking window: the paper's K = 5 (§3.2), the release's 4 (its run_agent.sh; docs/methods.md, "Masking
+# window"). The default policy of `counterfactual`, `study masking` and seed002's settings is the paper's.
+PAPER_MASK_WINDOW = 5
+DEFAULT_MASK_POLICY = f"mask:{PAPER_MASK_WINDOW}"
 _INT = re.compile(r"-?[0-9]{1,9}")  # ASCII digits only: str.isdigit / int() also take '٣' and ' 2'
 _PRINTABLE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space
 
@@ -32,11 +36,24 @@ def _show(spec: str) -> str:
     return r if len(r) <= 80 else r[:77] + "..."
 
 
-def _fail(spec: str, what: str) -> ValueError:
-    return ValueError(f"--policy {_show(spec)}: {what}")
+class PolicySpecError(ValueError):
+    """A refused policy or setting spec: ``policy 'mask:x': K must be an integer, ...``. The agents layer
+    knows no command line; a CLI names its own option with :meth:`for_option` (``--policy``, ``--context-policy``)."""
+
+    def __init__(self, shown: str, what: str, *, sep: str = ": "):
+        self.shown, self.what, self.sep = shown, what, sep
+        super().__init__(self.for_option("policy"))
+
+    def for_option(self, option: str) -> str:
+        """The same line naming ``option`` as the place the spec came from."""
+        return f"{option} {self.shown}{self.sep}{self.what}"
 
 
-def _int(fail: Callable[[str], ValueError], value: str, what: str, example: str, least: int) -> int:
+def _fail(spec: str, what: str) -> PolicySpecError:
+    return PolicySpecError(_show(spec), what)
+
+
+def _int(fail: Callable[[str], PolicySpecError], value: str, what: str, example: str, least: int) -> int:
     if not _INT.fullmatch(value):
         raise fail(f"{what} must be an integer, e.g. {example}")
     n = int(value)
@@ -117,6 +134,6 @@ def canonical_settings(specs: Iterable[str]) -> list[str]:
     for s in specs:
         c = canonical_setting(s)
         if c in out:
-            raise ValueError(f"--policy {_show(s)} is the same setting as {_show(out[c])} ({c}); give it once")
+            raise PolicySpecError(_show(s), f"is the same setting as {_show(out[c])} ({c}); give it once", sep=" ")
         out[c] = s
     return list(out)

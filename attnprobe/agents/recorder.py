@@ -37,6 +37,33 @@ def call_note(label: str, output_tokens: int, seconds: float) -> str:
     return f"{label}: {output_tokens} tok in {seconds:.1f} s, {rate}"
 
 
+
+def call_record(call_id: str, task: str, model: str | None, messages: list[dict], reply: ChatReply, meta: dict, *,
+                tools: list[dict] | None = None, actions: ActionFormat | None = None, after_usage: dict | None = None,
+                extra: dict | None = None) -> dict:
+    """One recorded model call, the form every agent here writes (the runner's ``Recorder`` and the loop
+    study's scaffolds): a trajectory of framing ``trace`` whose ``messages`` are what was sent plus the reply,
+    ``meta`` the caller's fields (who called, in which run) followed by the call's ``usage``, ``finish_reason``
+    and ``raw_text``. With ``actions`` (structured decoding), ``meta.structured_actions`` is the grammar's
+    scaffold name (``ircot``, ``seed002``, ``nis-manager``, ...; calls recorded by the loop study before issue 39
+    hold ``true``, read as they are: nothing decides on the value) and ``meta.follows_grammar`` whether the raw
+    reply parses as an action of it.
+
+    ``after_usage`` (meta fields right after ``usage``: the loop's ``context_chars``) and ``extra`` (after
+    ``raw_text``: the runner's ``parsed_tool_calls``, ...) keep each writer's key order, so files written before
+    and after this builder are the same byte for byte (the loop adds its ``tools`` last itself, for the same reason)."""
+    record: dict[str, Any] = {"id": call_id, "task": task, "model": model, "framing": "trace"}
+    if tools is not None:
+        record["tools"] = tools
+    record.update({"messages": messages, "labels": {}, "meta": {
+        **meta, "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        **(after_usage or {}), "finish_reason": reply.finish_reason, "raw_text": reply.raw_text, **(extra or {})}})
+    if actions is not None:
+        record["meta"]["structured_actions"] = actions.scaffold
+        record["meta"]["follows_grammar"] = follows_grammar(actions, reply.raw_text or reply.content or "")
+    return record
+
+
 class Recorder:
     """Makes model calls for one run and writes each as a trajectory line."""
 
@@ -104,35 +131,26 @@ class Recorder:
                 reply = self.chat.complete_batch([ChatRequest(
                     copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
                     max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, actions=actions)])[0]
-                extra_meta = {**(extra_meta or {}), "structured_actions": actions.scaffold,
-                              "follows_grammar": follows_grammar(actions, reply.raw_text or reply.content or "")}
             if self.note is not None:  # per call, with its speed: a long wait is visibly generating
                 self.note(call_note(label, reply.output_tokens, time.perf_counter() - t0))
-            self._write(call_id, agent, messages, tools, reply, extra_meta or {})
+            self._write(call_id, agent, messages, tools, reply, extra_meta or {}, actions)
         u = self.usage[agent]
         u["calls"] += 1
         u["input_tokens"] += reply.input_tokens
         u["output_tokens"] += reply.output_tokens
         return reply
 
-    def _write(self, call_id, agent, messages, tools, reply: ChatReply, extra_meta: dict) -> None:
+    def _write(self, call_id, agent, messages, tools, reply: ChatReply, extra_meta: dict,
+               actions: ActionFormat | None) -> None:
         msg: dict[str, Any] = reply.as_message()
         empty = not (msg.get("content") or "").strip() and not msg.get("tool_calls")
         if empty:  # the format needs some content; the raw reply stays in meta.raw_text
             msg["content"] = "(empty reply)"
-        record = {
-            "id": call_id, "task": self.task, "model": self.model_name, "framing": "trace",
-            "tools": tools, "messages": copy.deepcopy(messages) + [msg], "labels": {},
-            "meta": {"runner": "nis-agent", "run_id": self.run_id, "agent": agent, "call_index": self.call_index,
-                     "settings": self.settings,
-                     "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
-                     "finish_reason": reply.finish_reason, "raw_text": reply.raw_text,
-                     "parsed_tool_calls": len(reply.tool_calls), **({"empty_reply": True} if empty else {}),
-                     **extra_meta},
-        }
-        if tools is None:
-            record.pop("tools")
-        append_jsonl(self.path, record)
+        meta = {"runner": "nis-agent", "run_id": self.run_id, "agent": agent, "call_index": self.call_index,
+                "settings": self.settings}
+        extra = {"parsed_tool_calls": len(reply.tool_calls), **({"empty_reply": True} if empty else {}), **extra_meta}
+        append_jsonl(self.path, call_record(call_id, self.task, self.model_name, copy.deepcopy(messages) + [msg], reply,
+                                            meta, tools=tools, actions=actions, extra=extra))
 
     def count_tokens(self, text: str) -> int | None:
         """Tokens of ``text`` under the model's tokenizer (None for backends without one, e.g. a server)."""

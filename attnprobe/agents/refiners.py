@@ -20,6 +20,8 @@ REFINE_PROMPT = ("Keep only the information in the documents below that helps an
                  "Search query: {query}\n\nDocuments:\n{document}")
 
 
+REFINER_MAX_NEW_TOKENS = 512  # a chat refiner's reply limit (ours; seed 004 gives none)
+
 def split_sentences(text: str) -> list[str]:
     """Lines, then sentences inside a line (numbered result lists keep one result per line)."""
     return [s.strip() for s in _SENTENCE.split(text) if s and s.strip()]
@@ -52,7 +54,7 @@ def bm25_refiner(keep: int = 3) -> Refiner:
     return refine
 
 
-def chat_refiner(chat, *, prompt: str = REFINE_PROMPT, max_tokens: int = 512) -> Refiner:
+def chat_refiner(chat, *, prompt: str = REFINE_PROMPT, max_tokens: int = REFINER_MAX_NEW_TOKENS) -> Refiner:
     """A refiner that asks any chat backend (``complete(messages)``) to filter the document."""
 
     def refine(query: str, document: str) -> str:

@@ -382,6 +382,19 @@ CORPUS_HELP = ("bm25: the JSONL corpus (default: trajectories/corpus/docs.jsonl;
                "not its path: a changed corpus reruns, a moved one does not); retriever: the retrieval server's URL")
 
 
+_SEARCH: dict[tuple, SearchBackend] = {}  # one search index per process (Ray replicas build their own)
+
+
+def shared_search(kind: str = "bm25", corpus: str | Path | None = None) -> SearchBackend:
+    """:func:`make_search`, built once per process for each (kind, corpus) and kept: a BM25 index is built
+    once for every job of a study or run that this process (or Ray replica) runs. A bm25 corpus changed in
+    place is another key (its :func:`corpus_identity`), so it is indexed again."""
+    key = (kind, corpus, corpus_identity(corpus) if kind == "bm25" else None)
+    if key not in _SEARCH:
+        _SEARCH[key] = make_search(kind, corpus)
+    return _SEARCH[key]
+
+
 def make_search(kind: str = "bm25", corpus: str | Path | None = None) -> SearchBackend:
     """The search backend ``kind`` (:data:`SEARCH_KINDS`); ``corpus`` says where its passages come from: the
     JSONL file for bm25, the server's URL for retriever."""

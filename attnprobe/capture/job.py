@@ -16,15 +16,18 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from attnprobe.capture.api import capture_many, weights_hash
+from attnprobe.capture.models import ModelSpec
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.job import JobBase, WorkItem, written_since
-from attnprobe.io import load_json, recover_atomic_dirs, safe_name, safetensors_problem
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, run_study
+from attnprobe.io import load_json, recover_atomic_dirs, safetensors_problem
 from attnprobe.io.options import option, parse_int_list, parse_layers, parse_queries, positive_int
+from attnprobe.results.layout import CaptureLayout
 from attnprobe.results.result import META_FILE, QK_FILE, SCORES_FILE
 from attnprobe.trajectory.schema import Trajectory
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
@@ -136,7 +139,7 @@ class CaptureJob(JobBase):
             "save_qk_layers": list(o.save_qk_layers or []), "max_tokens": o.max_tokens, "truncate": o.truncate}))
 
     def folder(self, trajectory: Trajectory) -> Path:
-        return self.out / safe_name(trajectory.id)
+        return CaptureLayout(self.out).folder(trajectory.id)
 
     def items(self) -> list[WorkItem]:
         cap = self.options.max_tokens if self.options.truncate else None
@@ -221,33 +224,55 @@ class CaptureJob(JobBase):
         return recover_atomic_dirs(self.out) if self.out.is_dir() else []
 
 
+@dataclass(frozen=True)
+class CaptureFilesOptions:
+    """What ``attnprobe capture`` takes: the trajectory ``files``, the folder ``out``, the capture options,
+    the :class:`~attnprobe.capture.models.ModelSpec` of the resume check, ``force`` (redo finished
+    captures) and ``progress`` (per-chunk bars)."""
+
+    files: Sequence[Path]
+    out: Path
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    force: bool = False
+    progress: bool = True
+
+
+class CaptureStudy(StudyBase):
+    """``attnprobe capture`` as a :class:`~attnprobe.execution.study.Study`: every trajectory of the files
+    into ``out/<safe id>/`` (resumable). The plan reads and validates every file (ids unique across files)
+    before any model loads; finished captures made with other settings or weights are refused unless
+    ``force`` (the driver asks for them under the lock), so variants never mix in one folder."""
+
+    name = "capture"
+    Options, Layout = CaptureFilesOptions, CaptureLayout
+
+    def plan(self, options: CaptureFilesOptions, layout: CaptureLayout) -> Plan:
+        from attnprobe.trajectory.schema import load_files
+
+        trajs = load_files(options.files)  # validate everything before the slow part
+        m = options.model
+        job = CaptureJob(layout.root, trajs, options.capture, model=m.spec, backend=m.backend, dtype=m.dtype,
+                         force=options.force, progress=options.progress)
+        # A missing model is exit code 3 for the whole command, not a per-trajectory failure (not in the
+        # job's catch); it loads only if something is left to do.
+        return Plan([[job]], conflicts=None if options.force else job.conflicts, results="captures made", data=len(trajs))
+
+    def finish(self, options: CaptureFilesOptions, layout: CaptureLayout, counts: Counts) -> Outcome:
+        c, out = counts.total, layout.root
+        if c.done_before:
+            log.info("resuming: %d of %d trajectories already captured in %s", c.done_before, counts.plan.data, out)
+        log.info("captured %d trajectories into %s%s", c.done, out,
+                 f"; {c.failed} failed (see {layout.errors})" if c.failed else "")
+        return Outcome(exit_code=c.exit_code)
+
+
+CAPTURE = CaptureStudy()
+
+
 def capture_files(files: Sequence[Path], out: Path, options: CaptureOptions, model, open_executor, *,
                   force: bool = False, progress: bool = True) -> dict[str, int]:
-    """Capture every trajectory of ``files`` into ``out/<safe id>/`` (resumable): the one body of
-    ``attnprobe capture`` and of the studies that capture. ``model``: the
-    :class:`~attnprobe.capture.models.ModelSpec` of the resume check; ``open_executor()``: the executor's
-    context manager, entered only after the inputs are read, ``out`` is locked and cleaned and no
-    finished capture conflicts (a mismatch is refused unless ``force``). The executor's counts."""
-    from attnprobe.io import ensure_writable_dir, hold_dir_lock
-    from attnprobe.trajectory.schema import load_files
-
-    trajs = load_files(files)  # validate everything before the slow part
-    ensure_writable_dir(out)
-    with hold_dir_lock(out):  # one run per output folder: a second is refused, naming the first's PID
-        recover_atomic_dirs(out)
-        job = CaptureJob(out, trajs, options, model=model.spec, backend=model.backend, dtype=model.dtype,
-                         force=force, progress=progress)
-        conflicts = [] if force else job.conflicts()
-        if conflicts:
-            more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-            raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                                 "use --force to redo or another --out")
-        # The model loads only if something is left to do; a missing model is exit code 3 for the whole
-        # command, not a per-trajectory failure (it is not in the job's catch).
-        with open_executor() as ex:
-            counts = ex.run(job)
-    if counts["done_before"]:
-        log.info("resuming: %d of %d trajectories already captured in %s", counts["done_before"], len(trajs), out)
-    log.info("captured %d trajectories into %s%s", counts["done"], out,
-             f"; {counts['failed']} failed (see {out / 'errors.jsonl'})" if counts["failed"] else "")
-    return counts
+    """:data:`CAPTURE` run by the one driver (:func:`attnprobe.execution.study.run_study`), for the studies
+    that capture a folder as one of their parts: the executor's counts."""
+    opts = CaptureFilesOptions(files, out, options, model, force=force, progress=progress)
+    return dict(run_study(CAPTURE, opts, open_executor).counts.total.__dict__)

@@ -10,9 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from attnprobe.cli.options import port_number
+from attnprobe.cli.options import add_options, option, port_number
 from attnprobe.errors import AttnprobeError
 
 ENV_DATA = "ATTNPROBE_APP_DATA"
@@ -102,6 +103,19 @@ def run_child(cmd: list[str], env: dict, *, grace: float = 15.0) -> int:
     return 130 if signal.SIGINT in received else rc
 
 
+@dataclass(frozen=True)
+class AppOptions:
+    """The options of ``attnprobe app``, declared once."""
+
+    data: Path = option(flag="--data", required=True, type=Path, help="data directory to explore (read only inside it)")
+    port: int = option(8501, flag="--port", type=port_number, help="port (default {default})")
+    host: str = option("127.0.0.1", flag="--host", help="address to listen on (default {default}: this machine only)")
+    open_browser: bool = option(False, flag="--open-browser", action="store_true",
+                                help="open a browser tab (default: headless server)")
+    print_command: bool = option(False, flag="--print-command", action="store_true",
+                                 help="print the streamlit command instead of running it")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "app", help="browse captures, decay curves, IBIS framings, model comparisons, counterfactuals and studies "
@@ -110,9 +124,5 @@ def register(subparsers) -> None:
                     "'counterfactual', 'ibis', 'compare' and 'study interference' / 'study attention' (found "
                     "recursively), on six pages: Trajectory, Decay, Framings, Models, Counterfactual and Study. "
                     "It reads only inside that directory and needs no model.")
-    p.add_argument("--data", required=True, type=Path, help="data directory to explore (read only inside it)")
-    p.add_argument("--port", type=port_number, default=8501, help="port (default 8501)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--open-browser", action="store_true", help="open a browser tab (default: headless server)")
-    p.add_argument("--print-command", action="store_true", help="print the streamlit command instead of running it")
+    add_options(p, AppOptions)
     p.set_defaults(func=cmd_app)

@@ -6,12 +6,13 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    TrajectoryFiles,
     add_capture_options,
     add_cluster_options,
     add_model_options,
+    add_options,
     add_output_options,
     capture_options,
-    executor,
     model_options,
 )
 
@@ -24,14 +25,14 @@ def run_capture_files(args, files: list[Path], out: Path) -> int:
     Before any model is loaded: all inputs are validated (ids unique across files), the output
     folder is proven writable and cleaned of work folders an interrupted run left, and every
     existing result is checked against this run's settings and weights (a mismatch is refused
-    unless --force, so variants are never mixed in one folder): :func:`attnprobe.capture.job.capture_files`.
+    unless --force, so variants are never mixed in one folder): :class:`attnprobe.capture.job.CaptureStudy`.
     """
-    from attnprobe.capture.job import capture_files
-    from attnprobe.execution.counts import RunCounts
+    from attnprobe.capture.job import CAPTURE, CaptureFilesOptions
+    from attnprobe.cli.adapter import run_command
 
-    counts = capture_files(files, out, capture_options(args), model_options(args), lambda: executor(args),
-                           force=args.force, progress=not args.no_progress)
-    return RunCounts.of(counts).exit_code
+    options = CaptureFilesOptions(files, out, capture_options(args), model_options(args), force=args.force,
+                                  progress=not args.no_progress)
+    return run_command(CAPTURE, options, args)
 
 
 def cmd_capture(args) -> int:
@@ -57,7 +58,7 @@ def register(sub) -> None:
                                    "with capture hooks, and save exact attention by segment, turn and role into "
                                    "OUT/<trajectory id>/. Finished trajectories are skipped on rerun (resume; "
                                    "--force redoes them); failures go to OUT/errors.jsonl and give exit code 1.")
-    p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_options(p, TrajectoryFiles)
     add_model_options(p, backends=True)
     add_capture_options(p)
     add_cluster_options(p)

@@ -6,48 +6,30 @@ import logging
 from pathlib import Path
 
 from attnprobe.cli.options import (
+    TrajectoryFiles,
     add_capture_options,
     add_cluster_options,
     add_hidden_alias,
     add_model_options,
     add_options,
     add_output_options,
-    executor,
     from_args,
-    non_negative_int,
-    parse_int_list,
     positive_int,
 )
 
 log = logging.getLogger(__name__)
 
-POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking as its released scaffold does "
-               "it: successful results older than the K-th most recent turn with a non-error call become "
-               "'[Auto-archived browser result] tool=... | args: ...'), mask-obs:K (keep the K most recent "
-               "observations), ircot:o | ircot:oq "
-               "| ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (seed 004 section 3.3: every round's "
-               "observation refined with its own query, keep N sentences), refine-latest:bm25[:N] (the latest "
-               "observation only), refine:openai:BASE_URL:MODEL; errors are never masked")
-
-
 def add_counterfactual_options(p) -> None:
     """Policies, steps and capture options of a counterfactual run (also used by ``study masking``);
     the run's own options are :class:`~attnprobe.counterfactual.run.RunOptions` fields."""
+    from attnprobe.counterfactual.job import StepChoice
     from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.counterfactual.study import CounterfactualOptions
 
     g = p.add_argument_group("counterfactual")
-    g.add_argument("--policy", action="append", dest="policies", metavar="POLICY", help=POLICY_HELP)
-    g.add_argument("--min-past", type=non_negative_int, default=None,
-                   help="steps with at least this many past turns (default: the first step at which the policy can "
-                        "act: K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when "
-                        "policies are mixed)")
-    g.add_argument("--turns", type=parse_int_list, default=None, help="only these step turns, e.g. '5-8,12'")
-    g.add_argument("--max-steps", type=positive_int, default=None, help="at most this many steps per trajectory")
-    g.add_argument("--include-actions", action="store_true", help="also tool-call-only steps (no reasoning text)")
+    add_options(g, StepChoice, ("policies", "min_past", "turns", "max_steps", "include_actions"))
     add_options(g, RunOptions, ("actions", "max_new_tokens", "logprob"))
-    g.add_argument("--trajectories-per-call", dest="batch_size", type=positive_int, default=1, metavar="N",
-                   help="trajectories per backend call; the steps of one trajectory always share one call, which "
-                        "prefills their common prefixes once (vLLM batches all their contexts in one generate)")
+    add_options(g, CounterfactualOptions, ("batch_size",))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--trajectories-per-call", type=positive_int)
     add_capture_options(p, only=("layers", "rendering", "max_tokens", "share_prefixes"))
 
@@ -67,29 +49,30 @@ def model_record(args) -> dict:
 
 def step_choice(args):
     """The policy and step options (:class:`~attnprobe.counterfactual.job.StepChoice`)."""
+    from attnprobe.agents.policy_specs import DEFAULT_MASK_POLICY
     from attnprobe.counterfactual.job import StepChoice
 
-    return StepChoice(tuple(args.policies or ["mask:5"]), args.min_past, args.include_actions, args.turns,
+    return StepChoice(tuple(args.policies or [DEFAULT_MASK_POLICY]), args.min_past, args.include_actions, args.turns,
                       args.max_steps)
 
 
-def execute(args, files: list[Path], out: Path) -> tuple[int, dict]:
-    """Plan, run resumably on the executor the options choose (the stage writes OUT/summary.json and
-    OUT/summary.md); (exit code, summary)."""
-    from attnprobe.counterfactual.job import run_files
-    from attnprobe.execution.counts import RunCounts
+def counterfactual_options(args, files: list[Path], out: Path):
+    """The stage's options record (:class:`~attnprobe.counterfactual.study.CounterfactualOptions`)."""
+    from attnprobe.counterfactual.study import CounterfactualOptions
 
-    report = run_files(files, out, step_choice(args), run_options(args), lambda: executor(args),
-                       batch_size=args.batch_size, force=args.force, model=model_record(args))
-    if not getattr(args, "quiet", False):
-        print(report["markdown"]["decision"])
-    return RunCounts.of(report["counts"]).exit_code, report["summary"]
+    return CounterfactualOptions(out, files, choice=step_choice(args), run=run_options(args),
+                                 batch_size=args.batch_size, force=args.force, model=model_record(args),
+                                 table=not getattr(args, "quiet", False))
 
 
 def cmd_counterfactual(args) -> int:
-    out = Path(args.out)
-    code, _ = execute(args, [Path(p) for p in args.trajectories], out)
-    return code
+    """Plan, run resumably on the executor the options choose; the stage writes OUT/summary.json and
+    OUT/summary.md and the decision table goes to stdout."""
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.counterfactual.study import COUNTERFACTUAL
+
+    return run_command(COUNTERFACTUAL, counterfactual_options(args, [Path(p) for p in args.trajectories],
+                                                              Path(args.out)), args)
 
 
 def register(sub) -> None:
@@ -101,7 +84,7 @@ def register(sub) -> None:
                     "goes, tokens saved and (--actions) whether the next action changes. One folder per "
                     "(trajectory, policy, step) under OUT; finished steps are skipped on rerun (resume). "
                     "Writes OUT/summary.json and OUT/summary.md.")
-    p.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_options(p, TrajectoryFiles)
     add_model_options(p, backends=True)
     add_counterfactual_options(p)
     add_cluster_options(p)

@@ -16,58 +16,30 @@ from attnprobe.cli.options import (
     add_generation_options,
     add_hidden_alias,
     add_model_options,
+    add_options,
     add_output_options,
-    cluster_free,
-    non_negative_int,
     positive_int,
 )
-from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
-from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
-from attnprobe.studies.ibis.layout import COMPARE_HTML, REPORT_HTML, CompareLayout, ModelFolderLayout
-from attnprobe.studies.ibis.pipeline import DEFAULT_ITEMS_NAME, DEFAULT_RESULTS
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS
+from attnprobe.studies.ibis.layout import CompareLayout, ModelFolderLayout
+from attnprobe.studies.ibis.pipeline import PROTOCOL_HELP, IbisOptions
 
 
 def _add_items(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("items")
-    g.add_argument("--items", type=Path, default=None,
-                   help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
-    g.add_argument("--limit", type=positive_int, default=None, help="use only the first N items")
-    g.add_argument("--ids", nargs="+", default=None, help="use only these item ids")
-    g.add_argument("--framings", nargs="+", default=list(FRAMINGS), choices=FRAMINGS,
-                   help="framings to run (default: all of them)")
-    _add_protocol(g)
-
-
-def _add_protocol(g, extra: str = "") -> None:
-    g.add_argument("--protocol", choices=PROTOCOLS, default="paper",
-                   help="paper (default): seed 001 appendix E's layouts, the query never shown to the observer; "
-                        "matched: the observer and direct framings also show the query, for attention to the same "
-                        "query tokens (docs/methods.md). A model folder holds one protocol." + extra)
-    g.add_argument("--reminder", choices=REMINDERS, default=None,
-                   help="listing: each framing's reminder exactly as seed 001 appendix E prints it (the paper "
-                        "protocol's default); identical: one reminder in every framing, as the appendix prose "
-                        "says (the matched protocol's default). Recorded in run.json and the report")
+    add_options(g, IbisOptions, ("items", "limit", "ids", "framings", "protocol", "reminder"))
 
 
 def _add_output(p: argparse.ArgumentParser, *, force_help: str | None = None, progress: bool = True):
     g = add_output_options(p, out=False, force=force_help is not None, force_help=force_help or "",
                            progress=progress)
-    g.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                   help="results root; each model gets <results>/<model name>/ (default: results/ibis)")
-    g.add_argument("--folder", type=Path, default=None,
-                   help="the model folder itself (overrides --results and the name derived from the model)")
+    add_options(g, IbisOptions, ("results", "folder"))
     return g
 
 
 def _add_generation(p):
     g = add_generation_options(p, max_new_tokens=DEFAULT_MAX_NEW_TOKENS, backend_alias=True)
-    g.add_argument("--no-call-tokens", type=non_negative_int, default=DEFAULT_NO_CALL_TOKENS,
-                   help=f"in process: stop a reply after this many tokens without a tool call opening (default "
-                        f"{DEFAULT_NO_CALL_TOKENS}; 0 = never), so one reply never holds its batch for the whole "
-                        "token limit; recorded and compared on resume")
-    g.add_argument(
-        "--prompts-per-batch", dest="batch_size", type=positive_int, default=12, metavar="N",
-        help="prompts generated together (transformers; left-padded batch, same greedy output; default 12)")
+    add_options(g, IbisOptions, ("no_call_tokens", "batch_size"))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--prompts-per-batch", type=positive_int)
 
 
@@ -76,16 +48,9 @@ def _add_capture(p):
 
 
 def _add_report(p):
-    g = p.add_argument_group("report")
-    g.add_argument("--bootstrap", type=positive_int, default=10000, help="bootstrap resamples for CIs (default 10000)")
-    g.add_argument("--seed", type=non_negative_int, default=0, help="random seed of the bootstrap and permutations")
-    g.add_argument("--permutations", type=non_negative_int, default=200, help="query-group permutations for the flip-AUC p-values (fold-mean AUC)")
-    add_plotlyjs_option(g, REPORT_HTML)
+    from attnprobe.studies.ibis.options import ReportOptions
 
-
-def add_plotlyjs_option(g, page: str) -> None:
-    g.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
-                   help=f"embed plotly.js in {page} (works offline; default) or load it from the CDN")
+    add_options(p.add_argument_group("report"), ReportOptions)
 
 
 def register(subparsers) -> None:
@@ -139,7 +104,8 @@ def register(subparsers) -> None:
                     "report. The folder is --folder, or <--results>/<bundled model name> by default.")
     _add_report(p_rep)
     _add_output(p_rep, progress=False)
-    _add_protocol(p_rep, " Here: whose default folder to report (ignored with --folder).")
+    add_options(p_rep, IbisOptions, ("protocol", "reminder"), helps={
+        "protocol": PROTOCOL_HELP + " Here: whose default folder to report (ignored with --folder)."})
     p_rep.set_defaults(func=cmd_report)
     p_check = sub.add_parser(
         "check", help="validate an items file and the framing invariants for a model's template",
@@ -155,10 +121,12 @@ def register(subparsers) -> None:
         "compare", help="behavioural and attentional IBIS gaps side by side across model folders",
         description="Reads metrics.json from every model folder given (or every model folder inside a results "
                     "root) and writes compare.md, compare.json and compare.html (plotly).")
-    cmp_.add_argument("folders", nargs="+", type=Path, help="model folders or results roots")
+    from attnprobe.studies.ibis.options import CompareOptions
+
+    add_options(cmp_, CompareOptions, ("folders",))
     g = add_output_options(cmp_, out_type=Path, out_default=Path("results") / "ibis_compare",
                            out_help="output folder (default results/ibis_compare)", force=False, progress=False)
-    add_plotlyjs_option(g, COMPARE_HTML)
+    add_options(g, CompareOptions, ("plotlyjs",))
     cmp_.set_defaults(func=cmd_compare)
 
 
@@ -180,48 +148,28 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def _generation_executor(args):
-    """Where generation runs: the executor of the model options (this process or Ray replicas), or an
-    endpoint's client here (--generator openai; ``ibis all`` then still captures on the cluster)."""
-    from attnprobe.cli.options import executor, make_generator
+def _run(args, stages: tuple[str, ...], **executor) -> int:
+    """The IBIS study (:data:`~attnprobe.studies.ibis.study.IBIS`) with these stages through the one driver."""
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.ibis.study import IBIS, IbisRun
 
-    def load():
-        return make_generator(args, timeout=600.0)
+    report = None
+    if stages == ("run", "capture"):
+        from attnprobe.io.options import from_args
+        from attnprobe.studies.ibis.options import ReportOptions
 
-    if args.generator == "openai":
-        from attnprobe.execution.local import LocalExecutor
-
-        return LocalExecutor(load, progress=not args.no_progress)
-    return executor(args, load=load)
+        report = from_args(ReportOptions, args)
+    return run_command(IBIS, IbisRun(ibis_options(args), stages, report=report, say=_say), args, **executor)
 
 
-# ------------------------------------------------------------------ commands
 def cmd_run(args) -> int:
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import run_line, select_items, stage_run, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
-    if args.generator == "openai":  # an endpoint already serves many requests: no replicas to run
-        cluster_free(args, "ibis run --generator openai generates through the endpoint, which already serves "
-                           "the generation (drop --ray, or scale the server)")
-    with hold_dir_lock(where.folder, "IBIS model folder"), _generation_executor(args) as ex:
-        done = stage_run(opts, where, items, ex)
-    _say(run_line(done, where))
-    return done.exit_code
+    refuse = ("ibis run --generator openai generates through the endpoint, which already serves the generation "
+              "(drop --ray, or scale the server)")
+    return _run(args, ("run",), generate=True, endpoint_refuses_ray=refuse, timeout=600.0)
 
 
 def cmd_capture(args) -> int:
-    from attnprobe.cli.options import executor
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import capture_line, select_items, stage_capture, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
-    with hold_dir_lock(where.folder, "IBIS model folder"), executor(args) as ex:
-        done = stage_capture(opts, where, items, ex)
-    _say(capture_line(done, where))
-    return done.exit_code
+    return _run(args, ("capture",))
 
 
 def cmd_report(args) -> int:
@@ -238,21 +186,12 @@ def cmd_report(args) -> int:
 
 def cmd_all(args) -> int:
     """Behaviour and capture item group by item group, then aggregate and report
-    (:func:`~attnprobe.studies.ibis.pipeline.run_all`). One executor per stage for the whole command, so
-    a model (or each Ray replica) loads once."""
-    from attnprobe.cli.options import executor
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.ibis.pipeline import run_all, select_items, target
-
-    opts = ibis_options(args)
-    items, where = select_items(opts), target(opts)
-    with hold_dir_lock(where.folder, "IBIS model folder"):
-        if args.generator == "openai":
-            _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
-        with _generation_executor(args) as gen, executor(args) as cap:
-            rc = run_all(opts, where, items, gen, cap, say=_say)
-        cmd_report(args)
-    return rc
+    (:func:`~attnprobe.studies.ibis.pipeline.all_steps`). One executor per need for the whole command (a chat
+    for behaviour, the model for capture: :func:`attnprobe.cli.adapter.open_pair`), so a model (or each Ray
+    replica) loads once."""
+    if args.generator == "openai":
+        _say("ibis all: generating through the endpoint, capturing with the in-process model given by --model")
+    return _run(args, ("run", "capture"), pair=True, timeout=600.0)
 
 
 def cmd_check(args) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import textwrap
 from pathlib import Path
 
@@ -24,9 +23,7 @@ from attnprobe.cli.options import (
     add_model_options,
     add_options,
     add_output_options,
-    cluster_free,
     from_args,
-    non_negative_int,
     positive_int,
 )
 
@@ -60,28 +57,16 @@ def register(studies) -> None:
                                                 "settings side by side (EM, ART, tokens, fixed/broken)",
                            description=textwrap.fill(__doc__.split("\n\n")[1], 100), epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("questions", help="JSONL question set (default fields: question, golden_answers / answer)")
+    from attnprobe.studies.loop.study import InterferenceOptions
+
+    add_options(p, InterferenceOptions, ("questions_file",))
     g = p.add_argument_group("study")
     add_options(g, LoopConfig, ("scaffold", "ircot_form"))
-    g.add_argument("--policy", "--context-policy", dest="policies", action="append", metavar="SETTING",
-                   help="a setting to run; repeat it for more settings, side by side; compose policies within one "
-                        "setting with + (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed "
-                        "settings")
-    g.add_argument("--baseline", default=None, help="the setting the others are compared with (default: the first)")
+    add_options(g, InterferenceOptions, ("settings", "baseline"))
     add_options(g, LoopConfig, ("max_turns", "top_k", "open_lines", "judge", "search", "corpus"))
-    g.add_argument("--limit", type=positive_int, help="only the first N questions")
-    g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
-    g.add_argument("--episodes-per-batch", dest="batch_size", type=positive_int, default=None, metavar="N",
-                   help="episodes (setting x question) in flight, stepped together: one batched model call per "
-                        "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
+    add_options(g, InterferenceOptions, ("limit", "n_boot", "batch_size"))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--episodes-per-batch", type=positive_int)
-    g.add_argument("--capture-in-loop", action="store_true",
-                   help="capture every recorded call's attention from the agent's own forward passes while it "
-                        "generates (the decision in the call's prefill, the reasoning start at the decode step that "
-                        "feeds it; --queries and --layers as 'study attention'), written where 'study attention' "
-                        "writes its captures, which then prefills nothing for them (docs/loop.md, 'Captured in the "
-                        "loop'). In process only (--generator transformers): a served model (--generator openai) "
-                        "returns text, not its attention, so its calls are captured afterwards by 'study attention'")
+    add_options(g, InterferenceOptions, ("capture_in_loop",))
     add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
     add_options(g, LoopConfig, ("preset",))
@@ -103,27 +88,6 @@ def register(studies) -> None:
     p.set_defaults(func=cmd_interference)
     _register_attention(studies)
 
-
-DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
-                    "seed002": ["none", "mask:5"]}
-
-
-def _executor(args):
-    """Generation where the options say: an endpoint's client here (--generator openai; --ray refused), else
-    the model options' executor, which chats with the model in process."""
-    from attnprobe.cli.options import executor, make_generator
-
-    stop = False if args.scaffold == "seed002" else None  # parallel calls: do not stop at the first one
-
-    def load():
-        return make_generator(args, timeout=600.0, stop_at_call=stop)
-
-    if args.generator == "openai":
-        from attnprobe.execution.local import LocalExecutor
-
-        cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
-        return LocalExecutor(load, progress=not args.no_progress)
-    return executor(args, load=load)
 
 
 def model_label(args) -> str:
@@ -162,44 +126,23 @@ def in_loop_options(args):
     return InLoopOptions.of(capture, args.model, getattr(args, "dtype", None) or "float32")
 
 
-def cmd_interference(args) -> int:
-    from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
-    from attnprobe.agents.questions import read_questions
-    from attnprobe.agents.search import make_search
-    from attnprobe.io import hold_dir_lock
+def interference_options(args):
+    """The study's options record (:class:`~attnprobe.studies.loop.study.InterferenceOptions`)."""
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.context import parse_setting
-    from attnprobe.studies.loop.layout import StudyLayout
-    from attnprobe.studies.loop.scoring import Scorer
-    from attnprobe.studies.loop.study import run_study
+    from attnprobe.studies.loop.study import InterferenceOptions
 
-    # one spelling per setting (mask:05 is mask:5), so one folder; exit 2 on a bad one, before anything loads
-    settings = canonical_settings(args.policies or DEFAULT_SETTINGS[args.scaffold])
-    for s in settings:
-        parse_setting(s)
-    if args.baseline:
-        args.baseline = canonical_setting(args.baseline)
-    if args.baseline and args.baseline not in settings:
-        raise ValueError(f"--baseline {args.baseline!r} is not one of the settings ({', '.join(settings)})")
-    Scorer(args.judge)  # a bad --judge fails here
-    questions = read_questions(args.questions)[: args.limit]
     config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
-    if config.stream and args.generator == "openai":  # a chat endpoint takes messages, not token ids
-        raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in process "
-                         "(--generator transformers or vllm); against a served model use --ircot-form chat")
-    make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
-    in_loop = in_loop_options(args)
-    with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
-        counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
-                                  force=args.force, n_boot=args.bootstrap, model=model_label(args),
-                                  batch_size=batch_size(args), in_loop=in_loop)
-    study_md = StudyLayout(Path(args.out)).study_md
-    print(study_md.read_text(encoding="utf-8"))
-    from attnprobe.execution.counts import RunCounts
+    return from_args(InterferenceOptions, args, out=Path(args.out), config=config,
+                     questions_file=Path(args.questions_file), force=args.force, model=model_label(args),
+                     batch_size=batch_size(args), endpoint=args.generator == "openai", in_loop=in_loop_options(args))
 
-    counts = RunCounts.of(counts)
-    print(counts.line("study interference", to=study_md), file=sys.stderr)
-    return counts.exit_code
+
+def cmd_interference(args) -> int:
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.loop.study import INTERFERENCE
+
+    return run_command(INTERFERENCE, interference_options(args), args, generate=True, timeout=600.0,
+                       stop_at_call=False if args.scaffold == "seed002" else None)  # seed002: parallel calls
 
 
 ATTENTION_EPILOG = """\
@@ -241,21 +184,13 @@ def _register_attention(studies) -> None:
                     "weights, else refused: give them with --model); another --model is named with the agent's in "
                     "every output ('capture model X, agent model Y').",
         epilog=ATTENTION_EPILOG.format(**n), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", metavar="OUT", help="the study folder (--out of 'attnprobe study interference')")
+    from attnprobe.studies.loop.attention_study import AttentionOptions
+
+    add_options(p, AttentionOptions, ("out",))
     g = p.add_argument_group("study")
-    g.add_argument("--only-setting", dest="policies", action="append", metavar="SETTING",
-                   help="only this setting of the study (repeatable; default: every setting)")
-    add_hidden_alias(p, "--policy", "policies", new="--only-setting", action="append", metavar="SETTING")
-    g.add_argument("--min-past", type=non_negative_int, default=None,
-                   help="counterfactual steps with at least this many past turns (default per policy, as "
-                        "'attnprobe counterfactual': K+1 for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners)")
-    g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
-                   help="the share tables use calls with at least N past turns in the agent's run (default "
-                        "5: seed 002 E.5, 'using only reasoning steps with at least five past "
-                        "turns'; fewer when the study's turn limit allows fewer: 4 for ircot's --max-turns 4); "
-                        "first calls and, at the reasoning start, tool-call-only replies are always left "
-                        "out (0 keeps first calls); the per-step table shows every step")
-    g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
+    add_options(g, AttentionOptions, ("only",))
+    add_hidden_alias(p, "--policy", "only", new="--only-setting", action="append", metavar="SETTING")
+    add_options(g, AttentionOptions, ("min_past", "shares_min_past", "n_boot"))
     from attnprobe.capture.models import MODEL_HELP
     from attnprobe.model_files import dtype_help
 
@@ -266,41 +201,38 @@ def _register_attention(studies) -> None:
     add_capture_options(p, queries="reasoning+decision")
     add_cluster_options(p)
     add_output_options(p, out=False, force_help="redo finished captures and counterfactual steps")
-    p.set_defaults(func=cmd_attention)
+    p.set_defaults(func=cmd_attention, policy_option="--only-setting")  # how a refused setting is named
+
+
+def attention_options(args):
+    """The attention side's options record (:class:`~attnprobe.studies.loop.attention_study.AttentionOptions`),
+    with the capture model chosen from the study folder (its weights and dtype; another --model is
+    labelled in every output); exit 2 for a folder that is not a study, before any model loads."""
+    from attnprobe.agents.policy_specs import canonical_settings
+    from attnprobe.cli.options import capture_options, model_options
+    from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.io import hold_dir_lock
+    from attnprobe.studies.loop.attention import read_study
+    from attnprobe.studies.loop.attention_study import AttentionOptions
+    from attnprobe.studies.loop.capture_model import choose_capture_model
+
+    out = Path(args.out)
+    if args.only:
+        args.only = canonical_settings(args.only)  # the spelling the study folder uses
+    read_study(out)  # exit 2 for a folder that is not a study, before any model loads
+    with hold_dir_lock(out, "study folder"):  # not while the study itself runs (the run locks it again)
+        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
+    args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
+    if choice.differs:
+        log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
+                    "and every output says so", choice.label)
+    return from_args(AttentionOptions, args, out=out, model=model_options(args), capture=capture_options(args),
+                     counterfactual=from_args(RunOptions, args, progress=not args.no_progress), force=args.force,
+                     models=choice)
 
 
 def cmd_attention(args) -> int:
-    from attnprobe.agents.policy_specs import canonical_settings
-    from attnprobe.cli.options import capture_options, executor, model_options
-    from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import read_study, run_attention
-    from attnprobe.studies.loop.capture_model import choose_capture_model
-    from attnprobe.studies.loop.layout import StudyLayout
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.loop.attention_study import ATTENTION
 
-    out = Path(args.out)
-    if args.policies:
-        try:
-            args.policies = canonical_settings(args.policies)  # the spelling the study folder uses
-        except ValueError as exc:  # the policy parser names --policy, this command's option is --only-setting
-            raise ValueError(str(exc).replace("--policy ", "--only-setting ", 1)) from None
-    read_study(out)  # exit 2 for a folder that is not a study, before any model loads
-    opts = from_args(RunOptions, args, progress=not args.no_progress)  # the capture group's fields
-    with hold_dir_lock(out, "study folder"):  # not while the study itself runs
-        choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line
-        args.model, args.dtype = choice.spec, args.dtype or choice.dtype or "float32"
-        if choice.differs:
-            log.warning("study attention: %s: the attention is another model's reading of the agent's contexts, "
-                        "and every output says so", choice.label)
-        with executor(args) as ex:
-            counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
-                                        counterfactual=opts, min_past=args.min_past,
-                                        shares_min_past=args.shares_min_past, force=args.force,
-                                        n_boot=args.bootstrap, only=args.policies, models=choice)
-    attention_md = StudyLayout(out).attention_md
-    print(attention_md.read_text(encoding="utf-8"))
-    cf_failed = sum(d.get("counterfactual", {}).get("counts", {}).get("failed", 0) for d in doc["settings"].values())
-    print(f"study attention: {counts['done']} calls captured, {counts['done_before']} already done, "
-          f"{counts['failed']} failed; {cf_failed} counterfactual steps failed -> {attention_md}",
-          file=sys.stderr)
-    return 1 if counts["failed"] or cf_failed else 0
+    return run_command(ATTENTION, attention_options(args), args)

@@ -340,8 +340,19 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the boundary: everything else is one line + exit code 2
         log.debug("traceback", exc_info=True)
         hint = "" if verbose or isinstance(exc, (AttnprobeError, OSError, ValueError)) else " (-v shows the traceback)"
-        print(error_line("attnprobe: error: ", describe_error(exc) + hint), file=sys.stderr)
+        print(error_line("attnprobe: error: ", _policy_option(exc, args) or describe_error(exc) + hint),
+              file=sys.stderr)
         return EXIT_INPUT
+
+
+def _policy_option(exc: BaseException, args) -> str | None:
+    """A refused policy spec named by the option it came from: the command's ``policy_option`` (``run``:
+    ``--context-policy``), else ``--policy``; the agents layer that refused it knows no options."""
+    from attnprobe.agents.policy_specs import PolicySpecError
+
+    if not isinstance(exc, PolicySpecError):
+        return None
+    return " ".join(exc.for_option(getattr(args, "policy_option", "--policy")).split())
 
 
 if __name__ == "__main__":

@@ -28,17 +28,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' argparse types)
     CLI,
     MAX_LIST_ITEMS,
+    OnceAction,
     add_deprecated_alias,
     add_options,
     cli_fields,
     from_args,
     non_negative_float,
     non_negative_int,
+    option,
     option_values,
     parse_int_list,
     parse_layers,
@@ -46,8 +48,6 @@ from attnprobe.io.options import (  # noqa: F401  (re-exported: the commands' ar
 )
 
 log = logging.getLogger(__name__)
-
-NO_PROGRESS_HELP = "no progress bars"
 
 
 
@@ -62,18 +62,6 @@ def port_number(text: str) -> int:
     from attnprobe.generation.server.options import port_number as check
 
     return check(text)
-
-
-class OnceAction(argparse.Action):
-    """An option that names one setting: given twice it is refused in one line (a repeated option
-    elsewhere means separate settings, never a composition; compose with ``A+B``)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        old = getattr(namespace, self.dest, None)
-        if old is not None and old != self.default:
-            raise argparse.ArgumentError(self, f"given twice ({old}, {values}): this command runs one setting; "
-                                               f"compose policies with '+', e.g. {option_string} {old}+{values}")
-        setattr(namespace, self.dest, values)
 
 
 # Why two commands default --queries differently (each --help says it): capture measures seed 002's
@@ -182,6 +170,15 @@ def add_output_options(p: argparse.ArgumentParser, *, out: bool = True, out_help
     return g
 
 
+@dataclass(frozen=True)
+class TrajectoryFiles:
+    """The trajectory files a command reads (``capture``, ``counterfactual``, ``study masking``)."""
+
+    trajectories: list[str] = option(flag="trajectories", nargs="+", help="JSONL trajectory files")
+
+NO_PROGRESS_HELP = "no progress bars"
+
+
 def add_hidden_alias(p: argparse.ArgumentParser, option: str, dest: str, *, new: str, **kw) -> None:
     """An old option name kept working without showing up in --help; using it prints one warning line
     naming ``new``, the spelling to use (:func:`attnprobe.io.options.add_deprecated_alias`)."""
@@ -255,21 +252,3 @@ def cluster_options(args):
     cluster = from_args(Cluster, args)
     check_address(cluster.address)
     return cluster
-
-
-def cluster_free(args, reason: str) -> None:
-    """Refuse --ray for a command (or combination) that runs no model replicas; ``reason`` says why."""
-    from attnprobe.distributed.executors import refuse_cluster
-
-    refuse_cluster(cluster_options(args), reason)
-
-
-def executor(args, load=None):
-    """The executor the options ask for (:func:`attnprobe.distributed.open_executor`): Ray replicas of
-    the model options' model with --ray, else this process, loading with ``load`` (default: that
-    model)."""
-    from attnprobe.distributed.executors import open_executor
-
-    model = model_options(args)
-    return open_executor(load or model.load, cluster=cluster_options(args), model=model,
-                         progress=not getattr(args, "no_progress", False))

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 import textwrap
-from pathlib import Path
 
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
-from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
 from attnprobe.cli.options import (
-    OnceAction,
     add_cluster_options,
     add_generation_options,
     add_hidden_alias,
@@ -23,7 +18,7 @@ from attnprobe.cli.options import (
     positive_int,
 )
 from attnprobe.errors import AttnprobeError
-from attnprobe.studies.runner.config import FILTER_MODES, PRESETS, VALIDATION_MODES, RunSettings
+from attnprobe.studies.runner.config import RunCommandOptions, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,47 +51,28 @@ def register(sub) -> None:
                            "isolation-based stepwise validation) over a JSONL of questions. Every model call is "
                            "appended atomically as a trajectory; rerunning continues after a crash.", 100),
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("questions", nargs="?", default=None,
-                   help="JSONL of questions ({id, question, answer, aliases}); default: the 12 shipped questions")
+    add_options(p, RunCommandOptions, ("questions",))
     g = p.add_argument_group("agent")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="nis-agent",
-                   help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
-    g.add_argument("--filter", choices=FILTER_MODES, help="override the preset's filter")
-    g.add_argument("--validation", choices=VALIDATION_MODES, help="override the preset's validation (full = 1+2)")
-    g.add_argument("--name", help="setting name used in run ids and the table (default: the preset, or 'custom' with "
-                                  "overrides, joined with the context policy: baseline_mask-1)")
-    g.add_argument("--search", choices=SEARCH_KINDS, default="bm25", help=SEARCH_HELP)
-    g.add_argument("--corpus", help=CORPUS_HELP)
+    add_options(g, RunCommandOptions, ("preset", "filter", "validation", "name", "search", "corpus"))
     add_options(g, RunSettings, ("manager_steps", "worker_steps", "max_rewrites", "validation_extra_steps",
                                  "max_validation_steps"))
-    g.add_argument("--limit", type=positive_int, help="only the first N questions (N >= 1)")
-    g.add_argument("--context-policy", action=OnceAction, default=None, metavar="SETTING",
-                   help="the context policy applied to what the search worker sees at each step: mask:K "
-                        "(seed 002's released rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, "
-                        "refine:bm25[:N], refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). "
-                        "Given once: a run is one setting (default none: the worker sees its whole history)")
+    add_options(g, RunCommandOptions, ("limit", "context_policy"))
     add_options(g, RunSettings, ("final_check", "structured_actions"))
-    g.add_argument("--questions-per-batch", dest="batch_size", type=positive_int, default=1, metavar="N",
-                   help="questions per executor batch (default 1); each batch's questions still generate one "
-                        "call at a time, the manager/worker nesting does not step questions together "
-                        "(docs/runner.md)")
+    add_options(g, RunCommandOptions, ("batch_size",))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--questions-per-batch", type=positive_int)
     add_model_options(p)
     add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
                            max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
                                                "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
                                                "'study interference' follows its scaffold's seed instead)")
-    add_hidden_alias(p, "--max-tokens", "max_new_tokens", new="--max-new-tokens", type=positive_int)  # old name of --max-new-tokens
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
     p.set_defaults(_served_model_from_model=True)
     add_cluster_options(p)
     g = add_output_options(p, out_required=True, out_help="output JSONL of recorded calls (trajectories)",
                            force_help="start over: delete OUT and its results first (old name: --overwrite)")
-    g.add_argument("--resume", action="store_true",
-                   help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
-                        "replayed)")
+    add_options(g, RunCommandOptions, ("resume",))
     add_hidden_alias(p, "--overwrite", "force", new="--force", action="store_true")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, policy_option="--context-policy")  # how a refused policy spec is named
 
 
 def setting_name(base: str, policy: str | None) -> str:
@@ -123,26 +99,12 @@ def make_chat(args):
     return make_generator(args)
 
 
-def _executor(args):
-    """Where the questions run: Ray replicas of the model with --ray (each wraps its loaded model in the
-    in-process chat), else this process, opening the generator on first need (a run with nothing left
-    loads nothing). An endpoint (--generator openai) serves many requests itself: --ray is refused."""
-    from attnprobe.cli.options import cluster_free, cluster_options, executor
-    from attnprobe.execution.local import LocalExecutor
-
-    if cluster_options(args) is None:  # no model options needed here (they import the capture backend)
-        return LocalExecutor(lambda: make_chat(args), progress=not args.no_progress)
-    if args.generator == "openai":
-        cluster_free(args, "--generator openai generates through the endpoint, which already serves many requests")
-    return executor(args, load=lambda: make_chat(args))
-
-
-def cmd_run(args) -> int:
+def runner_options(args):
+    """The run's options record (:class:`~attnprobe.studies.runner.job.RunnerOptions`); the questions read and
+    the search backend checked (a missing corpus or key fails before the model loads)."""
     from attnprobe.agents.questions import read_questions
-    from attnprobe.agents.search import make_search
-    from attnprobe.cli.options import cluster_options
-    from attnprobe.studies.runner.job import run_questions
-    from attnprobe.studies.runner.run import token_table
+    from attnprobe.agents.search import shared_search
+    from attnprobe.studies.runner.job import RunnerOptions
 
     if args.resume and args.force:
         raise AttnprobeError("--resume and --force exclude each other")
@@ -163,20 +125,17 @@ def cmd_run(args) -> int:
     questions = read_questions(args.questions)
     if args.limit:
         questions = questions[: args.limit]
-    out = Path(args.out)
-    search = make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
-    # run_questions checks the output (writable, not in use, records made with these settings) under its lock
+    # a missing corpus or key fails before the model loads; the job uses this process's index (replicas
+    # build their own), so it is built once
+    shared_search(args.search, args.corpus)
+    return RunnerOptions(questions, settings, args.out, search_kind=args.search, corpus=args.corpus,
+                         force=args.force, batch_size=args.batch_size)
+
+
+def cmd_run(args) -> int:
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.runner.job import RUNNER
+
+    # the study checks the output (writable, not in use, records made with these settings) under its lock
     # before the executor loads a model
-    with _executor(args) as ex:
-        ray = cluster_options(args) is not None
-        result = run_questions(None, questions, settings, out, executor=ex, loaded_model=ray, overwrite=args.force,
-                               batch_size=args.batch_size, search_kind=args.search, corpus=args.corpus,
-                               search=None if ray else search)  # replicas build their own
-    s = result["summary"]
-    print(token_table({settings.name: s}))
-    for c in s.get("caveats") or []:
-        print(f"Caveat: {c}")
-    counts = result["counts"]
-    print(counts.line("run", to=out), file=sys.stderr)
-    print(json.dumps({"out": args.out, "accuracy": s["accuracy"], "runs": s["runs"]}), file=sys.stderr)
-    return counts.exit_code
+    return run_command(RUNNER, runner_options(args), args, generate=True, load=lambda: make_chat(args))

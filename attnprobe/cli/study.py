@@ -11,11 +11,10 @@ observation-masking release with ``attnprobe import --format masking``).
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 from attnprobe.cli.counterfactual import add_counterfactual_options
-from attnprobe.cli.options import add_model_options, add_output_options
+from attnprobe.cli.options import TrajectoryFiles, add_model_options, add_options, add_output_options
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +35,10 @@ def masking_options(args):
 
 
 def cmd_study_masking(args) -> int:
-    from attnprobe.cli.options import executor
-    from attnprobe.studies.masking import MaskingLayout, run_masking_study
+    from attnprobe.cli.adapter import run_command
+    from attnprobe.studies.masking import MASKING
 
-    opts = masking_options(args)
-
-    def tables(report: dict) -> None:
-        if not opts.quiet:
-            print(report["markdown"]["decision"])
-
-    run = run_masking_study(opts, lambda: executor(args), on_counterfactual=tables)
-    print(run.markdown)
-    layout = MaskingLayout(opts.out)
-    print(run.captured.line("study masking: capture", done="captured", to=layout.captures_dir), file=sys.stderr)
-    print(run.counterfactual.line("study masking: counterfactual", done="steps done", to=layout.counterfactual_dir),
-          file=sys.stderr)
-    return run.exit_code
+    return run_command(MASKING, masking_options(args), args)
 
 
 def register(sub) -> None:
@@ -61,7 +48,7 @@ def register(sub) -> None:
     studies = p.add_subparsers(dest="study", required=True)
     m = studies.add_parser("masking", help="seed 002: headline shares, decay curves and masking counterfactuals",
                            description=__doc__)
-    m.add_argument("trajectories", nargs="+", help="JSONL trajectory files")
+    add_options(m, TrajectoryFiles)
     add_model_options(m, backends=True)
     add_counterfactual_options(m)
     from attnprobe.studies.masking import layout as L

@@ -14,21 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.policies import Policy, parse_policy, policy_name
-from attnprobe.capture.models import LoadedModel
+from attnprobe.agents.policy_specs import DEFAULT_MASK_POLICY
 from attnprobe.counterfactual.layout import CounterfactualLayout
 from attnprobe.counterfactual.run import RunOptions, actions_chat, run_batch, settings_dict
-from attnprobe.counterfactual.steps import Step, choose_steps, plan_steps
+from attnprobe.counterfactual.steps import Step, plan_steps
 from attnprobe.counterfactual.store import clear_steps
-from attnprobe.counterfactual.summary import QUERY_TABLES, markdown_table, summarize_dir, write_summary
 from attnprobe.execution.job import JobBase, WorkItem
-from attnprobe.execution.local import LocalExecutor
 from attnprobe.io import recover_atomic_dirs
-from attnprobe.io.options import option_flags
-from attnprobe.io.settings import check_settings, finished_something, record_settings
+from attnprobe.io.options import non_negative_int, option, option_flags, parse_int_list, positive_int
 from attnprobe.trajectory.schema import Trajectory
 
 log = logging.getLogger(__name__)
 
+POLICY_HELP = ("context policy, repeatable: mask:K (seed 002 observation masking as its released scaffold does "
+               "it: successful results older than the K-th most recent turn with a non-error call become "
+               "'[Auto-archived browser result] tool=... | args: ...'), mask-obs:K (keep the K most recent "
+               "observations), ircot:o | ircot:oq "
+               "| ircot:oqp (seed 004 section 3.2), refine:bm25[:N] (seed 004 section 3.3: every round's "
+               "observation refined with its own query, keep N sentences), refine-latest:bm25[:N] (the latest "
+               "observation only), refine:openai:BASE_URL:MODEL; errors are never masked")
 OPTION_NAMES = {"spec": "--model", "backend": "--backend", "dtype": "--dtype", **option_flags(RunOptions)}
 
 
@@ -105,24 +109,6 @@ def counterfactual_settings(model, names: list[str], opts: RunOptions) -> dict[s
     return {n: settings_dict(model, n, opts) for n in names}
 
 
-def run_counterfactuals(model: LoadedModel, trajectories: Sequence[Trajectory], policies: Sequence[Policy],
-                        out: str | Path, *, opts: RunOptions | None = None, chat=None, min_past: int = 5,
-                        include_actions: bool = False, turns: Sequence[int] | None = None,
-                        max_steps: int | None = None, batch_size: int = 1, force: bool = False) -> dict[str, int]:
-    """Run every policy at every chosen step of every trajectory into ``out`` in this process
-    (resumable: finished (step, policy) folders with the same settings are skipped; failures go to
-    ``out/errors.jsonl``): :class:`~attnprobe.counterfactual.job.CounterfactualJob` on the local
-    executor. Every step of a trajectory shares one backend call; ``batch_size`` trajectories do
-    (vLLM batches their prefills)."""
-    opts = opts or RunOptions()
-    names, steps = plan_steps(trajectories, policies, min_past=min_past, include_actions=include_actions,
-                              turns=turns, max_steps=max_steps)
-    settings = {n: settings_dict(model, n, opts) for n in names}
-    job = CounterfactualJob(Path(out), steps, list(policies), settings, opts, batch_size=batch_size, force=force,
-                            chat=chat)
-    return LocalExecutor(lambda: model, progress=opts.progress).run(job)
-
-
 def options_record(opts: RunOptions, model: dict | None = None) -> dict:
     """What ``out``'s settings record (:func:`attnprobe.io.settings.check_settings`) holds for a
     counterfactual run: the model (``spec``/``backend``/``dtype``, when the caller knows them) and every
@@ -136,86 +122,46 @@ def options_record(opts: RunOptions, model: dict | None = None) -> dict:
             "logprob": opts.logprob}
 
 
-def run_steps(executor, out: str | Path, steps: Sequence[Step], names: Sequence[str], specs: Sequence[str],
-              opts: RunOptions, *, batch_size: int = 1, force: bool = False, model: dict | None = None,
-              min_past: int | None = None, models: str | None = None) -> dict:
-    """Planned ``steps`` (:func:`plan_steps`) under every policy of ``specs`` on ``executor`` (any executor;
-    resumable) into ``out``, then the summary of ``out``, written to OUT/summary.json and OUT/summary.md
-    (:func:`~attnprobe.counterfactual.summary.write_summary`; ``min_past`` and ``models``, "capture model X,
-    agent model Y" when the capture model is not the agent's, are named there): ``{"counts", "summary",
-    "skipped", "markdown": {query: table}}``. Other options than ``out`` was made with are refused before the
-    model loads unless ``force`` (:func:`options_record`). The settings are made where the model is."""
-    check_settings(out, "counterfactual", options_record(opts, model), force=force, names=OPTION_NAMES)
-    Path(out).mkdir(parents=True, exist_ok=True)  # its summary is written whatever the run finished
-    settings = executor.call(counterfactual_settings, list(names), replace(opts, progress=False))
-    job = CounterfactualJob(Path(out), list(steps), list(specs), settings, opts, batch_size=batch_size, force=force)
-    counts = executor.run(job)
-    if finished_something(counts):  # recorded only once a step is finished (a failed run blocks no rerun)
-        record_settings(out, "counterfactual", options_record(opts, model), force=force)
-    skipped: list = []
-    summary = summarize_dir(out, skipped=skipped) if Path(out).is_dir() else {}
-    for where, why in skipped:
-        log.warning("summary: skipped %s: %s", where, why)
-    if Path(out).is_dir():
-        write_summary(out, summary, min_past=min_past, skipped=skipped, models=models)
-    return {"counts": counts, "summary": summary, "skipped": skipped,
-            "markdown": {q: markdown_table(summary, q) for q in QUERY_TABLES}}
-
-
-def run_on_executor(executor, out: str | Path, trajectories: Sequence[Trajectory], specs: Sequence[str],
-                    opts: RunOptions, *, min_past: int, batch_size: int = 1, force: bool = False,
-                    model: dict | None = None, models: str | None = None) -> dict:
-    """Every (step, policy) of ``trajectories`` with >= ``min_past`` past turns (:func:`run_steps`), as
-    ``{"steps", "min_past", **run_steps(...)}``. No step qualifies: ``steps`` 0, nothing run and no model
-    loaded (callers that compose studies report it instead of failing)."""
-    if not any(choose_steps(t, min_past=min_past) for t in trajectories):
-        return {"steps": 0, "min_past": min_past}
-    names, steps = plan_steps(trajectories, list(specs), min_past=min_past)
-    return {"steps": len(steps), "min_past": min_past,
-            **run_steps(executor, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model,
-                        min_past=min_past, models=models)}
-
-
 @dataclass(frozen=True)
 class StepChoice:
     """Which steps a counterfactual run takes, and under which policies (``attnprobe counterfactual``'s
-    and ``study masking``'s options): ``min_past`` None = the first step at which the policies can act."""
+    and ``study masking``'s options, declared here): ``policies`` None = :data:`DEFAULT_MASK_POLICY`;
+    ``min_past`` None = the first step at which the policies can act."""
 
-    policies: Sequence[str] = ("mask:5",)
-    min_past: int | None = None
-    include_actions: bool = False
-    turns: Sequence[int] | None = None
-    max_steps: int | None = None
+    policies: Sequence[str] | None = option(None, flag="--policy", action="append", metavar="POLICY",
+                                            help=POLICY_HELP)
+    min_past: int | None = option(
+        None, flag="--min-past", type=non_negative_int,
+        help="steps with at least this many past turns (default: the first step at which the policy can act: K+1 "
+             "for mask:K and mask-obs:K, 2 for IRCoT, 1 for refiners; the smallest when policies are mixed)")
+    include_actions: bool = option(False, flag="--include-actions", action="store_true",
+                                   help="also tool-call-only steps (no reasoning text)")
+    turns: Sequence[int] | None = option(None, flag="--turns", type=parse_int_list,
+                                         help="only these step turns, e.g. '5-8,12'")
+    max_steps: int | None = option(None, flag="--max-steps", type=positive_int,
+                                   help="at most this many steps per trajectory")
 
-    def plan(self, files: Sequence[Path]) -> tuple[list[str], int, list[str], list[Step]]:
+    def plan(self, files: Sequence[Path]) -> tuple[list, int, list[str], list[Step]]:
         """(policy specs, min_past, policy names, steps): the trajectories read and every policy and step
         option checked, with no model (a study calls it before its first stage too)."""
-        from attnprobe.agents.policies import default_min_past
-        from attnprobe.agents.policy_specs import canonical_policy
         from attnprobe.trajectory.schema import load_files
 
-        specs = [canonical_policy(s) for s in self.policies or ["mask:5"]]  # one spelling: mask:05 is mask:5
-        trajs = load_files(files)  # ids unique across files: two files' steps must not share one folder
+        self.specs()  # a bad policy is refused before the files are read
+        return self.plan_trajectories(load_files(files))  # ids unique across files: one folder per step
+
+    def specs(self) -> list:
+        """The policies, each spec in its one spelling (mask:05 is mask:5); policy objects as given."""
+        from attnprobe.agents.policy_specs import canonical_policy
+
+        return [canonical_policy(s) if isinstance(s, str) else s for s in self.policies or [DEFAULT_MASK_POLICY]]
+
+    def plan_trajectories(self, trajs: Sequence[Trajectory]) -> tuple[list, int, list[str], list[Step]]:
+        """:meth:`plan` for trajectories already read. A policy is a spec (one spelling: mask:05 is
+        mask:5) or, from Python, a policy object."""
+        from attnprobe.agents.policies import default_min_past
+
+        specs = self.specs()
         min_past = self.min_past if self.min_past is not None else default_min_past(specs)
         names, steps = plan_steps(trajs, specs, min_past=min_past, include_actions=self.include_actions,
                                   turns=self.turns, max_steps=self.max_steps)
         return specs, min_past, names, steps
-
-
-def run_files(files: Sequence[Path], out: Path, choice: StepChoice, opts: RunOptions, open_executor, *,
-              batch_size: int = 1, force: bool = False, model: dict | None = None) -> dict:
-    """The steps ``choice`` takes from ``files`` (refused before any model loads), run resumably into
-    ``out`` under its lock on the executor ``open_executor()`` opens; :func:`run_steps`'s report."""
-    from attnprobe.io import ensure_writable_dir, hold_dir_lock
-
-    specs, min_past, names, steps = choice.plan(files)
-    log.info("counterfactual: %d steps with >= %d past turns%s", len(steps), min_past,
-             "" if choice.min_past is not None else " (the default for these policies)")
-    ensure_writable_dir(out)
-    with hold_dir_lock(out), open_executor() as ex:
-        report = run_steps(ex, out, steps, names, specs, opts, batch_size=batch_size, force=force, model=model,
-                           min_past=min_past)
-    counts = report["counts"]
-    log.info("counterfactual: %d steps done, %d skipped (already done), %d failed; summary in %s",
-             counts["done"], counts["done_before"], counts["failed"], CounterfactualLayout(Path(out)).summary_md)
-    return report

@@ -33,7 +33,7 @@ from attnprobe.counterfactual.layout import CounterfactualLayout, iter_record_fi
 from attnprobe.counterfactual.records import record_problem
 from attnprobe.counterfactual.refined import PARTS
 from attnprobe.results.formatting import format_ci
-from attnprobe.stats import bootstrap_mean_ci, wilson_ci
+from attnprobe.stats import STUDY_RESAMPLES, bootstrap_mean_ci, wilson_ci
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _changed_mass(x: dict) -> float:
     return float(x["changed_message_mass"] if "changed_message_mass" in x else x["removed_mass"])
 
 
-def summarize(records: Iterable, *, n_boot: int = 2000, skipped: list | None = None) -> dict:
+def summarize(records: Iterable, *, n_boot: int = STUDY_RESAMPLES, skipped: list | None = None) -> dict:
     """``{policy: {"steps", "trajectories", "steps_changed", "tokens_saved", "tokens_saved_share",
     "action" (own-tool action, over all steps), "action_own" (own tools, over steps parseable on both sides), "logprob",
     per query: {"removed_mass", "changed_message_mass", "removed_observation_mass", "removed_share_of_observations",

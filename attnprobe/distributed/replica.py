@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.execution.job import Job, WorkItem, batches
+from attnprobe.execution.job import Job, WorkItem, batches, redo_batches
 
 
 class Replica:
@@ -61,12 +61,7 @@ class Replica:
             raise self.load_error
         key = job.prepare_key
         if self._prepared[0] != key or self._prepared[1] is None:
-            model = self.model
-            if getattr(job, "needs", None) == "chat":  # the job chats with the model: wrap it as it says
-                from attnprobe.generation.transformers_chat import TransformersChat
-
-                model = TransformersChat(model, **getattr(job, "chat_options", {}))
-            self._prepared = (key, job.prepare(model))
+            self._prepared = (key, job.prepare(self.model))  # a chat job wraps the model itself (job.needs)
         state = self._prepared[1]
         records: dict[str, dict] = {}
         groups: list[list[WorkItem]] = []
@@ -78,23 +73,21 @@ class Replica:
                 else:
                     todo.append(it)
             groups.extend(batches(todo, len(todo)) if todo else [])
-        while groups:
-            group = groups.pop(0)
-            if len(group) == 1 and group[0].key not in records and job.done(group[0], since=job_start):
-                records[group[0].key] = {"key": group[0].key, "status": "skipped"}  # written before its batch failed
-                continue
+
+        def run(group: list[WorkItem]) -> tuple[list[Any], float]:
             t0 = time.perf_counter()
-            try:
-                results = job.run(state, group)
-            except job.catch as exc:
-                if len(group) > 1:
-                    groups[:0] = [[it] for it in group]
-                    continue
-                records[group[0].key] = {"key": group[0].key, "status": "failed", "error_type": type(exc).__name__,
-                                         "error": str(exc)}
-                continue
-            per = (time.perf_counter() - t0) / len(group)
-            for it, res in zip(group, results):
-                records[it.key] = {"key": it.key, "status": "written", "result": res, "tokens": int(it.tokens),
-                                   "seconds": round(per, 4)}
+            results = job.run(state, group)
+            return results, (time.perf_counter() - t0) / len(group)
+
+        for kind, group, value in redo_batches(job, groups, run, since=lambda started: job_start):
+            if kind == "written":  # written before its batch failed
+                records[group[0].key] = {"key": group[0].key, "status": "skipped"}
+            elif kind == "failed":
+                records[group[0].key] = {"key": group[0].key, "status": "failed", "error_type": type(value).__name__,
+                                         "error": str(value)}
+            else:
+                results, per = value
+                for it, res in zip(group, results):
+                    records[it.key] = {"key": it.key, "status": "written", "result": res, "tokens": int(it.tokens),
+                                       "seconds": round(per, 4)}
         return [records[it.key] for batch in shard for it in batch]

@@ -2,7 +2,10 @@
 
 A job is a list of :class:`WorkItem` plus three questions an executor asks without knowing the
 study: is this item finished (``done``), what does a loaded model become for this job
-(``prepare``), and run this batch (``run``, which writes every result atomically itself). Results a
+(``prepare``), and run this batch (``run``, which writes every result atomically itself). ``needs`` says
+what ``prepare`` turns the executor's model into: ``"model"`` (the loaded model, as is) or ``"chat"`` (a chat
+backend, made with ``chat_options`` by the one factory :func:`attnprobe.generation.factory.chat_for`, which
+:class:`attnprobe.generation.factory.ChatJob` calls); the executors never import the generation layer. Results a
 job returns instead of writing (IBIS decisions, appended to one file) go back to the process that
 started the job and are handed to ``collect`` there, so such a file has one writer.
 
@@ -12,7 +15,8 @@ settings only, so shipping it to every replica is cheap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -42,7 +46,9 @@ class Job(Protocol):
     ``stage`` (names the stage in logs and errors.jsonl), ``unit`` (progress unit), ``out`` (the
     job's folder: ``errors.jsonl`` and, on Ray, ``distributed.json`` go there), ``batch_size`` (items
     per ``run`` call; a failed batch is redone item by item), ``force`` (redo finished items),
-    ``catch`` (exceptions that fail an item instead of the job).
+    ``catch`` (exceptions that fail an item instead of the job), ``needs`` ("model" or "chat": what
+    ``prepare`` makes of the executor's model), ``chat_options`` (for "chat": how a loaded model is wrapped,
+    e.g. ``{"stop_at_call": False}``).
     """
 
     stage: str
@@ -51,6 +57,8 @@ class Job(Protocol):
     batch_size: int
     force: bool
     catch: tuple[type[BaseException], ...]
+    needs: str
+    chat_options: dict
 
     def items(self) -> list[WorkItem]: ...
 
@@ -83,6 +91,8 @@ class JobBase:
     batch_size = 1
     force = False
     catch: tuple[type[BaseException], ...] = EXPECTED_ERRORS
+    needs = "model"  # a chat job derives from attnprobe.generation.factory.ChatJob (needs = "chat")
+    chat_options: dict = {}  # read only (a class attribute shared by every job)
     _note = None  # set by an executor that shows progress
     _advance = None  # set by an executor whose bar counts the job's units (see ``bar_units``)
     # Optional: ``bar_units(item) -> int``, an upper bound of the item's units of progress (``bar_unit``, e.g. a
@@ -135,6 +145,40 @@ def batches(todo: Sequence[WorkItem], size: int) -> list[list[WorkItem]]:
             where[it.group] = len(units)
             units.append([it])
     return [[it for u in units[i:i + size] for it in u] for i in range(0, len(units), size)]
+
+
+CLOCK_SLACK = 0.05  # file times come from the kernel's coarse clock, a few ms behind time.time()
+
+
+def redo_batches(job: Job, groups: Sequence[Sequence[WorkItem]], run: Callable[[list[WorkItem]], Any], *,
+                 since: Callable[[float], float | None],
+                 on_split: Callable[[list[WorkItem], BaseException], None] | None = None,
+                 ) -> Iterator[tuple[str, list[WorkItem], Any]]:
+    """The one batch-and-redo loop of every executor: ``run(batch)`` each batch in order, and yield
+    ``("ran", batch, value)``; a batch of several that fails with one of ``job.catch`` is redone item by item
+    (``on_split(batch, exc)`` first), so one bad item fails alone: ``("failed", [item], exc)``. An item of a
+    failed batch that the batch wrote before it failed is not run again: ``("written", [item], None)``, when
+    ``job.done(item, since=since(started))`` holds, ``started`` being when its batch began (by the file clock)."""
+    groups = [list(g) for g in groups]
+    redo: dict[str, float | None] = {}  # item of a failed batch -> the ``since`` its done check takes
+    while groups:
+        batch = groups.pop(0)
+        if batch[0].key in redo and job.done(batch[0], since=redo.pop(batch[0].key)):
+            yield "written", batch, None
+            continue
+        started = time.time() - CLOCK_SLACK
+        try:
+            value = run(batch)
+        except job.catch as exc:
+            if len(batch) > 1:
+                if on_split is not None:
+                    on_split(batch, exc)
+                groups[:0] = [[it] for it in batch]
+                redo.update({it.key: since(started) for it in batch})
+                continue
+            yield "failed", batch, exc
+            continue
+        yield "ran", batch, value
 
 
 def written_since(path: Path, since: float | None) -> bool:

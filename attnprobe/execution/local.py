@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from attnprobe.execution.job import Job, WorkItem, batches
+from attnprobe.execution.job import Job, WorkItem, batches, redo_batches
 from attnprobe.io import ERRORS_FILE, log_error
 
 log = logging.getLogger(__name__)
-_CLOCK_SLACK = 0.05  # file times come from the kernel's coarse clock, a few ms behind time.time()
 
 
 class LocalExecutor:
@@ -58,44 +56,35 @@ class LocalExecutor:
             job.finish()
             return counts
         state = job.prepare(self.model)
-        groups = batches(todo, job.batch_size)
-        redo: dict[str, float | None] = {}  # item of a failed batch -> when that batch started (for job.done)
         with _Progress(job, todo, self.progress) as bar:
-            while groups:
-                batch = groups.pop(0)
-                if batch[0].key in redo:
-                    if job.done(batch[0], since=redo.pop(batch[0].key)):  # written before its batch failed
-                        counts["done"] += 1
-                        bar.ended([batch[0]])
-                        continue
+            def run(batch: list[WorkItem]) -> list[Any]:
                 if len(batch) > 1:
                     bar.set_postfix_str(f"running a batch of {len(batch)}", refresh=True)
                 if hasattr(job, "_note"):
                     job._note = lambda text: bar.set_postfix_str(text, refresh=True)
-                started = time.time() - _CLOCK_SLACK
                 try:
-                    results = job.run(state, batch)
-                except job.catch as exc:
-                    if len(batch) > 1:  # one bad item must not fail the batch: redo it item by item
-                        log.warning("%s: a batch of %d failed (%s: %s); redoing it item by item", job.stage,
-                                    len(batch), type(exc).__name__, exc)
-                        groups[:0] = [[it] for it in batch]
-                        # an item the batch wrote before it failed is not run again: without --force any
-                        # result now there is new; with it, only one written since the batch started
-                        redo.update({it.key: started if job.force else None for it in batch})
-                        continue
-                    self._failed(job, batch[0], exc)
-                    counts["failed"] += 1
-                    bar.ended(batch)
-                    continue
+                    return job.run(state, batch)
                 finally:
                     if hasattr(job, "_note"):
                         job._note = None
                     if getattr(bar, "postfix", None):
                         bar.set_postfix_str("", refresh=False)
-                for it, res in zip(batch, results):
-                    job.collect(it, res)
-                counts["done"] += len(batch)
+
+            def split(batch: list[WorkItem], exc: BaseException) -> None:
+                log.warning("%s: a batch of %d failed (%s: %s); redoing it item by item", job.stage, len(batch),
+                            type(exc).__name__, exc)
+
+            # an item a failed batch wrote before it failed is not run again: without --force any result now
+            # there is new; with it, only one written since the batch started
+            for kind, batch, value in redo_batches(job, batches(todo, job.batch_size), run, on_split=split,
+                                                   since=lambda started: started if job.force else None):
+                if kind == "failed":
+                    self._failed(job, batch[0], value)
+                    counts["failed"] += 1
+                else:
+                    for it, res in zip(batch, value or ()):
+                        job.collect(it, res)
+                    counts["done"] += len(batch)
                 bar.ended(batch)
         job.finish()
         return counts
@@ -163,3 +152,10 @@ class _Progress:
                 self.bar.total -= rest
         self.bar.set_description(self._desc(), refresh=False)
         self.bar.refresh()
+
+
+def in_process(loaded: Any, *, progress: bool = False) -> LocalExecutor:
+    """The executor for a model (or chat) a Python caller already loaded in this process: the API entry
+    points that take one (``run_questions(chat, ...)``, ``run_behaviour(backend, ...)``) run their study on
+    it, so no study module builds an executor itself (the CLI's executors: :mod:`attnprobe.cli.adapter`)."""
+    return LocalExecutor(lambda: loaded, progress=progress)

@@ -119,13 +119,15 @@ class ActionFormat:
     max_tokens: int = 0
 
 
+DEFAULT_MAX_NEW_TOKENS = 256  # a chat call's generation limit when its caller names none
+
 @dataclass
 class ChatRequest:
     """One model call of a batch (see the module docstring)."""
 
     messages: list[dict]
     tools: list[dict] | None = None
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     episode: str | None = None
     actions: ActionFormat | None = None
@@ -150,7 +152,7 @@ class ChatBackend(Protocol):
     kind: str  # the factory's registry key: "transformers" | "openai"
     name: str  # the model name recorded with every call
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply: ...
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:

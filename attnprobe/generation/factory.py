@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
+from attnprobe.execution.job import JobBase
 from attnprobe.generation.chat import ChatBackend
 from attnprobe.io.options import option, positive_int, positive_seconds
 from attnprobe.io.urls import http_url
@@ -78,6 +79,34 @@ def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", d
     return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
                   api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes,
                   concurrency=concurrency, engine=engine)
+
+
+def chat_for(model: Any, **chat_options: Any) -> ChatBackend:
+    """The one way a job's model becomes a chat backend: a loaded model (what a Ray replica holds, or what
+    an API caller hands in) is wrapped in the in-process chat with ``chat_options`` (``stop_at_call``, ...);
+    anything else is already a chat (an endpoint, vLLM, a scripted chat, a study's own wrapper) and is
+    returned as is."""
+    from attnprobe.capture.models import LoadedModel
+
+    if isinstance(model, LoadedModel):
+        from attnprobe.generation.transformers_chat import TransformersChat
+
+        return TransformersChat(model, **chat_options)
+    return model
+
+
+class ChatJob(JobBase):
+    """A job whose ``run`` chats (``needs = "chat"``): :meth:`prepare` makes the executor's model a chat
+    through :func:`chat_for` with the job's ``chat_options``, then :meth:`prepare_chat` (default: the chat
+    itself) lets the job wrap it once per loaded model."""
+
+    needs = "chat"
+
+    def prepare(self, model: Any) -> Any:
+        return self.prepare_chat(chat_for(model, **self.chat_options))
+
+    def prepare_chat(self, chat: Any) -> Any:
+        return chat
 
 
 @dataclass(frozen=True)

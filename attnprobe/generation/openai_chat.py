@@ -22,12 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, tool_names
+from attnprobe.generation.chat import DEFAULT_MAX_NEW_TOKENS, ChatReply, ChatRequest, OneByOne, tool_names
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 NO_KEY = "EMPTY"  # sent when the key variable is unset: the client needs one, local servers ignore it
 MAX_REPLY_BYTES = 8_000_000  # a reply of 8,192 tokens with logprobs is well under 1 MB
-DEFAULT_MAX_TOKENS = 256
 
 
 def structured():
@@ -176,7 +175,7 @@ class OpenAIChat(OneByOne):
             raise AttnprobeError(f"{self.url}: the reply is not a chat completion ({kind}: "
                                  f"{_one_line(text, 120)})") from None
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply:
         return self._complete(ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature))
 
@@ -215,7 +214,7 @@ class OpenAIChat(OneByOne):
         messages = [{k: v for k, v in m.items() if k != "annotations"} for m in request.messages]  # our labels
         tools, max_tokens = request.tools, request.max_tokens
         payload: dict[str, Any] = {"model": self.model, "messages": messages,  # a limit is always sent
-                                   "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                                   "max_tokens": DEFAULT_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
                                    "temperature": request.temperature}
         if tools:
             payload["tools"] = tools

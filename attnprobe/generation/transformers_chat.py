@@ -40,7 +40,15 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, Prompt, request_prompt, tool_names
+from attnprobe.generation.chat import (
+    DEFAULT_MAX_NEW_TOKENS,
+    ChatReply,
+    ChatRequest,
+    OneByOne,
+    Prompt,
+    request_prompt,
+    tool_names,
+)
 from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
 Request = tuple[list[dict], "list[dict] | None"]  # (messages, tools)
@@ -186,7 +194,7 @@ class TransformersChat(OneByOne):
         return kw
 
     # ------------------------------------------------------------------ generation
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0, on_progress=None) -> ChatReply:
         import torch
 
@@ -200,7 +208,7 @@ class TransformersChat(OneByOne):
             out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
         return self.finish(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens, messages, stop)
 
-    def generation_settings(self, n_prompt: int, tools: list[dict] | None = None, *, max_tokens: int = 256,
+    def generation_settings(self, n_prompt: int, tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                             temperature: float = 0.0, on_progress=None) -> tuple[dict[str, Any], Any]:
         """The ``model.generate`` keywords :meth:`complete` uses for one prompt of ``n_prompt`` tokens
         (a fresh stopping criterion each call), and that criterion (None when nothing stops early):
@@ -219,7 +227,7 @@ class TransformersChat(OneByOne):
         no_call = stop is not None and stop[0].reason.get(0) == "no_call"
         return self.make_reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
 
-    def complete_many(self, requests: Sequence[Request], *, max_tokens: int = 256,
+    def complete_many(self, requests: Sequence[Request], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                       temperature: float = 0.0, on_progress=None) -> list[ChatReply]:
         """:meth:`complete` for several (messages, tools) requests in one left-padded batch. With
         stop-at-call on, each row stops once it holds a complete call of a stop name common to every

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnprobe.errors import AttnprobeError
-from attnprobe.generation.chat import ChatReply, ChatRequest, OneByOne, request_prompt
+from attnprobe.generation.chat import DEFAULT_MAX_NEW_TOKENS, ChatReply, ChatRequest, OneByOne, request_prompt
 from attnprobe.generation.transformers_chat import TransformersChat
 
 
@@ -82,12 +82,13 @@ class VllmChat(OneByOne):
         device: the hooks do not fire inside captured graphs); ``retain_tokens``: positions of finished
         captured requests each rank keeps to serve later prefix-cache hits (default
         :data:`attnprobe_hooks.vllm.generate.DEFAULT_RETAIN_TOKENS`)."""
-        from attnprobe_hooks.vllm.backend import _require_vllm, open_engine
+        from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE
+        from attnprobe_hooks.vllm.backend import open_engine, require_vllm
 
-        _require_vllm()
+        require_vllm()
         from vllm.platforms import current_platform
 
-        chunk = int(engine.get("chunk_size") or 512)
+        chunk = int(engine.get("chunk_size") or DEFAULT_CHUNK_SIZE)
         engine["chunk_size"] = chunk
         defaults = {"enable_chunked_prefill": True, "max_num_batched_tokens": chunk,
                     "enforce_eager": bool(current_platform.is_cpu())}
@@ -116,7 +117,7 @@ class VllmChat(OneByOne):
         """The prompt as TransformersChat renders it (ids, text, rendering)."""
         return self._text.prompt(messages, tools)
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = 256,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply:
         return self.complete_batch([ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature)])[0]
 

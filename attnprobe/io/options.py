@@ -23,7 +23,9 @@ CLI = "attnprobe.cli"  # the metadata key
 def option(default: Any = dataclasses.MISSING, *, flag: str, help: str, default_factory: Any = dataclasses.MISSING,
            **argparse_kw) -> Any:
     """A dataclass field that is also a command-line option. ``help`` may name ``{default}``;
-    ``argparse_kw`` (type, choices, action, metavar) go to ``add_argument``. A negated flag
+    ``argparse_kw`` (type, choices, action, metavar, nargs; ``aliases``: more spellings of the flag, shown
+    beside it) go to ``add_argument``; a ``flag`` without
+    dashes is a positional argument (the field's name is its dest, the flag what --help shows). A negated flag
     (``--no-x`` for ``x: bool = True``) is ``action="store_false"``: the one place it is negated."""
     meta = {CLI: {"flag": flag, "help": help, **argparse_kw}}
     if default_factory is not dataclasses.MISSING:
@@ -65,11 +67,19 @@ def add_options(group, record: type, names: tuple[str, ...] | None = None, *,
         default = (defaults or {}).get(name, field_default(fields[name]))
         flag, text = meta.pop("flag"), (helps or {}).get(name, meta.pop("help"))
         meta.pop("help", None)
+        aliases = meta.pop("aliases", ())  # other spellings shown beside the flag
         if meta.get("action") not in ("store_true", "store_false"):
-            meta["default"] = default
+            if default is not dataclasses.MISSING:  # a required option or positional has none
+                meta["default"] = default
         elif default != (meta["action"] == "store_false"):
             raise ValueError(f"{record.__name__}.{name}: a flag's default is fixed by its action")
-        action = group.add_argument(flag, dest=name, help=text.format(default=default), **meta)
+        if flag.startswith("-"):
+            action = group.add_argument(flag, *aliases, dest=name, help=text.format(default=default), **meta)
+        else:  # a positional argument: its field's name is the dest, its flag what --help shows
+            if meta.get("nargs") not in ("?", "*"):
+                meta.pop("default", None)  # a required positional has no default
+            action = group.add_argument(name, metavar=meta.pop("metavar", flag), help=text.format(default=default),
+                                        **meta)
         action.option_of = (record, name)  # which field declared it (tests/unit/test_option_defaults.py)
 
 
@@ -82,6 +92,18 @@ def from_args(record: type, args: argparse.Namespace, **extra):
 def option_values(record: type, args: argparse.Namespace) -> dict[str, Any]:
     """The values of ``record``'s option fields that the command declared, by field name."""
     return {n: getattr(args, n) for n in cli_fields(record) if hasattr(args, n)}
+
+
+class OnceAction(argparse.Action):
+    """An option that names one setting: given twice it is refused in one line (a repeated option
+    elsewhere means separate settings, never a composition; compose with ``A+B``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = getattr(namespace, self.dest, None)
+        if old is not None and old != self.default:
+            raise argparse.ArgumentError(self, f"given twice ({old}, {values}): this command runs one setting; "
+                                               f"compose policies with '+', e.g. {option_string} {old}+{values}")
+        setattr(namespace, self.dest, values)
 
 
 DEPRECATED = "_deprecated"  # the namespace attribute listing the warning lines of old spellings used

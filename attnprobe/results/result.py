@@ -12,9 +12,10 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import AtomicDir, check_regular_file, finite_json, load_json
 from attnprobe.render.segments import AUTHORS, ROLES, QueryPoint, Segment
+from attnprobe.results.layout import CaptureLayout
 
 FORMAT_VERSION = 1
-META_FILE, TEXT_FILE, SCORES_FILE, QK_FILE = "meta.json", "text.json", "scores.safetensors", "qk.safetensors"
+META_FILE, TEXT_FILE, SCORES_FILE, QK_FILE = CaptureLayout.META, CaptureLayout.TEXT, CaptureLayout.SCORES, CaptureLayout.QK
 
 
 @dataclass

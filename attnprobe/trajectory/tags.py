@@ -118,6 +118,22 @@ def closed(text: str, name: str) -> list[str]:
     return out
 
 
+def removed(text: str, name: str) -> str:
+    """``text`` without its ``<name>...</name>`` pairs, an unclosed ``<name>`` taking the rest of the text with
+    it: what ``re.sub(r"<name>.*?(?:</name>|$)", "", text, flags=re.S)`` gives (up to a trailing newline after an
+    unclosed tag, which that ``$`` keeps), in linear time (that lazy regex is quadratic on many unclosed tags)."""
+    o, c = f"<{name}>", f"</{name}>"
+    out, pos = [], 0
+    while (start := text.find(o, pos)) >= 0:
+        out.append(text[pos:start])
+        end = text.find(c, start + len(o))
+        if end < 0:
+            return "".join(out) + ("\n" if text.endswith("\n") else "")
+        pos = end + len(c)
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def first_query(text: str, spans: list[TagSpan]) -> TagSpan | None:
     """The query a turn ran: its first ``<search>`` span, if its query is not empty (the loop runs the
     first query of a reply and, like :func:`attnprobe.generation.toolparse.parse_tags`, reads only up to the

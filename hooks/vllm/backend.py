@@ -46,7 +46,9 @@ _CACHE: dict[tuple, VllmModel] = {}
 _TAGS = itertools.count()
 
 
-def _require_vllm():
+def require_vllm():
+    """The imported ``vllm`` module, or an :class:`AttnprobeError` that says how to install it (public: the
+    generation engine checks the same way before it opens an engine)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:  # missing, or only a folder named vllm (namespace package)
         raise AttnprobeError(INSTALL_HINT)
@@ -144,7 +146,7 @@ def unload(model: VllmModel) -> None:
 
 
 def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
-                tensor_parallel_size: int = 1, chunk_size: int = 512, max_model_len: int | None = None,
+                tensor_parallel_size: int = 1, chunk_size: int = DEFAULT_CHUNK_SIZE, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None, gpu_memory_utilization: float | None = None,
                 max_num_seqs: int | None = None, seed: int = 0, progress: bool = True,
                 engine_kwargs: dict | None = None, forced: dict | None = None, defaults: dict | None = None,
@@ -172,7 +174,7 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
            tuple(sorted((k, repr(v)) for k, v in (defaults or {}).items())))
     if key in _CACHE:
         return _CACHE[key]
-    _require_vllm()
+    require_vllm()
     source, folder, gguf = _resolve_folder(str(spec), progress)
     from vllm import LLM
     from vllm.platforms import current_platform

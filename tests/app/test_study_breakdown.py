@@ -10,14 +10,14 @@ import json
 import numpy as np
 import pytest
 from support.appdata import APP_FILE, STUDY_QUESTIONS, _ircot_script, charts, decode
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 
 from attnprobe.capture.job import CaptureOptions
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention import run_attention
 from attnprobe.studies.loop.attention_report import CATEGORIES
-from attnprobe.studies.loop.study import run_study
+from attnprobe.studies.loop.attention_study import run_attention
 
 
 def test_study_page_bar_equals_attention_md_for_the_same_call(monkeypatch, tmp_path, tiny_smol):

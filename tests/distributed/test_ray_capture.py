@@ -138,12 +138,12 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, tiny_smol, t
     every recorded number; next actions included; a rerun does nothing."""
     smol = tiny_smol
     from safetensors.numpy import load_file
+    from support.cfrun import run_counterfactuals
 
     from attnprobe.agents.policies import parse_policy
-    from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings, run_counterfactuals
+    from attnprobe.counterfactual.job import CounterfactualJob, counterfactual_settings
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.counterfactual.steps import plan_steps
-    from attnprobe.generation.transformers_chat import TransformersChat
     from attnprobe.resources import data_path
     from attnprobe.trajectory.schema import load_trajectories
 
@@ -162,8 +162,7 @@ def test_counterfactual_on_two_replicas_equals_single_process(pool, tiny_smol, t
     assert counts == {"done_before": 0, "done": 6, "failed": 0}
     assert json.loads((tmp_path / "dist" / "distributed.json").read_text(encoding="utf-8"))["runs"][0]["shards"] == 2
 
-    single = run_counterfactuals(smol, trajs, [parse_policy(p) for p in specs], tmp_path / "single", opts=opts,
-                                 chat=TransformersChat(smol), **kw)
+    single = run_counterfactuals(smol, trajs, [parse_policy(p) for p in specs], tmp_path / "single", opts=opts, **kw)
     assert single["done"] == 6
     folders = sorted(p.parent.relative_to(tmp_path / "single") for p in (tmp_path / "single").glob("*/*/step_*/record.json"))
     assert len(folders) == 12

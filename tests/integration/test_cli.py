@@ -188,10 +188,12 @@ def test_generation_options_and_old_flag_names():
         parse("ibis", "run", "--generator", "openai")
     a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-new-tokens", "9", "--temperature", "0.5", "--force")
     assert (a.generator, a.max_new_tokens, a.temperature, a.force, a.model) == ("transformers", 9, 0.5, True, "default")
-    # old spellings of `run`: --max-tokens, --overwrite, and --base-url URL --model NAME (NAME = served model)
-    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-tokens", "7", "--overwrite", "--base-url", "http://h/v1",
-              "--model", "served-name")
+    # old spellings of `run`: --overwrite, and --base-url URL --model NAME (NAME = served model)
+    a = parse("run", "q.jsonl", "--out", "o.jsonl", "--max-new-tokens", "7", "--overwrite", "--base-url",
+              "http://h/v1", "--model", "served-name")
     assert (a.max_new_tokens, a.force, a.generator, a.served_model) == (7, True, "openai", "served-name")
+    with pytest.raises(SystemExit):  # issue 39: max_tokens is only the capture's prompt limit; the alias is gone
+        p.parse_args(["run", "q.jsonl", "--out", "o.jsonl", "--max-tokens", "7"])
     assert parse("ibis", "capture", "--force-capture").force is True
     with pytest.raises(SystemExit):  # removed from `ibis all` (issue 38): --force redoes every stage
         p.parse_args(["ibis", "all", "--force-capture"])

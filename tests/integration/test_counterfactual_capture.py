@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.cfrun import run_counterfactuals
 from support.messages import call
 
 from attnprobe.agents.policies import ircot, make_policy, mask_observations, refine_latest
 from attnprobe.agents.refiners import bm25_refiner
 from attnprobe.counterfactual.analysis import CF_ROLES, GROUPS
-from attnprobe.counterfactual.job import run_counterfactuals
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.steps import choose_steps
 from attnprobe.counterfactual.store import iter_records, load_step
@@ -45,13 +45,11 @@ pytestmark = pytest.mark.slow  # ~1.5 min on an idle 2-core machine (model load,
 @pytest.fixture(scope="module")
 def small_run(tiny_smol, tmp_path_factory):
     smol = tiny_smol  # structure and equalities only: the tiny random-weight SmolLM2 (same tokenizer)
-    from attnprobe.generation.transformers_chat import TransformersChat
-
     out = tmp_path_factory.mktemp("cf")
     traj = small_trajectory()
     noop = make_policy("noop", lambda msgs: {})
     counts = run_counterfactuals(smol, [traj], [*POLICIES, noop], out, turns=[5],
-                                 opts=RunOptions(actions=True, max_new_tokens=24), chat=TransformersChat(smol))
+                                 opts=RunOptions(actions=True, max_new_tokens=24))
     return out, traj, counts
 
 
@@ -148,14 +146,11 @@ def test_next_actions_from_the_captured_cache_equal_full_generation(small_run, t
     """The run above generated every next action from the capture's cache (1 token prefilled each);
     the same steps without prefix sharing generate with ``chat.complete`` (the whole prompt
     prefilled): identical text, call and decision."""
-    from attnprobe.generation.transformers_chat import TransformersChat
-
     smol = tiny_smol
     out, traj, _ = small_run
     shared = {r["policy"]: r["action"] for r in iter_records(out)}
     run_counterfactuals(smol, [traj], [ircot("oq"), mask_observations(1)], tmp_path, turns=[5],
-                        opts=RunOptions(actions=True, max_new_tokens=24, share_prefixes=False),
-                        chat=TransformersChat(smol))
+                        opts=RunOptions(actions=True, max_new_tokens=24, share_prefixes=False))
     plain = {r["policy"]: r["action"] for r in iter_records(tmp_path)}
     assert sorted(plain) == ["ircot:oq", "mask-obs:1"]
     for name, a in plain.items():

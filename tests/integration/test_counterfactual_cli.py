@@ -44,7 +44,7 @@ def test_cli_runs_and_resumes(tiny_smol_folder, tmp_path, capsys):
 
 def test_cli_bad_policy_is_one_clear_error(tmp_path):
     args = parse(["counterfactual", str(TRAJ_DIR / "long_research.jsonl"), "--policy", "mask:x", "--out", str(tmp_path)])
-    with pytest.raises(ValueError, match="--policy 'mask:x': K must be an integer"):
+    with pytest.raises(ValueError, match="^policy 'mask:x': K must be an integer"):
         args.func(args)
 
 

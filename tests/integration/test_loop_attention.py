@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.capture.job import CaptureOptions
@@ -20,8 +21,8 @@ from attnprobe.results.analysis import step_masses
 from attnprobe.results.report import find_results
 from attnprobe.results.result import CaptureResult
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.attention import CATEGORIES, QUERIES, call_shares, call_step, run_attention
-from attnprobe.studies.loop.study import run_study
+from attnprobe.studies.loop.attention import CATEGORIES, QUERIES, call_shares, call_step
+from attnprobe.studies.loop.attention_study import run_attention
 
 pytestmark = pytest.mark.slow  # captures with the bundled model (one load per session)
 

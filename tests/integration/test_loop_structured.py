@@ -35,7 +35,7 @@ def test_bundled_model_searches_and_attends_to_observations_and_placeholders(tmp
         res = json.loads((out / slug / "results" / f"{first['id']}.json").read_text())
         assert res["retrievals"] > 0, (slug, res["response"])
         calls = [json.loads(x) for x in (out / slug / "calls" / f"{first['id']}.jsonl").read_text().splitlines()]
-        assert all(c["meta"]["structured_actions"] is True for c in calls)
+        assert all(c["meta"]["structured_actions"] == "ircot" for c in calls)  # the grammar's name
     masked = [json.loads(x) for x in (out / "mask-1" / "calls.jsonl").read_text().splitlines()]
     assert any("placeholder" in json.dumps(c["meta"]["history"]["changes"]) for c in masked)
 

@@ -68,8 +68,8 @@ def build_studies(base: Path, smol) -> dict[str, Path]:
     from attnprobe.capture.job import CaptureOptions
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.attention import run_attention
-    from attnprobe.studies.loop.study import run_study
+    from attnprobe.studies.loop.attention_study import run_attention
+    from support.interference import run_interference as run_study
     from support.scripted_chat import ScriptedChat
 
     out = {}

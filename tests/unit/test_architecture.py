@@ -108,8 +108,10 @@ def test_counterfactual_is_a_stage_below_the_studies():
     i = layers.index("attnprobe.counterfactual")
     assert layers[i - 1] == "attnprobe.studies | attnprobe.distributed" and layers[i + 1] == "attnprobe.agents"
     assert "attnprobe.counterfactual" not in cfg["importlinter:contract:studies-independent"]["modules"]
+    executors = cfg["importlinter:contract:executors-know-no-study"]
+    assert "attnprobe.generation" in executors["forbidden_modules"].split()  # a chat job wraps its own model
     graph = import_graph()
-    assert "attnprobe.counterfactual.job" in graph["attnprobe.studies.loop.attention"]
+    assert "attnprobe.counterfactual.study" in graph["attnprobe.studies.loop.attention_study"]  # its one door
     source = "\n".join(p.read_text() for root in CODE_ROOTS.values() for p in root.rglob("*.py"))
     assert "CounterfactualRunner" not in source
     assert not re.search(r"from attnprobe\.capture\.api import \(?\s*_", source)
@@ -190,3 +192,38 @@ def test_shipped_data_is_package_data():
     for name in (*SAMPLE_TRAJECTORIES, "ibis_items.jsonl", "questions.jsonl", "corpus/docs.jsonl"):
         assert Path(name) in shipped, name
         assert data_path(*name.split("/")).is_file()
+
+
+def test_capture_folder_names_are_spelled_only_in_its_layout():
+    """Issue 39: the capture folder is the main product; its file names are spelled once, in
+    ``results/layout.py`` (``CaptureLayout``), and ``errors.jsonl`` once, in ``io/errlog.py``."""
+    where: dict[str, list[str]] = {}
+    for root in CODE_ROOTS.values():
+        for f in root.rglob("*.py"):
+            text = f.read_text()
+            for name in ("meta.json", "text.json", "scores.safetensors", "qk.safetensors", "errors.jsonl"):
+                if re.search(rf"[\"']{re.escape(name)}[\"']", text):
+                    where.setdefault(name, []).append(str(f.relative_to(ROOT)))
+    assert where == {**{n: ["attnprobe/results/layout.py"] for n in
+                        ("meta.json", "text.json", "scores.safetensors", "qk.safetensors")},
+                     "errors.jsonl": ["attnprobe/io/errlog.py"]}
+
+
+def test_executors_are_built_in_the_executor_layer_and_the_cli_adapter_only():
+    """Issue 39: a study builds no executor (an API caller's loaded model: execution.local.in_process); the CLI
+    picks every executor through cli/adapter.py's one function and never branches on the cluster option;
+    the commands' options are declared on records (at most 20 hand-written add_argument calls in the CLI)."""
+    allowed = ("attnprobe/execution/", "attnprobe/distributed/", "attnprobe/cli/adapter.py")
+    builders = re.compile(r"\b(LocalExecutor|RayExecutor|open_executor)\(")
+    found = [f"{p.relative_to(ROOT).as_posix()}:{n}" for root in CODE_ROOTS.values() for p in sorted(root.rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if builders.search(line) and not p.relative_to(ROOT).as_posix().startswith(allowed)
+             and not line.lstrip().startswith(("def ", "#"))]
+    outside_cli = [f for f in found if not f.startswith("attnprobe/cli/")]
+    assert outside_cli == []
+    for f in found:  # a command module asks the adapter (its open_executor), never builds one itself
+        assert "from attnprobe.cli.adapter import open_executor" in (ROOT / f.split(":")[0]).read_text(), f
+    cli = ROOT / "attnprobe" / "cli"
+    text = {p.name: p.read_text() for p in cli.glob("*.py")}
+    assert not [n for n, t in text.items() if n != "options.py" and re.search(r"cluster_options\(args\) is", t)]
+    assert sum(t.count("add_argument(") for t in text.values()) <= 20

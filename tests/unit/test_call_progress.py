@@ -116,8 +116,9 @@ class _Bar:
 
 
 def test_the_study_bar_counts_model_calls_not_only_episodes(tmp_path, monkeypatch):
+    from support.interference import run_interference as run_study
+
     import attnprobe.io
-    from attnprobe.studies.loop.study import run_study
 
     bars: list[_Bar] = []
     monkeypatch.setattr(attnprobe.io, "progress_bar", lambda **kw: bars.append(_Bar(**kw)) or bars[-1])

@@ -94,3 +94,14 @@ def test_run_prepared_is_the_one_capture_path_on_a_callers_own_points(tiny_smol)
         assert (got.meta["queries_mode"], got.meta["layers_requested"], got.meta["weights_hash"]) == \
             ("positions", [0, 2], "w0")
         assert want.meta["queries_mode"] == "decision"
+
+
+def test_backend_registry_refuses_to_replace_a_name():
+    from attnprobe_hooks import backend
+
+    target = backend._REGISTRY["transformers"]
+    backend.register("transformers", target)  # the same target again: nothing changes
+    assert backend._REGISTRY["transformers"] == target
+    with pytest.raises(ValueError, match="'vllm' is already registered as 'attnprobe_hooks.vllm.backend:VllmBackend'"):
+        backend.register("vllm", "somewhere.else:Backend")
+    assert backend._REGISTRY["vllm"] == "attnprobe_hooks.vllm.backend:VllmBackend"

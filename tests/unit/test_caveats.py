@@ -150,11 +150,11 @@ def test_study_caveats_on_the_hand_built_study(tmp_path):
 def test_study_md_and_json_carry_the_caveats(tmp_path):
     """A scripted IRCoT study whose agent answers at once: no setting retrieves, so ircot:o's policy never
     acted (greedy: its row is the baseline's); 3 questions. One that searches first: only the n caveat."""
+    from support.interference import run_interference as run_study
     from support.scripted_chat import ScriptedChat
 
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.study import run_study
 
     qs = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in range(3)]
 
@@ -301,7 +301,7 @@ def test_local_study_captures_with_its_own_weights(tmp_path):
 
 
 def test_another_model_is_named_with_the_agents_in_every_output(tmp_path, monkeypatch, capsys):
-    from attnprobe.cli import options
+    from attnprobe.cli import adapter
     from attnprobe.cli.main import main
 
     out = _served_study(tmp_path)
@@ -313,7 +313,7 @@ def test_another_model_is_named_with_the_agents_in_every_output(tmp_path, monkey
         def run(self, job):
             raise AssertionError("nothing to capture")
 
-    monkeypatch.setattr(options, "executor", lambda args, **kw: contextlib.nullcontext(NoModel()))
+    monkeypatch.setattr(adapter, "open_executor", lambda args, **kw: contextlib.nullcontext(NoModel()))
     assert main(["study", "attention", str(out), "--model", str(other), "--no-progress"]) == 0
     label = "capture model other-model, agent model scripted"
     assert capsys.readouterr().err.count(  # warned once on the console

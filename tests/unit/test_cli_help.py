@@ -43,7 +43,7 @@ def test_a_repeated_policy_means_separate_settings_and_plus_composes():
     p = build_parser()
     study = p.parse_args(["study", "interference", "q.jsonl", "--policy", "mask:1", "--context-policy",
                           "ircot:oq+refine:bm25:3", "--out", "o"])
-    assert study.policies == ["mask:1", "ircot:oq+refine:bm25:3"]  # two settings, the second composed
+    assert study.settings == ["mask:1", "ircot:oq+refine:bm25:3"]  # two settings, the second composed
     run = p.parse_args(["run", "q.jsonl", "--context-policy", "ircot:oq+refine:bm25:3", "--out", "o"])
     assert run.context_policy == "ircot:oq+refine:bm25:3"  # one setting, composed with +
     with pytest.raises(SystemExit):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from support.cfrun import run_counterfactuals
 from support.messages import call
 
 from attnprobe.agents.policies import mask_observations
-from attnprobe.counterfactual.job import run_counterfactuals
 from attnprobe.counterfactual.run import RunOptions, settings_dict
 from attnprobe.results.result import CaptureResult
 from attnprobe.trajectory.schema import Trajectory

@@ -1,19 +1,23 @@
-"""The counterfactual stage owns its outputs: run_steps writes OUT/summary.json and OUT/summary.md whichever
+"""The counterfactual stage owns its outputs: its one door (support.cfrun) writes OUT/summary.json and OUT/summary.md whichever
 command runs it (``attnprobe counterfactual``, ``study attention``), from hand-written step records and an
-executor that runs nothing (no model)."""
+executor that runs nothing (no model; the shipped trajectory's steps said done)."""
 
 from __future__ import annotations
 
 import json
 
+from support.cfrun import run_on
+
 from attnprobe.counterfactual.analysis import GROUPS
-from attnprobe.counterfactual.job import run_steps
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.counterfactual.summary import markdown_table, summarize
+from attnprobe.resources import data_path
+
+FILES = [data_path("long_research.jsonl")]  # steps to plan (the executor below says each one is done already)
 
 
 class _Executor:
-    """Enough of an executor for run_steps: settings per policy, nothing to run."""
+    """Enough of an executor for the stage: settings per policy, nothing to run."""
 
     def call(self, fn, names, opts):
         return {n: {} for n in names}
@@ -46,7 +50,7 @@ def _folder(tmp_path):
 
 def test_the_stage_writes_both_summary_files(tmp_path):
     out, recs = _folder(tmp_path)
-    report = run_steps(_Executor(), out, [], [], ["mask:5"], RunOptions(), min_past=6)
+    report = run_on(_Executor(), out, files=FILES, opts=RunOptions(), choice_min_past=6)
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(json.dumps(summarize(recs))) == json.loads(json.dumps(report["summary"]))
     assert summary["mask:5"]["steps"] == 2 and abs(summary["mask:5"]["decision"]["removed_mass"]["mean"] - 0.2) < 1e-12
@@ -59,8 +63,8 @@ def test_the_stage_writes_both_summary_files(tmp_path):
 
 def test_summary_md_names_both_models_when_the_capture_model_is_not_the_agents(tmp_path):
     out, _ = _folder(tmp_path)
-    run_steps(_Executor(), out, [], [], ["mask:5"], RunOptions(), min_past=2,
-              models="capture model tiny-smollm2, agent model scripted-chat")
+    run_on(_Executor(), out, files=FILES, opts=RunOptions(), choice_min_past=2,
+           models="capture model tiny-smollm2, agent model scripted-chat")
     lines = (out / "summary.md").read_text().splitlines()
     assert lines[:4] == ["Steps with >= 2 past turns.", "",
                          "Capture model tiny-smollm2, agent model scripted-chat: the attention is the capture "

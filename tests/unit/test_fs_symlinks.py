@@ -16,7 +16,8 @@ from support.studydir import BASE, OTHER, make_study, toy_capture
 
 from attnprobe import io as aio
 from attnprobe.errors import AttnprobeError
-from attnprobe.studies.loop.attention import histories, read_study, run_attention  # (imports the capture stack once)
+from attnprobe.studies.loop.attention import histories, read_study
+from attnprobe.studies.loop.attention_study import run_attention  # (imports the capture stack once)
 from attnprobe.trajectory.schema import Trajectory
 
 SECRET = "precious, not ours\n"

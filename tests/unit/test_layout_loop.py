@@ -345,11 +345,11 @@ def test_two_settings_that_would_share_a_folder_are_refused_before_anything_runs
 
 
 def test_a_study_of_two_refiner_models_keeps_both_rows(tmp_path):
+    from support.interference import run_interference as run_study
     from support.scripted_chat import ScriptedChat
 
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.study import run_study
 
     a, b = f"{URL}:a/b", f"{URL}:a_b"
     q = {"id": "q1", "question": "Capital of France?", "answers": ["Paris"], "type": None}

@@ -16,13 +16,12 @@ from attnprobe.studies.loop.attention import (
     call_record,
     call_shares,
     kept_records,
-    markdown,
     paired_difference,
     read_study,
     relative_share,
     setting_attention,
-    with_attention,
 )
+from attnprobe.studies.loop.attention_report import markdown, with_attention
 
 # system, task, the first turn's tool call, its observation (sent as a placeholder), the reply's header and text
 SEGMENTS = [Segment("system", "external", 0, 0, 0, 2), Segment("task", "external", 0, 1, 2, 4),

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat, tool_call
 
 from attnprobe.agents.questions import read_questions
@@ -19,7 +20,6 @@ from attnprobe.resources import data_path
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.job import InterferenceJob, inputs_stamp
 from attnprobe.studies.loop.pool import TOOLS
-from attnprobe.studies.loop.study import run_study
 
 QUESTIONS = read_questions(data_path("questions_loop.jsonl"))[:5]
 REFINER = "openai:http://127.0.0.1:9/v1:refiner"  # answered by a scripted chat (the refiner_chat fixture)
@@ -273,7 +273,7 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     study = json.loads((tmp_path / "ircot" / "study.json").read_text())
     assert study["config"]["structured_actions"] is True
     calls = [json.loads(x) for x in (tmp_path / "ircot" / "none" / "calls.jsonl").read_text().splitlines()]
-    assert calls and all(c["meta"]["structured_actions"] is True for c in calls)
+    assert calls and all(c["meta"]["structured_actions"] == "ircot" for c in calls)  # the grammar's name
     assert len(finals) == sum(bool(c["meta"].get("final_call")) for c in calls) > 0
     res = json.loads((tmp_path / "ircot" / "none" / "results" / f"{QUESTIONS[0]['id']}.json").read_text())
     assert res["config"]["structured_actions"] is True
@@ -281,6 +281,13 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     _study(tmp_path / "s2", chat2, "seed002", 2, settings=["none"], structured_actions=True)
     assert {r.actions for r in chat2.requests} == {ActionFormat("seed002", tools=json.dumps(TOOLS),
                                                                 max_tokens=chat2.requests[0].max_tokens)}
+    s2 = [json.loads(x) for x in (tmp_path / "s2" / "none" / "calls.jsonl").read_text().splitlines()]
+    assert s2 and all(c["meta"]["structured_actions"] == "seed002" for c in s2)
+    # one builder (agents/recorder.py: call_record), the loop's key order kept: the file is byte-identical to before
+    assert list(s2[0]) == ["id", "task", "model", "framing", "messages", "labels", "meta", "tools"]
+    assert list(s2[0]["meta"])[:12] == ["runner", "run_id", "setting", "question_id", "step", "history", "usage",
+                                        "context_chars", "finish_reason", "raw_text", "structured_actions",
+                                        "follows_grammar"]
     # off: nothing asked for, nothing recorded
     chat3 = ScriptedChat(ircot_script)
     _study(tmp_path / "off", chat3, "ircot", 2, settings=["none"])
@@ -314,26 +321,16 @@ STAMP_IRCOT = "a4413932298da634e5a0"  # main at 1c9429f
 STAMP_SEED002 = "bedbddb1d54d73dd67bb"
 
 
-def test_cli_batch_size_and_structured_actions_reach_the_study(tmp_path, monkeypatch):
-    import contextlib
-
+def test_cli_batch_size_and_structured_actions_reach_the_study():
     from attnprobe.cli import loop as cli_loop
-    from attnprobe.cli.main import main
-    from attnprobe.studies.loop import study as study_mod
+    from attnprobe.cli.main import build_parser
 
-    seen = []
-
-    def fake_run_study(ex, out, questions, settings, config, **kw):
-        seen.append((kw["batch_size"], config.structured_actions))
-        (out / "study.md").write_text("")
-        return {"done": 0, "done_before": 0, "failed": 0}, {}
-
-    monkeypatch.setattr(cli_loop, "_executor", lambda args: contextlib.nullcontext())
-    monkeypatch.setattr(study_mod, "run_study", fake_run_study)
     q = str(data_path("questions_loop.jsonl"))
-    for i, extra in enumerate([[], ["--episodes-per-batch", "8", "--structured-actions"]]):
-        (tmp_path / str(i)).mkdir()
-        assert main(["study", "interference", "--ircot-form", "chat", q, "--out", str(tmp_path / str(i)), *extra]) == 0
+    seen = []
+    for extra in ([], ["--episodes-per-batch", "8", "--structured-actions"]):
+        o = cli_loop.interference_options(build_parser().parse_args(["study", "interference", "--ircot-form", "chat",
+                                                                     q, "--out", "o", *extra]))
+        seen.append((o.batch_size, o.config.structured_actions))
     assert seen == [(1, False), (8, True)]
     import argparse
 
@@ -353,26 +350,30 @@ def _replica(model):
     return r
 
 
-def test_replica_hands_a_chat_job_its_model_wrapped_as_the_job_says(tmp_path, monkeypatch):
-    """The interference job declares ``needs = "chat"``: the replica wraps its loaded model in TransformersChat
-    with the job's chat options (seed002: no stop at the first call); other jobs get the model itself."""
-    from attnprobe.generation import transformers_chat
+def test_replica_hands_a_chat_job_its_model_wrapped_as_the_job_says(tmp_path):
+    """The interference job needs a chat (``ChatJob``): its own ``prepare`` wraps the replica's loaded model in
+    TransformersChat with the job's chat options (seed002: no stop at the first call) through the one factory,
+    ``chat_for``; other jobs get the model itself; a chat handed in (an endpoint, a scripted chat) is kept."""
+    from types import SimpleNamespace
 
-    class FakeChat:
-        def __init__(self, loaded, **kw):
-            self.loaded, self.kw = loaded, kw
+    from attnprobe.capture.models import LoadedModel
+    from attnprobe.generation.transformers_chat import TransformersChat
 
-    monkeypatch.setattr(transformers_chat, "TransformersChat", FakeChat)
+    tok = SimpleNamespace(chat_template=None, eos_token_id=0, pad_token_id=0)
+    loaded = LoadedModel(model=SimpleNamespace(), tokenizer=tok, spec="x", name="x", backend="transformers",
+                         dtype="float32", source="hf-folder")
     job = InterferenceJob(tmp_path, [], ["none"], LoopConfig("seed002"))
     assert job.needs == "chat" and job.chat_options == {"stop_at_call": False}
     assert InterferenceJob(tmp_path, [], ["none"], LoopConfig("ircot", ircot_form="chat")).chat_options == {"stop_at_call": None}
-    replica = _replica("LOADED")
+    replica = _replica(loaded)
     replica.run(job, [], 0.0)
     state = replica._prepared[1]
-    assert isinstance(state, FakeChat) and (state.loaded, state.kw) == ("LOADED", {"stop_at_call": False})
-    toy = _replica("LOADED")
+    assert isinstance(state, TransformersChat) and state.loaded is loaded and state.stop_at_call is False
+    scripted = ScriptedChat([])
+    assert _replica(scripted).run(job, [], 0.0) == [] and job.prepare(scripted) is scripted
+    toy = _replica(loaded)
     toy.run(PartlyWritingJob(tmp_path), [], 0.0)  # a job that needs the model gets the model
-    assert toy._prepared[1] == "LOADED"
+    assert PartlyWritingJob.needs == "model" and toy._prepared[1] is loaded
 
 
 def test_replica_redo_skips_items_the_failed_batch_wrote(tmp_path):

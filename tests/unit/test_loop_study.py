@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 
 from attnprobe.agents.answers import exact_match
@@ -17,7 +18,6 @@ from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.job import InterferenceJob
 from attnprobe.studies.loop.metrics import bootstrap_ci, mcnemar_exact, paired, summarize, summarize_setting
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
-from attnprobe.studies.loop.study import run_study
 from attnprobe.trajectory.importers import iter_import
 
 
@@ -363,27 +363,16 @@ def test_seed002_study_json_records_the_rule_placeholder_prompts_and_generation(
     assert not any(job.done(it) for it in job.items())
 
 
-def test_cli_preset_cpu_reaches_the_config(tmp_path, monkeypatch):
-    import contextlib
-
-    from attnprobe.cli import loop as cli_loop
-    from attnprobe.cli.main import main
+def test_cli_preset_cpu_reaches_the_config():
+    from attnprobe.cli.loop import interference_options
+    from attnprobe.cli.main import build_parser
     from attnprobe.resources import data_path
-    from attnprobe.studies.loop import study as study_mod
 
-    seen = []
-
-    def fake_run_study(ex, out, questions, settings, config, **kw):
-        seen.append(config)
-        (out / "study.md").write_text("")
-        return {"done": 0, "done_before": 0, "failed": 0}, {}
-
-    monkeypatch.setattr(cli_loop, "_executor", lambda args: contextlib.nullcontext())
-    monkeypatch.setattr(study_mod, "run_study", fake_run_study)
     q = str(data_path("questions_loop.jsonl"))
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    assert main(["study", "interference", q, "--scaffold", "seed002", "--out", str(tmp_path / "a")]) == 0
-    assert main(["study", "interference", q, "--scaffold", "seed002", "--generation-preset", "cpu", "--max-new-tokens", "64",
-                 "--out", str(tmp_path / "b")]) == 0
+
+    def config(*extra):
+        return interference_options(build_parser().parse_args(["study", "interference", q, "--scaffold", "seed002",
+                                                               "--out", "o", *extra])).config
+
+    seen = [config(), config("--generation-preset", "cpu", "--max-new-tokens", "64")]
     assert [(c.max_tokens, c.temperature, c.preset) for c in seen] == [(8192, 1.0, None), (64, 0.0, "cpu")]

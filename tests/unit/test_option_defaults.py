@@ -19,44 +19,27 @@ import pytest
 
 from attnprobe.capture.api import capture, capture_many
 from attnprobe.capture.job import CaptureOptions
-from attnprobe.capture.models import ModelOptions
 from attnprobe.cli.main import build_parser
 from attnprobe.counterfactual.run import RunOptions
-from attnprobe.distributed.cluster import Cluster
-from attnprobe.generation.factory import GenerationOptions
 from attnprobe.studies.ibis.attention import run_attention
 from attnprobe.studies.ibis.jobs import AttentionJob
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE, LoadedModel
 
-# The records each command builds from its options.
-COMMAND_RECORDS = {
-    "capture": (CaptureOptions,), "demo": (CaptureOptions,), "counterfactual": (RunOptions,),
-    "study masking": (RunOptions, CaptureOptions), "study attention": (CaptureOptions, RunOptions),
-    "ibis all": (CaptureOptions,), "ibis capture": (CaptureOptions,),
-    "run": (RunSettings,), "study interference": (LoopConfig,),
-}
-# Commands that build none of these records (a new command must be listed in one of the two).
-NO_RECORDS = {"report", "import", "ibis report", "compare", "app"}
-# The model and cluster groups (records too), wherever a command has them.
-for _name, _records in {"capture": (ModelOptions, Cluster), "demo": (ModelOptions, Cluster),
-                        "counterfactual": (ModelOptions, Cluster), "study masking": (ModelOptions,),
-                        "study attention": (ModelOptions, Cluster), "ibis all": (ModelOptions, Cluster),
-                        "ibis capture": (ModelOptions, Cluster), "ibis run": (ModelOptions, Cluster),
-                        "ibis check": (ModelOptions,), "run": (ModelOptions, Cluster),
-                        "study interference": (ModelOptions, Cluster), "serve": (ModelOptions,),
-                        "convert": (ModelOptions,)}.items():
-    COMMAND_RECORDS[_name] = COMMAND_RECORDS.get(_name, ()) + _records
-for _name in ("ibis run", "ibis all", "run", "study interference"):  # the generation group
-    COMMAND_RECORDS[_name] += (GenerationOptions,)
 # Defaults that differ on purpose, each with its reason in the code (QUERIES_WHY says it in --help too;
 # study attention's model and dtype are the study's own, found in its folder: capture_model.py).
+# study interference's --queries is --capture-in-loop's: the captures study attention would make, so its default.
 DIFFERENCES = {("study attention", "queries"): "reasoning+decision", ("study attention", "model"): None,
-               ("study attention", "dtype"): None}
+               ("study attention", "dtype"): None, ("study interference", "queries"): "reasoning+decision"}
 # Record fields that the generation group declares under another name (branch vgen owns that group).
 RENAMED = {RunSettings: {"max_tokens": "max_new_tokens", "temperature": "temperature"},
            LoopConfig: {"max_tokens": "max_new_tokens", "temperature": "temperature"}}
+# Options the output and generation groups declare for every command (cli/options.py) that a record
+# carries as a plain field (IbisOptions): the parser's default must still be the record's.
+SHARED = {"max_new_tokens", "force", "out"}
+# Records a command builds whose generation fields (RENAMED) its generation group sets.
+GENERATES = {"run": RunSettings, "study interference": LoopConfig}
 # Record fields that are not options, though ``run`` has an option of that name: they override the
 # preset's value (None: the preset's, or a name made from the preset and the policy; cli/run.py).
 PRESET_OVERRIDES = {("run", "filter"), ("run", "validation"), ("run", "name"), ("run", "context_policy")}
@@ -77,10 +60,19 @@ def field_defaults(record) -> dict:
 
 
 PARSERS = dict(commands(build_parser()))
+# The records each command builds from its options, derived from the registrations: every option that
+# add_options declared from a record's field carries ``option_of`` (record, field).
+COMMAND_RECORDS = {name: tuple(dict.fromkeys([a.option_of[0] for a in p._actions if hasattr(a, "option_of")]
+                                             + ([GENERATES[name]] if name in GENERATES else [])))
+                   for name, p in PARSERS.items()}
 
 
-def test_every_command_is_classified():
-    assert set(PARSERS) == set(COMMAND_RECORDS) | NO_RECORDS
+def test_every_command_is_covered():
+    """Every command is in the table; the studies' commands declare their options from records."""
+    assert set(COMMAND_RECORDS) == set(PARSERS) and len(PARSERS) == 18
+    for name in ("capture", "counterfactual", "study masking", "study attention", "study interference", "run",
+                 "ibis all", "ibis run", "ibis capture", "ibis report", "compare"):
+        assert COMMAND_RECORDS[name], name
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_RECORDS))
@@ -98,7 +90,17 @@ def test_parser_defaults_are_the_records_defaults(name):
             if dest not in actions:
                 continue
             if field not in options and field not in renamed:
+                if getattr(actions[dest], "option_of", (record,))[0] is not record:
+                    continue  # a plain field filled from another record's option (checked under that record)
+                if field in SHARED:  # declared once for every command (cli/options.py): same default
+                    assert default is dataclasses.MISSING or actions[dest].default == default, f"{name} --{dest}: {actions[dest].default!r} != {default!r}"
+                    checked += 1
+                    continue
                 assert (name, field) in PRESET_OVERRIDES, f"{name}: --{dest} is declared by hand"
+                continue
+            if default is dataclasses.MISSING:  # a required positional argument
+                assert actions[dest].required and actions[dest].option_of == (record, field)
+                checked += 1
                 continue
             action = actions[dest]
             want = DIFFERENCES.get((name, field), default)
@@ -107,12 +109,8 @@ def test_parser_defaults_are_the_records_defaults(name):
                 assert action.option_of == (record, field) or (
                     action.option_of[1] == field and field_defaults(action.option_of[0])[field] == default), field
             checked += 1
-    assert checked >= {"capture": 8, "counterfactual": 8, "run": 9, "study interference": 11, "convert": 1}.get(name, 2)
-
-
-@pytest.mark.parametrize("name", sorted(NO_RECORDS))
-def test_commands_without_records_declare_no_record_option(name):
-    assert not [a.dest for a in PARSERS[name]._actions if hasattr(a, "option_of")]
+    assert checked >= {"capture": 8, "counterfactual": 8, "run": 9, "study interference": 11}.get(
+        name, 1 if COMMAND_RECORDS[name] else 0)
 
 
 def test_declared_differences_have_their_reason():
@@ -247,7 +245,7 @@ def test_each_flag_name_has_one_meaning(flag):
 @pytest.mark.parametrize("argv,dest,value,new", [
     (["study", "interference", "q", "--out", "o", "--preset", "cpu"], "preset", "cpu", "--generation-preset"),
     (["study", "interference", "q", "--out", "o", "--batch-size", "4"], "batch_size", 4, "--episodes-per-batch"),
-    (["study", "attention", "o", "--policy", "mask:1"], "policies", ["mask:1"], "--only-setting"),
+    (["study", "attention", "o", "--policy", "mask:1"], "only", ["mask:1"], "--only-setting"),
     (["ibis", "run", "--batch-size", "3"], "batch_size", 3, "--prompts-per-batch"),
     (["run", "--out", "o", "--batch-size", "2"], "batch_size", 2, "--questions-per-batch"),
     (["counterfactual", "t.jsonl", "--out", "o", "--batch-size", "5"], "batch_size", 5, "--trajectories-per-call"),

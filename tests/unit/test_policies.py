@@ -174,15 +174,15 @@ def test_extractive_selection_and_compose_keeps_details_on_original_indices():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("refine:bm25:abc", "--policy 'refine:bm25:abc': N must be an integer"),
-    ("mask:x", "--policy 'mask:x': K must be an integer"),
-    ("mask-obs:", "--policy 'mask-obs:': K must be an integer"),
-    ("mask:-2", "--policy 'mask:-2': K must be >= 0"),
-    ("refine:bm25:0", "--policy 'refine:bm25:0': N must be >= 1"),
-    ("ircot:z", "--policy 'ircot:z': the IRCoT variant must be one of o, oq, oqp"),
-    ("refine:foo", "--policy 'refine:foo': unknown refiner 'foo'"),
-    ("refine-latest:openai:gpt", "--policy 'refine-latest:openai:gpt': use refine-latest:openai:BASE_URL:MODEL"),
-    ("drop", "--policy 'drop': unknown policy"),
+    ("refine:bm25:abc", "policy 'refine:bm25:abc': N must be an integer"),
+    ("mask:x", "policy 'mask:x': K must be an integer"),
+    ("mask-obs:", "policy 'mask-obs:': K must be an integer"),
+    ("mask:-2", "policy 'mask:-2': K must be >= 0"),
+    ("refine:bm25:0", "policy 'refine:bm25:0': N must be >= 1"),
+    ("ircot:z", "policy 'ircot:z': the IRCoT variant must be one of o, oq, oqp"),
+    ("refine:foo", "policy 'refine:foo': unknown refiner 'foo'"),
+    ("refine-latest:openai:gpt", "policy 'refine-latest:openai:gpt': use refine-latest:openai:BASE_URL:MODEL"),
+    ("drop", "policy 'drop': unknown policy"),
 ])
 def test_parse_policy_errors_name_the_value(spec, message):
     with pytest.raises(ValueError) as exc:

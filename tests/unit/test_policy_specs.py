@@ -33,11 +33,11 @@ def test_bad_settings_are_refused_naming_the_spec(spec, why):
     with pytest.raises(ValueError) as exc:
         parse_setting(spec)
     msg = str(exc.value)
-    assert msg.startswith(f"--policy {spec!r}") and why in msg and "\n" not in msg
+    assert msg.startswith(f"policy {spec!r}") and why in msg and "\n" not in msg
 
 
 def test_refine_errors_name_the_spec_as_given_not_its_loop_form():
-    with pytest.raises(ValueError, match=r"^--policy 'refine:bm25:0': N must be >= 1$"):
+    with pytest.raises(ValueError, match=r"^policy 'refine:bm25:0': N must be >= 1$"):
         parse_setting("refine:bm25:0")
 
 
@@ -60,7 +60,7 @@ def test_two_spellings_of_one_setting_are_refused():
 
 def test_parse_policy_is_as_strict():
     for bad in ("mask: 2", "mask:\u0663", "refine:openai:ftp://x:m", "mask:"):
-        with pytest.raises(ValueError, match="^--policy"):
+        with pytest.raises(ValueError, match="^policy '"):
             parse_policy(bad)
 
 
@@ -71,12 +71,28 @@ def test_a_huge_bad_spec_gives_a_short_line():
 
 
 @pytest.mark.parametrize("spec, line", [
-    ("mask:+3", "--policy 'mask:+3': the part 'mask:': K must be an integer, e.g. mask:5"),
-    ("mask:3+ircot:x", "--policy 'mask:3+ircot:x': the part 'ircot:x': the IRCoT variant must be one of o, oq, oqp"),
-    ("mask:x", "--policy 'mask:x': K must be an integer, e.g. mask:5"),
+    ("mask:+3", "policy 'mask:+3': the part 'mask:': K must be an integer, e.g. mask:5"),
+    ("mask:3+ircot:x", "policy 'mask:3+ircot:x': the part 'ircot:x': the IRCoT variant must be one of o, oq, oqp"),
+    ("mask:x", "policy 'mask:x': K must be an integer, e.g. mask:5"),
 ])
 def test_a_bad_part_is_named_with_the_whole_setting(spec, line):
     """Issue 38: 'mask:+3' was named as 'mask:' (the part '+' split off); the error names the whole spec."""
     with pytest.raises(ValueError) as exc:
         canonical_setting(spec)
     assert str(exc.value) == line
+
+
+def test_the_agents_layer_names_no_option_and_each_cli_names_its_own(tmp_path, capsys):
+    """Issue 39: a refused spec is a plain PolicySpecError ("policy 'mask:x': ..."); the CLI boundary names the
+    option it came from (``--policy``; ``run``: ``--context-policy``, without patching the text)."""
+    from attnprobe.agents.policy_specs import PolicySpecError
+    from attnprobe.cli.main import main
+    from attnprobe.studies.runner import RunSettings
+
+    with pytest.raises(PolicySpecError) as exc:
+        RunSettings(context_policy="mask:x")
+    assert str(exc.value) == "policy 'mask:x': K must be an integer, e.g. mask:5"
+    assert exc.value.for_option("--context-policy") == "--context-policy 'mask:x': K must be an integer, e.g. mask:5"
+    assert main(["counterfactual", str(tmp_path / "none.jsonl"), "--policy", "mask:x", "--out", str(tmp_path / "o"),
+                 "--model", str(tmp_path / "nope.gguf")]) == 2
+    assert capsys.readouterr().err.strip() == "attnprobe: error: --policy 'mask:x': K must be an integer, e.g. mask:5"

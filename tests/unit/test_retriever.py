@@ -9,6 +9,7 @@ import json
 import socket
 
 import pytest
+from support.interference import run_interference as run_study
 from support.ircot import R1, R2, R3, A, Q, U, info
 from support.retrieval_server import retrieval_server
 from support.scripted_chat import ScriptedChat
@@ -19,7 +20,6 @@ from attnprobe.agents.searchr1 import passages as ircot_passages
 from attnprobe.errors import AttnprobeError
 from attnprobe.execution.local import LocalExecutor
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.study import run_study
 
 ALPHA = SearchResult('"Alpha"', "retriever:1", "Alpha one. Alpha two.", "Alpha one.\nAlpha two.")
 BETA = SearchResult('"Beta"', "retriever:2", "Beta one.", "Beta one.")

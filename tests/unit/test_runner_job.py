@@ -143,21 +143,14 @@ def test_structured_actions_are_recorded_only_when_on_and_a_resume_without_them_
 
 def test_cli_batch_size_and_structured_actions_reach_the_run(tmp_path, monkeypatch):
     from attnprobe.cli import run as cli_run
-    from attnprobe.cli.main import main
+    from attnprobe.cli.main import build_parser, main
 
-    got = {}
-
-    def fake(chat, questions, settings, out, **kw):
-        got.update(settings=settings, **kw)
-        return {"summary": {"accuracy": None, "runs": 0, **{k: 0 for k in (
-            "correct", "scored", "mean_input_tokens", "mean_output_tokens", "mean_total_tokens", "mean_calls",
-            "mean_seconds")}}, "counts": RunCounts()}
-
-    monkeypatch.setattr("attnprobe.studies.runner.job.run_questions", fake)
+    args = build_parser().parse_args(["run", "--limit", "1", "--out", str(tmp_path / "o.jsonl"),
+                                      "--questions-per-batch", "3", "--structured-actions", "--no-progress"])
+    got = cli_run.runner_options(args)
+    assert got.batch_size == 3 and got.settings.structured_actions is True and not got.force
+    assert len(got.questions) == 1
     monkeypatch.setattr(cli_run, "make_chat", lambda args: pytest.fail("a model was loaded"))
-    assert main(["run", "--limit", "1", "--out", str(tmp_path / "o.jsonl"), "--questions-per-batch", "3",
-                 "--structured-actions", "--no-progress"]) == 0
-    assert got["batch_size"] == 3 and got["settings"].structured_actions is True and not got["overwrite"]
     assert main(["run", "--out", str(tmp_path / "o.jsonl"), "--generator", "openai", "--base-url", "http://h/v1",
                  "--served-model", "m", "--ray"]) == 2  # an endpoint serves many requests itself
 
@@ -168,3 +161,18 @@ def test_run_counts_line_and_exit_code():
     assert c.line("ibis run", done="decided", to="x/decisions.jsonl") == \
         "ibis run: 5 decided, 2 already done, 1 failed -> x/decisions.jsonl"
     assert RunCounts().line("study interference") == "study interference: 0 run, 0 already done, 0 failed"
+
+
+def test_one_search_index_per_process_and_corpus_content(tmp_path):
+    """Issue 39: one search cache (agents/search.py: shared_search; the loop study's job calls it too): the
+    same (kind, corpus) is indexed once per process; a corpus changed in place is indexed again."""
+    from attnprobe.agents.search import shared_search
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"title": "Holmium", "url": "u1", "text": "Holmium is named after Stockholm."}) + "\n")
+    first = RunnerJob(tmp_path / "out.jsonl", [], RunSettings(), search_kind="bm25", corpus=str(corpus))._search()
+    assert shared_search("bm25", str(corpus)) is first
+    assert [r.title for r in first.search("Stockholm", 1)] == ["Holmium"]
+    corpus.write_text(json.dumps({"title": "Erbium", "url": "u2", "text": "Erbium is named after Ytterby."}) + "\n")
+    again = shared_search("bm25", str(corpus))
+    assert again is not first and [r.title for r in again.search("Ytterby", 1)] == ["Erbium"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 
 from attnprobe.errors import AttnprobeError
@@ -17,7 +18,6 @@ from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import current_results, histories, read_study, recorded_calls
 from attnprobe.studies.loop.attention_report import ATTENTION_JSON, ATTENTION_MD, HEADING, results_stamp
 from attnprobe.studies.loop.job import InterferenceJob
-from attnprobe.studies.loop.study import run_study
 
 QUESTIONS = [{"id": f"q{i}", "question": f"What is item {i}?", "answers": [str(i)], "type": None} for i in range(3)]
 
@@ -100,7 +100,7 @@ def test_settings_record_names_the_option_and_keeps_older_keys(tmp_path):
 
 # ------------------------------------------------------------------ 3. counterfactual without --actions
 class _Executor:
-    """Enough of an executor for run_steps' bookkeeping: no model, nothing to run (``done`` steps said done)."""
+    """Enough of an executor for the stage's bookkeeping: no model, nothing to run (``done`` steps said done)."""
 
     def __init__(self, done: int = 1):
         self.done = done
@@ -113,19 +113,27 @@ class _Executor:
 
 
 def test_a_counterfactual_rerun_without_actions_is_refused_unless_force(tmp_path):
-    from attnprobe.counterfactual.job import run_steps
+    from support.cfrun import run_on
+
     from attnprobe.counterfactual.run import RunOptions
+    from attnprobe.resources import data_path
 
     model = {"spec": "toy", "backend": "transformers", "dtype": "float32"}
-    run_steps(_Executor(done=0), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model)
+    files = [data_path("long_research.jsonl")]  # steps with >= 6 past turns: the stage has a job to run
+
+    def run(done=1, **kw):
+        opts = RunOptions(actions=kw.pop("actions"), progress=False)
+        return run_on(_Executor(done), tmp_path, files=files, opts=opts, **{"model": model, **kw})
+
+    run(done=0, actions=False)
     assert not (tmp_path / SETTINGS_FILE).exists()  # nothing finished: nothing recorded (issue 38)
-    run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=True), model=model)
+    run(actions=True)
     with pytest.raises(AttnprobeError, match=r"counterfactual ran there with other options: --actions was True, "
                                              r"now False \(and 1 more\); use --force to redo or another --out"):
-        run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model)
+        run(actions=False)
     with pytest.raises(AttnprobeError, match="--model was 'toy', now 'other'"):
-        run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=True), model={**model, "spec": "other"})
-    run_steps(_Executor(), tmp_path, [], [], ["mask:5"], RunOptions(actions=False), model=model, force=True)
+        run(actions=True, model={**model, "spec": "other"})
+    run(actions=False, force=True)
 
 
 # ------------------------------------------------------------------ 4. summaries from every result on disk
@@ -176,18 +184,16 @@ def test_study_md_drops_an_attention_section_computed_from_other_results(tmp_pat
 def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
     """`study interference` with another --served-model or --max-new-tokens on a finished folder: exit 2, one
     line naming the option, no model call, study.md untouched; --force redoes it."""
+    from attnprobe.cli import adapter
     from attnprobe.cli.main import main
-    from attnprobe.execution.local import LocalExecutor as Local
 
     chats = []
 
-    def executor(args):
+    def make_generator(args, **kw):  # the chat the adapter's executor loads (on first need)
         chats.append(ScriptedChat(script))
-        return Local(lambda: chats[-1], progress=False)
+        return chats[-1]
 
-    from attnprobe.cli import loop as cli_loop
-
-    monkeypatch.setattr(cli_loop, "_executor", executor)
+    monkeypatch.setattr(adapter, "make_generator", make_generator)
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "study"
@@ -196,13 +202,14 @@ def test_cli_refuses_another_model_or_option_in_one_line_before_anything_runs(tm
     assert main([*argv, "--served-model", "m1"]) == 0
     md = (out / "study.md").read_text()
     capsys.readouterr()
+    made = len(chats)
     assert main([*argv, "--served-model", "m2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"attnprobe: error: {out}: study interference ran there with other options: --model/--served-model "
                    "was 'openai:m1', now 'openai:m2'; use --force to redo or another --out")
     assert main([*argv, "--served-model", "m1", "--max-new-tokens", "64"]) == 2
     assert "--max-new-tokens was 128, now 64" in capsys.readouterr().err
-    assert (out / "study.md").read_text() == md and not chats[-1].sent
+    assert (out / "study.md").read_text() == md and len(chats) == made  # refused before any chat was made
     assert main([*argv, "--served-model", "m2", "--force"]) == 0
     assert len(chats[-1].sent) == 6  # every item redone (two calls each)
 
@@ -216,7 +223,7 @@ def test_study_attention_runs_on_current_calls_and_stamps_its_section(tmp_path):
     from attnprobe.capture.job import CaptureJob
     from attnprobe.counterfactual.job import CounterfactualJob
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
 
     class NoCapture:
         jobs: list = []
@@ -256,7 +263,7 @@ def test_study_attention_counterfactual_summary_names_both_models(tmp_path):
     from types import SimpleNamespace
 
     from attnprobe.counterfactual.run import RunOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
     from attnprobe.studies.loop.capture_model import CaptureChoice
 
     class NoCapture:
@@ -351,3 +358,32 @@ def test_a_run_killed_after_its_first_item_has_recorded_its_settings(tmp_path):
     with pytest.raises(AttnprobeError, match="--model/--served-model was 'a', now 'b'"):  # q0 was made with 'a'
         run_study(LocalExecutor(lambda: ScriptedChat(script), progress=False), tmp_path, QUESTIONS, ["none"],
                   LoopConfig("ircot", ircot_form="chat", max_turns=3), n_boot=10, model="b")
+
+
+def test_study_attention_command_runs_through_the_driver(tmp_path, monkeypatch, capsys):
+    """`attnprobe study attention` end to end on a scripted study, its executor one that captures nothing (the
+    adapter's one function patched): the options record reaches the study, attention.md is printed and the
+    count line ends stderr; --only-setting keeps one setting."""
+    import contextlib
+
+    from attnprobe.cli import adapter
+    from attnprobe.cli.main import main
+
+    class NoCapture:
+        def call(self, fn, names, opts):
+            return {n: {} for n in names}
+
+        def run(self, job):
+            return {"done_before": 0, "done": 0, "failed": 0}
+
+    monkeypatch.setattr(adapter, "open_executor", lambda args, **kw: contextlib.nullcontext(NoCapture()))
+    _run(tmp_path, settings=("none", "ircot:o"))
+    capsys.readouterr()
+    assert main(["study", "attention", str(tmp_path), "--model", "default", "--only-setting", "ircot:o",
+                 "--min-past", "0", "--bootstrap", "10", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == (tmp_path / ATTENTION_MD).read_text().strip()
+    assert err.strip().splitlines()[-1] == (f"study attention: 0 calls captured, 0 already done, 0 failed; 0 "
+                                            f"counterfactual steps failed -> {tmp_path / ATTENTION_MD}")
+    doc = json.loads((tmp_path / ATTENTION_JSON).read_text())
+    assert list(doc["settings"]) == ["ircot:o"] and doc["bootstrap"]["resamples"] == 10

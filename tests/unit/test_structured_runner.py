@@ -77,6 +77,11 @@ def test_structured_runner_calls_carry_their_action_grammar(tmp_path):
     assert [(t.id.split("/")[1], t.meta.get("structured_actions")) for t in trajs] == [
         ("manager-1", "nis-manager"), ("search_worker-1", "nis-worker"), ("search_worker-2", "nis-worker"),
         ("manager-2", "nis-manager")]
+    # one builder (agents/recorder.py: call_record), the runner's key order kept: the file is byte-identical to before
+    first = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert list(first) == ["id", "task", "model", "framing", "tools", "messages", "labels", "meta"]
+    assert list(first["meta"]) == ["runner", "run_id", "agent", "call_index", "settings", "usage", "finish_reason",
+                                   "raw_text", "parsed_tool_calls", "step", "structured_actions", "follows_grammar"]
 
 
 def test_free_decoding_is_unchanged(tmp_path):

@@ -10,6 +10,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_server import scripted_endpoint
 
 from attnprobe.errors import AttnprobeError
@@ -20,7 +21,6 @@ from attnprobe.generation.server import Limits, make_server, parse_chat_request
 from attnprobe.generation.server.protocol import RequestError
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.pool import TOOLS
-from attnprobe.studies.loop.study import run_study
 
 IRCOT = ActionFormat("ircot", max_tokens=128)
 SEED002 = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)
@@ -56,8 +56,18 @@ def test_a_study_says_when_the_server_did_not_apply_the_grammar(tmp_path):
         assert "grammar" in ep.bodies[0]["structured_outputs"]  # the grammar was sent
     calls = [json.loads(line) for line in (tmp_path / "none" / "calls.jsonl").read_text().splitlines()]
     assert [c["meta"]["follows_grammar"] for c in calls] == [False, True]
+    # one meaning (issue 39): the grammar's scaffold name, as the runner records it
+    assert [c["meta"]["structured_actions"] for c in calls] == ["ircot", "ircot"]
     study = json.loads((tmp_path / "study.json").read_text())
     assert study["structured_replies"] == {"replies": 2, "off_grammar": 1}
+    # calls recorded before (structured_actions: true) still load and count the same
+    import attnprobe
+    from attnprobe.results.caveats import structured_replies
+
+    old = tmp_path / "old-calls.jsonl"
+    old.write_text("".join(json.dumps({**c, "meta": {**c["meta"], "structured_actions": True}}) + "\n" for c in calls))
+    assert [t.meta["structured_actions"] for t in attnprobe.load_trajectories(old)] == [True, True]
+    assert structured_replies(json.loads(x) for x in old.read_text().splitlines()) == study["structured_replies"]
     assert study["caveats"][0].startswith("the server did not apply the grammar (1 of 2 replies): ")
     assert "- the server did not apply the grammar (1 of 2 replies)" in (tmp_path / "study.md").read_text()
 

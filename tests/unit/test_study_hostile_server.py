@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.interference import run_interference as run_study
 from support.scripted_chat import ScriptedChat
 from support.scripted_server import scripted_endpoint
 
@@ -19,7 +20,6 @@ from attnprobe.execution.local import LocalExecutor
 from attnprobe.generation.openai_chat import OpenAIChat
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention import histories, recorded_calls
-from attnprobe.studies.loop.study import run_study
 from attnprobe.trajectory.schema import load_trajectories
 
 QUESTION = {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"], "type": None}
@@ -93,7 +93,7 @@ def test_study_attention_skips_and_names_a_record_the_schema_refuses(tmp_path):
 @pytest.mark.slow  # the tiny model's captures: 10-20 s on a busy 2-core machine
 def test_study_attention_captures_every_call_of_a_study_against_every_hostile_mode(tmp_path, tiny_smol):
     from attnprobe.capture.job import CaptureOptions
-    from attnprobe.studies.loop.attention import run_attention
+    from attnprobe.studies.loop.attention_study import run_attention
 
     questions = [{**QUESTION, "id": mode, "question": f"Capital of France ({mode})?"} for mode in MODES]
 

@@ -35,10 +35,11 @@ def test_options_record_without_touching_args():
 
 def test_the_study_refuses_its_steps_before_any_stage(tmp_path):
     from attnprobe.cli.study import masking_options
-    from attnprobe.studies.masking import run_masking_study
+    from attnprobe.execution.study import run_study
+    from attnprobe.studies.masking import MASKING
 
-    opts = masking_options(_args("--turns", "999"))
+    opts = masking_options(_args("--turns", "999", "--out", str(tmp_path / "o")))
     opened = []
     with pytest.raises(AttnprobeError, match="no step qualifies"):
-        run_masking_study(opts, lambda: opened.append(1))
-    assert not opened
+        run_study(MASKING, opts, lambda: opened.append(1))
+    assert not opened and not (tmp_path / "o").exists()  # refused by the plan: no folder, no executor

@@ -27,7 +27,7 @@ from attnprobe.studies.loop.context import parse_setting
 from attnprobe.studies.loop.scoring import Scorer
 from attnprobe.trajectory.importers import iter_import
 from attnprobe.trajectory.schema import Trajectory
-from attnprobe.trajectory.tags import TagSpan, scan
+from attnprobe.trajectory.tags import TagSpan, removed, scan
 
 
 def script(messages, tools):
@@ -324,9 +324,9 @@ def test_counterfactual_run_on_an_ircot_history_edits_the_tag_text(tmp_path, tok
     the steps are the tag text's, ircot:o at the last step removes exactly the first ``<information>`` message
     (its tokens are the tokens saved) and nothing at the step before."""
     import torch
+    from support.cfrun import run_counterfactuals
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from attnprobe.counterfactual.job import run_counterfactuals
     from attnprobe_hooks.backend import LoadedModel
 
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -349,3 +349,18 @@ def test_counterfactual_run_on_an_ircot_history_edits_the_tag_text(tmp_path, tok
     for q in ("decision", "reasoning"):
         assert r["queries"][q]["removed_mass"] == pytest.approx(r["queries"][q]["removed_observation_mass"], abs=1e-6)
         assert r["queries"][q]["removed_mass"] > 0
+
+
+@pytest.mark.parametrize("text", [
+    "", "no tags", "a <search>q</search> b", "a <search>q</search> b <search>r</search>c",
+    "think <search>open to the end", "think <search>open\n", "x <search>a</search> y <search>open\nmore\n",
+    "</search> stray close <search>q</search>", "<search><search>q</search></search> tail", "<search>\n",
+])
+def test_removed_equals_the_lazy_regex_it_replaces(text):
+    import re
+
+    assert removed(text, "search") == re.sub(r"<search>.*?(?:</search>|$)", "", text, flags=re.S)
+
+
+def test_removed_is_linear_on_unclosed_tags():
+    assert_linear(lambda t: removed(t, "search"), lambda n: ("<search> x " * (n // 11),), 62_500, 1_000_000)

@@ -72,12 +72,13 @@ def test_redact_hides_every_urls_credentials():
 def test_credentials_in_a_refiner_url_reach_no_output(tmp_path, monkeypatch, capsys):
     """A study with a refiner whose URL carries credentials and whose calls fail: study.md, errors.jsonl, the
     lock record and every line printed name the setting with the credentials redacted."""
+    from support.interference import run_interference as run_study
+
     from attnprobe.agents import refiners
     from attnprobe.cli.main import setup_logging
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.io.fs import LOCK_NAME, hold_dir_lock
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.study import run_study
 
     def down(base_url, model, **kw):
         def refine(query, document):
@@ -133,10 +134,11 @@ def test_a_study_with_a_refiners_credentials_writes_them_nowhere_and_resumes(tmp
     """The setting is named without its URL's credentials in every file and folder name (study.json, the
     setting's folder, its calls, histories and results), the refiner still gets the whole URL, a rerun finds
     every item done, and the app reads the study and finds the setting's folder."""
+    from support.interference import run_interference as run_study
+
     from attnprobe.agents import refiners
     from attnprobe.execution.local import LocalExecutor
     from attnprobe.studies.loop.agents import LoopConfig
-    from attnprobe.studies.loop.study import run_study
     from attnprobe_app import data as D
     from attnprobe_app import study_data as SD
 

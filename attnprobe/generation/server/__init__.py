@@ -46,7 +46,6 @@ from attnprobe.generation.server.options import add_server_options, limits_from_
 from attnprobe.generation.server.protocol import (
     DEFAULT_CONTEXT,
     DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_TOKENS,
     DEFAULT_READ_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
     Limits,
@@ -57,7 +56,7 @@ from attnprobe.generation.server.protocol import (
 
 _client_gone = client_gone  # the old private name (tests)
 
-__all__ = ["DEFAULT_CONTEXT", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_TOKENS", "DEFAULT_READ_TIMEOUT",
+__all__ = ["DEFAULT_CONTEXT", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_READ_TIMEOUT",
            "DEFAULT_REQUEST_TIMEOUT", "READY_EVENT", "Limits", "RequestError", "add_server_options", "bind_error",
            "check_port_free", "client_gone", "context_length", "is_loopback", "limits_from_args", "main",
            "make_server", "parse_chat_request", "port_number", "serve"]

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from attnprobe.errors import TrajectoryError
+from attnprobe.generation.chat import DEFAULT_MAX_NEW_TOKENS
 from attnprobe.io import loads_strict
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any prompt a context window holds
@@ -15,7 +16,6 @@ DEFAULT_READ_TIMEOUT = 30.0  # seconds per socket read
 DEFAULT_REQUEST_TIMEOUT = 120.0  # seconds to receive a whole request (line, headers, body)
 DEFAULT_MAX_QUEUE = 16  # requests generating or waiting their turn; more are answered 503 at once
 DEFAULT_CONTEXT = 8192  # prompt-token limit when the model config names no context length
-DEFAULT_MAX_TOKENS = 256
 
 
 # Fields that ask a server to constrain the reply (vLLM's structured_outputs and guided_*, SGLang's ebnf / regex /
@@ -103,7 +103,7 @@ def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
     if max_tokens is None:
         max_tokens = req.get("max_tokens")
     if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, max_tokens_cap)
+        max_tokens = min(DEFAULT_MAX_NEW_TOKENS, max_tokens_cap)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= max_tokens_cap:
         raise RequestError(400, f"max_tokens must be an integer from 1 to {max_tokens_cap}, got {max_tokens!r}",
                            param="max_tokens")

@@ -55,11 +55,11 @@ def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMIN
                   share_prefixes: bool = True) -> dict[str, int]:
     """Capture every (item, framing) not captured yet in this process (:class:`AttentionJob` on the
     local executor); resumable (a finished capture has meta.json)."""
-    from attnprobe.execution.local import LocalExecutor
+    from attnprobe.execution.local import in_process
 
     job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force,
                        reminder=reminder, batch_size=batch_size, share_prefixes=share_prefixes)
-    counts = LocalExecutor(lambda: model, progress=progress).run(job)
+    counts = in_process(model, progress=progress).run(job)
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.execution.job import JobBase, WorkItem
-from attnprobe.execution.local import LocalExecutor
+from attnprobe.execution.local import in_process
+from attnprobe.generation.factory import ChatJob
 from attnprobe.io import append_jsonl, recover_atomic_dirs
 from attnprobe.studies.ibis.behaviour import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -49,7 +50,7 @@ def capture_framings(framings: Sequence[str], protocol: str) -> tuple[str, ...]:
 
 
 @dataclass
-class BehaviourJob(JobBase):
+class BehaviourJob(ChatJob):
     """Decide every (item, framing) not yet in ``folder/decisions.jsonl``. The model it runs on is a
     chat backend (in process or an endpoint) or a loaded model, wrapped in :class:`BehaviourBackend`;
     ``batch_size`` pairs are generated in one left-padded batch where the backend supports it.
@@ -96,16 +97,11 @@ class BehaviourJob(JobBase):
     def prepare_key(self) -> Any:
         return ("behaviour", self.early_stop, self.forced_choice, self.no_call_tokens)
 
-    def prepare(self, model) -> BehaviourBackend:
-        if isinstance(model, BehaviourBackend):
-            return model
-        from attnprobe.capture.models import LoadedModel
-
-        if isinstance(model, LoadedModel):  # a loaded model (a Ray replica's): chat with it in process
-            from attnprobe.generation.transformers_chat import TransformersChat
-
-            model = TransformersChat(model)
-        return BehaviourBackend(model, early_stop=self.early_stop, forced_choice=self.forced_choice,
+    def prepare_chat(self, chat) -> BehaviourBackend:
+        """The chat (:class:`ChatJob` made a loaded model one) in IBIS's wrapper; a wrapper handed in is kept."""
+        if isinstance(chat, BehaviourBackend):
+            return chat
+        return BehaviourBackend(chat, early_stop=self.early_stop, forced_choice=self.forced_choice,
                                 no_call_tokens=self.no_call_tokens)
 
     def run(self, backend: BehaviourBackend, batch: Sequence[WorkItem]) -> list[dict]:
@@ -190,5 +186,5 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     job = BehaviourJob(Path(folder), items, framings=framings, max_tokens=max_tokens, protocol=protocol,
                        batch_size=batch_size if batched else 1, force=force, reminder=reminder,
                        no_call_tokens=getattr(backend, "no_call_tokens", DEFAULT_NO_CALL_TOKENS))
-    counts = LocalExecutor(lambda: backend, progress=progress).run(job)
+    counts = in_process(backend, progress=progress).run(job)
     return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

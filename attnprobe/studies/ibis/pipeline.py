@@ -10,33 +10,55 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnprobe.execution.counts import RunCounts
-from attnprobe.studies.ibis.framings import FRAMINGS
+from attnprobe.io.options import non_negative_int, option, positive_int
+from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
+from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
+PROTOCOL_HELP = ("paper (default): seed 001 appendix E's layouts, the query never shown to the observer; matched: "
+                 "the observer and direct framings also show the query, for attention to the same query tokens "
+                 "(docs/methods.md). A model folder holds one protocol.")
 
 
 @dataclass(frozen=True)
 class IbisOptions:
-    """What the IBIS commands take (a command without a stage's options keeps their defaults).
-    ``generator``: ``transformers`` (in process or Ray replicas) or ``openai`` (an endpoint)."""
+    """What the IBIS commands take (a command without a stage's options keeps their defaults), each option
+    declared once here (:func:`attnprobe.io.options.option`; ``attnprobe ibis`` builds its parser from
+    them). The defaults are the command's documented ones, so ``IbisOptions()`` runs what ``attnprobe ibis
+    all`` runs. ``generator``: ``transformers`` (in process or Ray replicas) or ``openai`` (an endpoint)."""
 
-    items: Path | None = None
-    ids: Sequence[str] | None = None
-    limit: int | None = None
-    results: Path = DEFAULT_RESULTS
-    folder: Path | None = None
+    items: Path | None = option(None, flag="--items", type=Path,
+                                help=f"IBIS items (JSON Lines; default: the shipped set {DEFAULT_ITEMS_NAME})")
+    ids: Sequence[str] | None = option(None, flag="--ids", nargs="+", help="use only these item ids")
+    limit: int | None = option(None, flag="--limit", type=positive_int, help="use only the first N items")
+    results: Path = option(DEFAULT_RESULTS, flag="--results", type=Path,
+                           help="results root; each model gets <results>/<model name>/ (default: results/ibis)")
+    folder: Path | None = option(None, flag="--folder", type=Path,
+                                 help="the model folder itself (overrides --results and the name derived from the "
+                                      "model)")
     generator: str = "transformers"
     base_url: str | None = None
     served_model: str | None = None
     model: str = "default"
     dtype: str = "float32"
-    protocol: str = "paper"
-    reminder: str | None = None
-    framings: Sequence[str] = FRAMINGS
-    max_new_tokens: int | None = None
-    batch_size: int = 1
-    no_call_tokens: int | None = None
+    protocol: str = option("paper", flag="--protocol", choices=PROTOCOLS, help=PROTOCOL_HELP)
+    reminder: str | None = option(
+        None, flag="--reminder", choices=REMINDERS,
+        help="listing: each framing's reminder exactly as seed 001 appendix E prints it (the paper protocol's "
+             "default); identical: one reminder in every framing, as the appendix prose says (the matched "
+             "protocol's default). Recorded in run.json and the report")
+    framings: Sequence[str] = option(FRAMINGS, flag="--framings", nargs="+", choices=FRAMINGS,
+                                     help="framings to run (default: all of them)")
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # --max-new-tokens: the generation group's (cli/options.py)
+    batch_size: int = option(
+        12, flag="--prompts-per-batch", type=positive_int, metavar="N",
+        help="prompts generated together (transformers; left-padded batch, same greedy output; default {default})")
+    no_call_tokens: int | None = option(
+        DEFAULT_NO_CALL_TOKENS, flag="--no-call-tokens", type=non_negative_int,
+        help="in process: stop a reply after this many tokens without a tool call opening (default {default}; "
+             "0 = never), so one reply never holds its batch for the whole token limit; recorded and compared on "
+             "resume")
     chunk_size: int | None = None
     share_prefixes: bool = True
     force: bool = False
@@ -102,6 +124,29 @@ def prepare(opts: IbisOptions, target: Target, items, generator: str) -> None:
 
 def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
     """Behaviour: one decision per (item, framing) into the folder's decisions on executor ``ex``."""
+    return drive(behaviour_steps(opts, target, items, ex), ex)
+
+
+def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
+    """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
+    the folder's aggregate."""
+    return drive(capture_steps(opts, target, items, ex, aggregate_now=aggregate_now), ex)
+
+
+def drive(steps, ex):
+    """Run a stage's steps (a generator that yields its job and is sent the executor's counts) on ``ex``, as
+    :func:`attnprobe.execution.study.run_study` does; the stage's value."""
+    try:
+        job = next(steps)
+        while True:
+            job = steps.send(ex.run(job))
+    except StopIteration as end:
+        return end.value
+
+
+def behaviour_steps(opts: IbisOptions, target: Target, items, ex):
+    """:func:`stage_run` as steps: yields the behaviour job, is sent its counts, records the stage in run.json;
+    returns its :class:`RunCounts`. ``ex``: where the invariants are checked (the generation executor)."""
     from attnprobe.studies.ibis.folder import invariants, update_run
     from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import BehaviourJob
@@ -112,7 +157,7 @@ def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
                        protocol=opts.protocol, batch_size=opts.batch_size, force=opts.force, reminder=opts.reminder,
                        no_call_tokens=(opts.no_call_tokens or None) if opts.generator != "openai" else None)
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
-    counts = ex.run(job)
+    counts = yield job
     counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
     update_run(target.folder, "behaviour", {"backend": opts.generator, "base_url": opts.base_url,
                                             "model_spec": opts.model, "max_new_tokens": opts.max_new_tokens,
@@ -123,9 +168,9 @@ def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
     return RunCounts(counts["done_before"], counts["decided"], counts["failed"])
 
 
-def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True) -> RunCounts:
-    """Attention at the decision token of every (item, framing) on executor ``ex``; then (``aggregate_now``)
-    the folder's aggregate."""
+def capture_steps(opts: IbisOptions, target: Target, items, ex, *, aggregate_now: bool = True):
+    """:func:`stage_capture` as steps: yields the attention job, is sent its counts; returns its
+    :class:`RunCounts`. ``ex``: where the invariants are checked (the capture executor)."""
     from attnprobe.io.settings import check_settings, finished_something, record_settings
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import invariants, update_run
@@ -144,7 +189,7 @@ def stage_capture(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)
     job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
                        force=force, reminder=opts.reminder, share_prefixes=opts.share_prefixes)
-    counts = ex.run(job)
+    counts = yield job
     if finished_something(counts):  # recorded only once a capture is finished
         record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
@@ -176,8 +221,20 @@ def _chunk_used(target: Target, items, given: int | None) -> int | None:
 def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
             say: Callable[[str], None] = lambda line: None) -> int:
     """Behaviour and capture item group by item group (so an interrupted run has both for every finished
-    item), then aggregate. A group is what one generation batch holds; an executor that shards (Ray) gets
-    the whole set. ``say``: each stage's count line and the progress line; the exit code."""
+    item), then aggregate, on the generation executor ``gen`` and the capture executor ``cap``: the exit code."""
+    steps = all_steps(opts, target, items, gen, cap, say=say)
+    try:
+        job = next(steps)
+        while True:
+            job = steps.send((gen if job.needs == "chat" else cap).run(job))
+    except StopIteration as end:
+        return end.value
+
+
+def all_steps(opts: IbisOptions, target: Target, items, gen, cap, *, say: Callable[[str], None] = lambda line: None):
+    """:func:`run_all` as steps (each behaviour job needs a chat: the generation executor runs it; each capture
+    job the model). A group is what one generation batch holds; an executor that shards (Ray) gets the whole
+    set. ``say``: each stage's count line and the progress line; returns the exit code."""
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import update_run
 
@@ -186,9 +243,9 @@ def run_all(opts: IbisOptions, target: Target, items, gen, cap, *,
         max(1, opts.batch_size // max(1, len(opts.framings)))
     for start in range(0, len(items), per):
         group = items[start:start + per]
-        done = stage_run(opts, target, group, gen)
+        done = yield from behaviour_steps(opts, target, group, gen)
         say(run_line(done, target))
-        captured = stage_capture(opts, target, group, cap, aggregate_now=False)
+        captured = yield from capture_steps(opts, target, group, cap, aggregate_now=False)
         say(capture_line(captured, target))
         rc = max(rc, done.exit_code, captured.exit_code)
         say(f"ibis all: {min(start + per, len(items))}/{len(items)} items done")

@@ -33,17 +33,16 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnprobe.agents import searchr1
 from attnprobe.agents.context import ContextHistory, Setting
 from attnprobe.agents.policies import setting_rules
+from attnprobe.agents.recorder import call_record
 from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS, SearchBackend, corpus_identity
 from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
-from attnprobe.generation.grammars import follows_grammar
 from attnprobe.generation.toolparse import native_turn, parse_tags
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
@@ -58,6 +57,7 @@ from attnprobe.studies.loop.prompts import (
 )
 from attnprobe.studies.loop.scoring import extract_answer, extract_confidence
 from attnprobe.trajectory.schema import message_text
+from attnprobe.trajectory.tags import removed
 
 SCAFFOLDS = ("ircot", "seed002")
 # How the ircot scaffold sends its history: "stream", Search-R1's one growing sequence (attnprobe.agents.searchr1,
@@ -236,23 +236,16 @@ class Loop:
             stream.add_reply(reply.raw_text or reply.content or "")
             messages = stream.recorded()
         call_id = f"{self.run_id}/step-{step}"
-        record = {"id": call_id, "task": self.question["question"], "model": getattr(self.chat, "name", None),
-                  "framing": "trace", "messages": messages,
-                  "labels": {}, "meta": {
-                      "runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": redact(self.setting.spec),
-                      "question_id": self.question["id"], "step": step,
-                      "history": ep.link(cf, kept),
-                      "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
-                      "context_chars": _chars(sent), "finish_reason": reply.finish_reason,
-                      "raw_text": reply.raw_text}}
-        if request.actions is not None:  # recorded as structured: checked against the grammar it was sent
-            record["meta"]["structured_actions"] = True
-            record["meta"]["follows_grammar"] = follows_grammar(request.actions, reply.raw_text or reply.content or "")
+        meta = {"runner": f"loop-{self.config.scaffold}", "run_id": self.run_id, "setting": redact(self.setting.spec),
+                "question_id": self.question["id"], "step": step, "history": ep.link(cf, kept)}
+        # structured: recorded with the grammar it was sent, and whether the reply follows it
+        record = call_record(call_id, self.question["question"], getattr(self.chat, "name", None), messages, reply,
+                             meta, actions=request.actions, after_usage={"context_chars": _chars(sent)})
         if stream is not None:  # what the model was sent: tokens, the start it did not see, observations cut
             record["meta"]["stream"] = {"prompt_tokens": len(request.prompt_ids or []), "dropped_tokens": dropped,
                                         "observation_tokens_cut": [p.cut for p in stream.pieces if p.cut]}
         if tools:
-            record["tools"] = tools
+            record["tools"] = tools  # last, where the loop's records always had it
         ep.calls.append(record)
         ep.record_step(step, call_id)
         ep.input_tokens.append(reply.input_tokens)
@@ -326,7 +319,7 @@ class Loop:
         ep = self.ep
         ep.tool_calls += 1
         ep.retrievals += 1
-        thought = re.sub(r"<search>.*?(?:</search>|$)", "", tag_text, flags=re.S).strip()
+        thought = removed(tag_text, "search").strip()
         call = {"id": f"call{ep.tool_calls}", "type": "function",
                 "function": {"name": "search", "arguments": json.dumps({"query": query}, ensure_ascii=False)}}
         ep.append({"role": "assistant", "content": thought, "tool_calls": [call], "tag_text": tag_text})
@@ -446,7 +439,7 @@ def question_records(loop: Loop, scorer, seconds: float) -> tuple[dict, list[dic
                         "setting": redact(setting.spec), "question_id": question["id"], "steps": ep.steps,
                         "refined": {str(i): t for i, t in sorted(ep.refined.items())},
                         **({"page_pool": loop.pool} if loop.pool is not None else {}),
-                        **({"structured_actions": True} if config.structured_actions else {})}}
+                        **({"structured_actions": config.scaffold} if config.structured_actions else {})}}
     if config.scaffold == "seed002":
         history["tools"] = TOOLS
     result = {

@@ -11,7 +11,7 @@ Two parts, both resumable, run on one executor (local or Ray, chosen once by the
   ``OUT/<setting>/counterfactual/``: where the baseline agent's attention would have gone under the
   policy, beside what the agent under the policy did. Steps: the counterfactual command's default
   ``--min-past`` per policy family (:func:`attnprobe.agents.policies.default_min_past`), through the
-  counterfactual stage (:func:`attnprobe.counterfactual.job.run_on_executor`, a layer below the studies),
+  counterfactual stage (:data:`attnprobe.counterfactual.study.COUNTERFACTUAL`, a layer below the studies),
   which writes the folder's summary.md / summary.json (naming both models when the capture model is not
   the agent's).
 
@@ -42,33 +42,21 @@ by a one-line note when they changed).
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnprobe.agents.policies import default_min_past, parse_policy
-from attnprobe.capture.job import CaptureJob, CaptureOptions
-from attnprobe.counterfactual.job import run_on_executor
-from attnprobe.counterfactual.run import RunOptions
-from attnprobe.errors import AttnprobeError, TrajectoryError
-from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock
-from attnprobe.results.caveats import attention_caveats
+from attnprobe.agents.policies import parse_policy
+from attnprobe.capture.job import CaptureOptions
+from attnprobe.errors import TrajectoryError
 from attnprobe.results.result import CaptureResult
-from attnprobe.stats import bootstrap_mean_ci
+from attnprobe.stats import STUDY_RESAMPLES, bootstrap_mean_ci
 from attnprobe.studies.loop.attention_report import (
     CATEGORIES,
     FILTERS,
     QUERIES,
-    SHARES_MIN_PAST,
-    default_shares_min_past,
-    markdown,
-    max_past_turns,
-    results_stamp,
-    with_attention,
 )
 from attnprobe.studies.loop.call_shares import (  # noqa: F401  (re-exported: the per-call numbers)
     LOOP_ROLES,
@@ -79,7 +67,6 @@ from attnprobe.studies.loop.call_shares import (  # noqa: F401  (re-exported: th
     injected_system_tokens,
     relative_share,
 )
-from attnprobe.studies.loop.in_loop import log_capture_prefill
 from attnprobe.studies.loop.layout import CALLS, HISTORY, StudyLayout
 from attnprobe.trajectory.schema import Trajectory
 
@@ -218,7 +205,7 @@ def by_step(records: list[dict], query: str) -> dict[str, dict]:
             for k, v in sorted(steps.items())}
 
 
-def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_past: int = 5,
+def setting_attention(results: list[CaptureResult], *, n_boot: int = STUDY_RESAMPLES, min_past: int = 5,
                       records: list[dict] | None = None) -> dict:
     """A setting's shares at each query over the calls the filter keeps (:func:`call_filter`, at least
     ``min_past`` past turns): per question the mean over its kept calls, then the mean over questions with
@@ -249,7 +236,7 @@ def setting_attention(results: list[CaptureResult], *, n_boot: int = 2000, min_p
 
 
 def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, min_past: int,
-                      n_boot: int = 2000) -> dict:
+                      n_boot: int = STUDY_RESAMPLES) -> dict:
     """Setting - baseline share at the same (question, step), over the calls both keep at ``query``: per
     question the mean difference over its paired steps, then the mean over questions with a paired
     percentile bootstrap CI (questions resampled, each with its pairs). ``pairs`` / ``questions``: how
@@ -280,141 +267,3 @@ def _nanmean(rows: list[list[float]]) -> np.ndarray:
     arr = np.asarray(rows, dtype=np.float64)
     n = np.isfinite(arr).sum(axis=0)
     return np.where(n > 0, np.nansum(arr, axis=0) / np.maximum(n, 1), np.nan)
-
-
-# ------------------------------------------------------------------ the run
-def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions, force: bool,
-                  skipped: dict[str, list[str]]) -> dict[str, CaptureJob]:
-    jobs = {}
-    layout = StudyLayout(out)
-    for s in settings:
-        trajs = recorded_calls(out, s, skipped.setdefault(s, []))
-        jobs[s] = CaptureJob(layout.capture_dir(s), trajs, capture, model=model.spec,
-                             backend=model.backend, dtype=model.dtype, force=force)
-    conflicts = [c for j in jobs.values() for c in ([] if force else j.conflicts())]
-    if conflicts:
-        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        raise AttnprobeError(f"{out} holds captures made with other settings: {conflicts[0]}{more}; "
-                             "use --force to redo or another --out")
-    return jobs
-
-
-def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAULT_CAPTURE,
-                  counterfactual: RunOptions | None = None, min_past: int | None = None,
-                  shares_min_past: int | None = None, force: bool = False, n_boot: int = 2000,
-                  only: list[str] | None = None, models=None) -> tuple[dict, dict]:
-    """Capture every recorded call, run the counterfactuals, write attention.json / attention.md and the
-    section of study.md; returns (counts summed over the capture jobs, the attention document).
-    ``model``: what the executor loads (``spec``, ``backend``, ``dtype``: recorded and compared on resume);
-    ``counterfactual``: the counterfactual stage's options (capture settings; its steps run on ``executor``
-    into ``OUT/<setting>/counterfactual``), None skips that part (said so in the report); ``min_past``: the counterfactual
-    steps' (default per policy family); ``shares_min_past``: the share tables' filter (:func:`call_filter`;
-    None: :func:`default_shares_min_past`, seed 002 E.5's five or the most past turns the turn limit allows); ``only``: these settings of the study (default all; the
-    counterfactuals still run on the baseline's histories, the paired table reads the baseline's
-    captures when they exist); ``models``: the :class:`~attnprobe.studies.loop.capture_model.CaptureChoice`
-    (capture and agent model names, recorded and shown in every output; None: names not known)."""
-    out = Path(out)
-    layout = StudyLayout(out)
-    study = read_study(out)
-    settings, baseline = study["settings"], study["baseline"]
-    if shares_min_past is None:
-        shares_min_past = default_shares_min_past(study["config"])
-    if only:
-        unknown = [s for s in only if s not in settings]
-        if unknown:
-            raise AttnprobeError(f"--only-setting {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
-        settings = [s for s in settings if s in only]
-    with hold_dir_lock(out, "study folder"):
-        layout.check(list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
-        skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
-        jobs = _capture_jobs(out, settings, model, capture, force, skipped)  # refused before any model loads
-        counts = {"done_before": 0, "done": 0, "failed": 0}
-        for s, job in jobs.items():
-            if job.trajectories:
-                for k, v in executor.run(job).items():
-                    counts[k] += v
-            log_capture_prefill(s, job)  # calls captured in the loop, tokens prefilled now
-        cf: dict[str, dict] = {}
-        base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
-        for s in settings:
-            spec, why = counterfactual_spec(s, baseline)
-            if spec is None:
-                if s != baseline:
-                    cf[s] = {"status": f"not run: {why}"}
-                continue
-            if counterfactual is None:
-                cf[s] = {"status": "not run: no counterfactual stage given"}
-                continue
-            mp = min_past if min_past is not None else default_min_past([spec])
-            rep = run_on_executor(executor, layout.counterfactual_dir(s), base_hist, [spec],
-                                  counterfactual, min_past=mp, force=force, model=_model_record(model),
-                                  models=models.label if models is not None and models.differs else None)
-            rep["status"] = "ran" if rep.get("steps") else f"no eligible step (none with >= {mp} past turns)"
-            cf[s] = rep
-        doc = attention_document(out, settings, baseline, jobs, cf, model=model, n_boot=n_boot,
-                                 min_past=shares_min_past, models=models, skipped=skipped)
-        current = {s: results_stamp(current_results(out, s)) for s in study["settings"]}  # what was used
-        doc["results_stamps"] = {s: current[s] for s in dict.fromkeys([*settings, baseline])}
-        atomic_write_text(layout.attention_json, json.dumps(finite_json(doc), indent=1, ensure_ascii=False))
-        atomic_write_text(layout.attention_md, markdown(doc))
-        study_md = layout.study_md
-        if study_md.is_symlink():
-            log.warning("%s: is a symlink; not followed (the attention section is in %s)", study_md,
-                        layout.attention_md.name)
-        elif study_md.is_file():
-            atomic_write_text(study_md, with_attention(study_md.read_text(encoding="utf-8"), out, current))
-    return counts, doc
-
-
-def _model_record(model) -> dict:
-    """The model as the counterfactual folder's settings record compares it (``spec``, ``backend``,
-    ``dtype``: what ``attnprobe counterfactual`` records for its --model options)."""
-    return {"spec": model.spec, "backend": model.backend, "dtype": model.dtype}
-
-
-def _captured(job: CaptureJob) -> list[CaptureResult]:
-    job = replace(job)  # a fresh job: its resume states are read anew, after the run
-    return [CaptureResult.load(job.folder(it.data)) for it in job.items() if job.done(it)]
-
-
-def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict[str, CaptureJob],
-                       cf: dict[str, dict], *, model, n_boot: int, min_past: int = SHARES_MIN_PAST,
-                       models=None, skipped: dict[str, list[str]] | None = None) -> dict:
-    """attention.json: per setting the capture counts, shares and per-token shares (filtered, and per
-    step), the paired difference with the baseline, the counterfactual report, and ``skipped``: the
-    records (calls, or the baseline's histories) the schema refused, one error line each."""
-    per: dict[str, dict] = {}
-    records: dict[str, list[dict]] = {}
-    layout = StudyLayout(out)
-    for s in settings:
-        results = _captured(jobs[s])
-        records[s] = [call_record(r) for r in results]
-        per[s] = {"recorded_calls": len(jobs[s].trajectories), "captured_calls": len(results),
-                  "capture_folder": str(jobs[s].out.relative_to(out)),
-                  **setting_attention(results, n_boot=n_boot, min_past=min_past, records=records[s])}
-        if (skipped or {}).get(s):
-            per[s]["skipped"] = skipped[s]
-        if s in cf:
-            per[s]["counterfactual"] = {**cf[s], "folder": layout.counterfactual_dir(s).relative_to(out).as_posix()}
-    if baseline not in records:  # --policy without the baseline: its captures of its current calls, if made
-        some = next(iter(jobs.values()))
-        base = replace(some, out=layout.capture_dir(baseline), trajectories=recorded_calls(out, baseline))
-        records[baseline] = [call_record(r) for r in _captured(base)] if base.out.is_dir() else []
-    for s in settings:
-        if s != baseline:
-            per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,
-                                                     n_boot=n_boot) for q in QUERIES}
-    names = {} if models is None else {"capture_model": models.capture_model, "agent_model": models.agent_model}
-    study = read_study(out)
-    doc = {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
-           "min_past": min_past, "max_past_turns": max_past_turns(study["config"]),
-           "step": "past turns in the agent's run (meta.step - 1)",
-           "capture": {**jobs[settings[0]].settings, "model": model.spec, **names},
-           "study_models": study["models"],
-           "structured_actions": bool(study["config"].get("structured_actions")),
-           **({"invalid_actions": study["invalid_actions"]} if study.get("invalid_actions") else {}),
-           **({"observations": study["observations"]} if study.get("observations") else {}),
-           "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
-                         "paired": "questions resampled with their (question, step) pairs"}}
-    doc["caveats"] = attention_caveats(doc)
-    return doc

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.policies import setting_rules
-from attnprobe.execution.job import JobBase, WorkItem
+from attnprobe.execution.job import WorkItem
+from attnprobe.generation.factory import ChatJob
 from attnprobe.io import atomic_write_text, write_jsonl
 from attnprobe.io.urls import redact
 from attnprobe.studies.loop.agents import LoopConfig
@@ -43,20 +44,9 @@ from attnprobe.studies.loop.layout import StudyLayout
 
 log = logging.getLogger(__name__)
 
-_SEARCH: dict[tuple, Any] = {}  # one search index per process (Ray replicas build their own)
-
-
-def search_backend(kind: str, corpus: str | None):
-    from attnprobe.agents.search import corpus_identity, make_search
-
-    key = (kind, corpus, corpus_identity(corpus) if kind == "bm25" else None)  # a corpus changed in place: reindexed
-    if key not in _SEARCH:
-        _SEARCH[key] = make_search(kind, corpus)
-    return _SEARCH[key]
-
 
 @dataclass
-class InterferenceJob(JobBase):
+class InterferenceJob(ChatJob):
     """Run every (setting, question) not finished in ``out`` with ``config``."""
 
     out: Path
@@ -75,7 +65,6 @@ class InterferenceJob(JobBase):
     stage: str = "interference"
     unit: str = "run"
     bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
-    needs = "chat"  # run() is handed a chat backend (a Ray replica wraps its loaded model: chat_options)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -116,18 +105,19 @@ class InterferenceJob(JobBase):
 
     @property
     def chat_options(self) -> dict:
-        """How a replica wraps its loaded model in a chat backend (``needs = "chat"``): seed 002's replies may
+        """How a loaded model (a Ray replica's) becomes this job's chat (:class:`ChatJob`): seed 002's replies may
         hold several calls, so generation does not stop at the first."""
         return {"stop_at_call": False if self.config.scaffold == "seed002" else None}
 
     def run(self, chat, batch: Sequence[WorkItem]) -> list[dict]:
         """Run the batch's episodes together (:func:`attnprobe.studies.loop.rollout.rollout`: one batched model
         call per turn) and write each item's records as soon as its episode finishes."""
+        from attnprobe.agents.search import shared_search
         from attnprobe.studies.loop.agents import Loop, question_records
         from attnprobe.studies.loop.rollout import rollout
         from attnprobe.studies.loop.scoring import Scorer
 
-        search = search_backend(self.config.search, self.config.corpus)
+        search = shared_search(self.config.search, self.config.corpus)
         scorer = Scorer(self.config.judge)
         if self.in_loop is not None:
             from attnprobe.studies.loop.in_loop import CapturingChat

@@ -13,13 +13,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from attnprobe.agents.policies import setting_rules
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
-from attnprobe.io.settings import check_settings, finished_something, record_settings
+from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
+from attnprobe.stats import STUDY_RESAMPLES
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
@@ -30,6 +34,9 @@ from attnprobe.studies.loop.validity import invalid_actions
 
 log = logging.getLogger(__name__)
 
+# the settings a study runs when none is given: the baseline plus the scaffold's seed settings
+DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
+                    "seed002": ["none", "mask:5"]}
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
 OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
                 "final_call": "the final answer call", "model": "--model/--served-model",
@@ -37,7 +44,7 @@ OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templat
 
 
 def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-                baseline: str | None = None, n_boot: int = 2000, seed: int = 0, model: str | None = None) -> dict:
+                baseline: str | None = None, n_boot: int = STUDY_RESAMPLES, seed: int = 0, model: str | None = None) -> dict:
     """Summarise every result in ``out`` made from the current inputs (whichever run wrote it: a rerun
     that finishes nothing leaves the numbers as they were) and write study.json, study.md and each
     setting's calls.jsonl (only the calls of those results)."""
@@ -74,30 +81,102 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     return study
 
 
-def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
-              baseline: str | None = None, force: bool = False, n_boot: int = 2000,
-              model: str | None = None, batch_size: int = 1, in_loop=None) -> tuple[dict, dict]:
-    """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
-    A folder whose results were made with another loop config or ``model`` is refused before anything
-    runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`; the options are recorded only once an
-    item is finished); settings may be added freely.
-    ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp.
-    ``in_loop``: capture every call while generating it (:class:`attnprobe.studies.loop.in_loop.InLoopOptions`,
-    ``--capture-in-loop``); no part of any stamp."""
-    # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
-    # rerun of every item; the stamps carry it only when on
-    # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
-    # changed corpus reruns the items and a moved identical one does not; the record leaves it out
-    wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
-              "structured_actions": config.structured_actions, "model": model,
-              **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
-    check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
-    job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
-                          batch_size=batch_size, settings_record=wanted, in_loop=in_loop)  # recorded as its first item finishes
-    counts = executor.run(job)
-    if in_loop is not None:
-        log.info("capture in the loop: %d calls captured while generating, %d left to study attention",
-                 job.in_loop_counts["captured"], job.in_loop_counts["left_post_hoc"])
-    if finished_something(counts):  # and when every item was done before; a run that finished nothing (no
-        record_settings(out, "study interference", wanted, force=force)  # model, every item failed): nothing
-    return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
+@dataclass(frozen=True)
+class InterferenceOptions:
+    """What ``attnprobe study interference`` takes; its own options declared here (the loop config's on
+    :class:`~attnprobe.studies.loop.agents.LoopConfig`). The questions: ``questions_file`` (read by the plan,
+    the first ``limit``) or ``questions`` already read; ``settings``: the settings to run side by side (one
+    spelling each: mask:05 is mask:5); ``baseline``: the one the others are compared with (default the
+    first); ``model``: the label results are stamped with; ``batch_size``: episodes stepped together
+    (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp; None: 1, or the CLI's --concurrency with an
+    endpoint); ``endpoint``: generation goes through an OpenAI-compatible endpoint (which takes messages,
+    not token ids); ``in_loop``: capture every call while generating it
+    (:class:`attnprobe.studies.loop.in_loop.InLoopOptions`, built from ``--capture-in-loop``)."""
+
+    out: Path
+    settings: Sequence[str] | None = option(
+        None, flag="--policy", aliases=("--context-policy",), action="append", metavar="SETTING",
+        help="a setting to run; repeat it for more settings, side by side; compose policies within one setting with "
+             "+ (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed settings")
+    config: LoopConfig = field(default_factory=LoopConfig)
+    questions: Sequence[dict] | None = None
+    questions_file: Path | None = option(
+        None, flag="questions", help="JSONL question set (default fields: question, golden_answers / answer)")
+    limit: int | None = option(None, flag="--limit", type=positive_int, help="only the first N questions")
+    baseline: str | None = option(None, flag="--baseline",
+                                  help="the setting the others are compared with (default: the first)")
+    force: bool = False
+    n_boot: int = option(STUDY_RESAMPLES, flag="--bootstrap", type=positive_int, metavar="BOOTSTRAP",
+                         help="bootstrap resamples for CIs (default {default})")
+    model: str | None = None
+    batch_size: int | None = option(
+        None, flag="--episodes-per-batch", type=positive_int, metavar="N",
+        help="episodes (setting x question) in flight, stepped together: one batched model call per turn; records "
+             "do not depend on it (default 1, or --concurrency N with --generator openai)")
+    endpoint: bool = False
+    capture_in_loop: bool = option(
+        False, flag="--capture-in-loop", action="store_true",
+        help="capture every recorded call's attention from the agent's own forward passes while it generates (the "
+             "decision in the call's prefill, the reasoning start at the decode step that feeds it; --queries and "
+             "--layers as 'study attention'), written where 'study attention' writes its captures, which then "
+             "prefills nothing for them (docs/loop.md, 'Captured in the loop'). In process only (--generator "
+             "transformers): a served model (--generator openai) returns text, not its attention, so its calls are "
+             "captured afterwards by 'study attention'")
+    in_loop: Any = None  # --capture-in-loop's InLoopOptions (attnprobe.studies.loop.in_loop); no part of any stamp
+
+
+class InterferenceStudy(StudyBase):
+    """Every unfinished (setting, question) on the executor, then the study's files (:func:`write_study`).
+    A folder whose results were made with another loop config or ``model`` is refused before anything runs
+    unless ``force`` (the options are recorded once an item is finished); settings may be added freely."""
+
+    name = "study interference"
+    folder = "study folder"
+    Options, Layout = InterferenceOptions, StudyLayout
+
+    def plan(self, options: InterferenceOptions, layout: StudyLayout) -> Plan:
+        from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
+        from attnprobe.agents.questions import read_questions
+        from attnprobe.agents.search import make_search
+        from attnprobe.studies.loop.context import parse_setting
+        from attnprobe.studies.loop.scoring import Scorer
+
+        o, config = options, options.config
+        settings = canonical_settings(o.settings or DEFAULT_SETTINGS[config.scaffold])  # one spelling per setting, so one folder; exit 2 on a bad one
+        for s in settings:
+            parse_setting(s)
+        baseline = canonical_setting(o.baseline) if o.baseline else None
+        if baseline and baseline not in settings:
+            raise ValueError(f"--baseline {baseline!r} is not one of the settings ({', '.join(settings)})")
+        Scorer(config.judge)  # a bad --judge fails here
+        questions = list(o.questions) if o.questions is not None else read_questions(o.questions_file)[: o.limit]
+        if config.stream and o.endpoint:  # a chat endpoint takes messages, not token ids
+            raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in "
+                             "process (--generator transformers or vllm); against a served model use --ircot-form "
+                             "chat")
+        make_search(config.search, config.corpus)  # a missing corpus or key fails before the model loads
+        # structured_actions always recorded here (false too), so switching it in a folder is refused, not a
+        # silent rerun of every item; the stamps carry it only when on. The corpus is input, not an option
+        # (like the questions): its content is in every item's stamp, so a changed corpus reruns the items
+        # and a moved identical one does not; the record leaves it out
+        wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
+                  "structured_actions": config.structured_actions, "model": o.model,
+                  **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
+        job = InterferenceJob(layout.folder, questions, list(settings), config, force=o.force, model=o.model,
+                              batch_size=o.batch_size or 1, settings_record=wanted,  # recorded as its first item finishes
+                              in_loop=o.in_loop)
+        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline, job))
+
+    def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
+        questions, settings, baseline, job = counts.plan.data
+        if options.in_loop is not None:
+            log.info("capture in the loop: %d calls captured while generating, %d left to study attention",
+                     job.in_loop_counts["captured"], job.in_loop_counts["left_post_hoc"])
+        study = write_study(layout.folder, questions, settings, options.config, baseline=baseline,
+                            n_boot=options.n_boot, model=options.model)
+        c = counts.total
+        return Outcome(lines=[layout.study_md.read_text(encoding="utf-8")],
+                       notes=[c.line("study interference", to=layout.study_md)], exit_code=c.exit_code, value=study)
+
+
+INTERFERENCE = InterferenceStudy()

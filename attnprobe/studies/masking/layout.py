@@ -29,7 +29,7 @@ from attnprobe.io.layout import FolderLayout
 
 STUDY_JSON, STUDY_MD = "study.json", "study.md"
 CAPTURES, COUNTERFACTUAL = "captures", "counterfactual"
-FIELDS = ("headline", "seed002", "decay", "counterfactual")  # study.json's objects (study.run_masking_study)
+FIELDS = ("headline", "seed002", "decay", "counterfactual")  # study.json's objects (study.MaskingStudy.finish)
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,17 @@ no qualifying step, bad trajectories refused) before the capture stage loads any
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnprobe.capture.job import CaptureOptions, capture_files
-from attnprobe.counterfactual.job import StepChoice, run_files
+from attnprobe.capture.job import CAPTURE, CaptureFilesOptions, CaptureOptions
+from attnprobe.counterfactual.job import StepChoice
 from attnprobe.counterfactual.run import RunOptions
+from attnprobe.counterfactual.study import COUNTERFACTUAL, CounterfactualOptions
 from attnprobe.execution.counts import RunCounts
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, part
 from attnprobe.studies.masking.layout import MaskingLayout
 
 # Seed 002, section 5.3.1: (label, headline key, the seed's value)
@@ -54,20 +56,6 @@ class MaskingOptions:
         return replace(self.capture, queries="reasoning", save_qk_layers=[], truncate=False)
 
 
-@dataclass(frozen=True)
-class MaskingRun:
-    """What the study did: each stage's counts, the study record (``study.json``) and its tables."""
-
-    captured: RunCounts
-    counterfactual: RunCounts
-    study: dict
-    markdown: str
-
-    @property
-    def exit_code(self) -> int:
-        return max(self.captured.exit_code, self.counterfactual.exit_code)
-
-
 def study_markdown(head: dict, summary: dict) -> str:
     """The study's tables: seed 002's numbers beside ours, then the counterfactual summary."""
     from attnprobe.counterfactual.summary import markdown_table
@@ -90,31 +78,46 @@ def _decay_record(curves: dict) -> dict:
             for k, v in curves.items()}
 
 
-def run_masking_study(opts: MaskingOptions, open_executor: Callable[[], Any],
-                      on_counterfactual: Callable[[dict], None] | None = None) -> MaskingRun:
-    """Run the study into ``opts.out`` (both stages resumable), each stage on the executor
-    ``open_executor()`` opens; write ``study.json`` and ``study.md``. ``on_counterfactual``: called with
-    the counterfactual stage's report when it ends (the CLI prints its decision table there)."""
-    from attnprobe.io import atomic_write_text, finite_json
-    from attnprobe.results.analysis import decay_curves, headline
-    from attnprobe.results.report import find_results
-    from attnprobe.results.result import CaptureResult
+class MaskingStudy(StudyBase):
+    """``attnprobe study masking`` as a :class:`~attnprobe.execution.study.Study`: two parts on one
+    executor, each with its own folder, lock and resume (the capture study into ``OUT/captures``, then the
+    counterfactual stage into ``OUT/counterfactual``), then ``study.json`` and ``study.md``. The plan refuses
+    bad policies, steps and trajectories before the capture part loads any model."""
 
-    layout, files = MaskingLayout(Path(opts.out)), [Path(p) for p in opts.trajectories]
-    opts.choice.plan(files)  # refused now, not after the capture stage
-    captured = capture_files(files, layout.captures_dir, opts.capture_options(), opts.model, open_executor,
-                             force=opts.force, progress=opts.progress)
-    results = [CaptureResult.load(p) for p in find_results(layout.captures_dir)]
-    head = headline(results)
-    curves = decay_curves(results)
-    report = run_files(files, layout.counterfactual_dir, opts.choice, opts.counterfactual, open_executor,
-                       batch_size=opts.batch_size, force=opts.force, model=opts.model_record)
-    if on_counterfactual is not None:
-        on_counterfactual(report)
-    summary = report["summary"]
-    study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002}, "decay": _decay_record(curves),
-             "counterfactual": summary}
-    atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, default=float))
-    md = study_markdown(head, summary)
-    atomic_write_text(layout.study_md, md)
-    return MaskingRun(RunCounts.of(captured), RunCounts.of(report["counts"]), study, md)
+    name = "study masking"
+    folder = "study folder"
+    Options, Layout = MaskingOptions, MaskingLayout
+
+    def plan(self, options: MaskingOptions, layout: MaskingLayout) -> Plan:
+        o, files = options, [Path(p) for p in options.trajectories]
+        o.choice.plan(files)  # refused now, not after the capture part
+        capture = CaptureFilesOptions(files, layout.captures_dir, o.capture_options(), o.model, force=o.force,
+                                      progress=o.progress)
+        cf = CounterfactualOptions(layout.counterfactual_dir, files, choice=o.choice, run=o.counterfactual,
+                                   batch_size=o.batch_size, force=o.force, model=o.model_record, table=False)
+        return Plan([[part(CAPTURE, capture)], [part(COUNTERFACTUAL, cf)]])
+
+    def finish(self, options: MaskingOptions, layout: MaskingLayout, counts: Counts) -> Outcome:
+        from attnprobe.io import atomic_write_text, finite_json
+        from attnprobe.results.analysis import decay_curves, headline
+        from attnprobe.results.report import find_results
+        from attnprobe.results.result import CaptureResult
+
+        results = [CaptureResult.load(p) for p in find_results(layout.captures_dir)]
+        head, curves = headline(results), decay_curves(results)
+        report = counts.parts[COUNTERFACTUAL.name].value
+        summary = report["summary"]
+        study = {"headline": head, "seed002": {key: seed for _, key, seed in SEED002},
+                 "decay": _decay_record(curves), "counterfactual": summary}
+        atomic_write_text(layout.study_json, json.dumps(finite_json(study), indent=1, default=float))
+        md = study_markdown(head, summary)
+        atomic_write_text(layout.study_md, md)
+        captured, steps = counts.jobs.get("capture", RunCounts()), counts.jobs.get("counterfactual", RunCounts())
+        return Outcome(lines=([] if options.quiet else [report["markdown"]["decision"]]) + [md],
+                       notes=[captured.line("study masking: capture", done="captured", to=layout.captures_dir),
+                              steps.line("study masking: counterfactual", done="steps done",
+                                         to=layout.counterfactual_dir)],
+                       exit_code=max(captured.exit_code, steps.exit_code), value=study)
+
+
+MASKING = MaskingStudy()

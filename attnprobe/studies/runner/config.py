@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, replace
 from attnprobe.agents.context import parse_setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
-from attnprobe.io.options import non_negative_int, option, positive_int
+from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
+from attnprobe.io.options import OnceAction, non_negative_int, option, positive_int
 
 FILTER_MODES = ("none", "in-context", "isolated")
 VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2 (seed 000, 4.2)
@@ -86,10 +87,7 @@ class RunSettings:
             raise ValueError("max_rewrites and validation_extra_steps must be >= 0 and max_validation_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
-        try:
-            self.context_policy = parse_setting(self.context_policy).spec
-        except ValueError as exc:  # the policy parser names --policy, the loop's option
-            raise ValueError(str(exc).replace("--policy ", "--context-policy ")) from None
+        self.context_policy = parse_setting(self.context_policy).spec  # PolicySpecError: the CLI names its option
 
     @classmethod
     def preset(cls, preset: str, **overrides) -> RunSettings:
@@ -114,3 +112,38 @@ class RunSettings:
             # the old rule is not resumed under the new one
             d["context_rules"] = setting_rules(d["context_policy"])
         return d
+
+
+@dataclass(frozen=True)
+class RunCommandOptions:
+    """The options of ``attnprobe run`` besides :class:`RunSettings`' own: the questions file, the preset and
+    what overrides it (``filter``, ``validation``, ``name``, ``context_policy``: None keeps the preset's),
+    the search backend, how many questions, the batch and the deprecated ``--resume``; declared once here."""
+
+    questions: str | None = option(
+        None, flag="questions", nargs="?",
+        help="JSONL of questions ({{id, question, answer, aliases}}); default: the 12 shipped questions")
+    preset: str = option("nis-agent", flag="--preset", choices=sorted(PRESETS),
+                         help="baseline = no filter, no validation; nis-agent = isolated filter + stages 1+2 (default)")
+    filter: str | None = option(None, flag="--filter", choices=FILTER_MODES, help="override the preset's filter")
+    validation: str | None = option(None, flag="--validation", choices=VALIDATION_MODES,
+                                    help="override the preset's validation (full = 1+2)")
+    name: str | None = option(None, flag="--name",
+                              help="setting name used in run ids and the table (default: the preset, or 'custom' "
+                                   "with overrides, joined with the context policy: baseline_mask-1)")
+    search: str = option("bm25", flag="--search", choices=SEARCH_KINDS, help=SEARCH_HELP)
+    corpus: str | None = option(None, flag="--corpus", help=CORPUS_HELP)
+    limit: int | None = option(None, flag="--limit", type=positive_int, help="only the first N questions (N >= 1)")
+    context_policy: str | None = option(
+        None, flag="--context-policy", action=OnceAction, metavar="SETTING",
+        help="the context policy applied to what the search worker sees at each step: mask:K (seed 002's released "
+             "rule, K turns), mask-obs:K (K observations), ircot:o|oq|oqp, refine:bm25[:N], "
+             "refine:openai:URL:MODEL; compose with + (e.g. ircot:oq+refine:bm25:3). Given once: a run is one "
+             "setting (default none: the worker sees its whole history)")
+    batch_size: int = option(1, flag="--questions-per-batch", type=positive_int, metavar="N",
+                             help="questions per executor batch (default {default}); each batch's questions still "
+                                  "generate one call at a time, the manager/worker nesting does not step questions "
+                                  "together (docs/runner.md)")
+    resume: bool = option(False, flag="--resume", action="store_true",
+                          help="deprecated: a run continues OUT by default (finished questions skipped, partial runs "
+                               "replayed)")

@@ -16,6 +16,7 @@ A failing question stops the run (``catch=()``), as it always did: the next invo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -24,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from attnprobe.agents.recorder import drop_records
-from attnprobe.agents.search import SearchBackend, make_search
-from attnprobe.execution.counts import RunCounts
-from attnprobe.execution.job import JobBase, WorkItem
-from attnprobe.execution.local import LocalExecutor
-from attnprobe.io import append_jsonl, atomic_write_text, finite_json, hold_file_lock, read_records
+from attnprobe.agents.search import SearchBackend, shared_search
+from attnprobe.execution.job import WorkItem
+from attnprobe.execution.local import in_process
+from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase, run_study
+from attnprobe.generation.factory import ChatJob
+from attnprobe.io import append_jsonl, atomic_write_text, finite_json, read_records
 from attnprobe.results.caveats import runner_caveats
 from attnprobe.studies.runner.config import RunSettings
 from attnprobe.studies.runner.layout import RunnerLayout
@@ -42,9 +44,6 @@ from attnprobe.studies.runner.run import (
 )
 
 log = logging.getLogger(__name__)
-
-_SEARCH: dict[tuple, SearchBackend] = {}  # one search index per process (Ray replicas build their own)
-
 
 def read_results(out: Path) -> dict[str, dict]:
     """The finished runs of ``out`` by run id (:meth:`RunnerLayout.read_results`, the one reader)."""
@@ -65,12 +64,12 @@ def write_summary(out: Path, settings: RunSettings, results: list[dict], *, ques
 
 
 @dataclass
-class RunnerJob(JobBase):
+class RunnerJob(ChatJob):
     """Run every question of ``questions`` not finished in ``path`` (the OUT JSONL) with ``settings``.
 
     ``search``: a search backend object, or None to build ``make_search(search_kind, corpus)`` where the job
-    runs (once per process: what a Ray replica does). ``loaded_model``: the executor hands a loaded model (a
-    Ray replica's), which the job wraps in the in-process chat; else it hands a chat backend as is.
+    runs (once per process: what a Ray replica does). The executor hands a chat backend, or a loaded model (a
+    Ray replica's) that :class:`ChatJob` wraps in the in-process chat as `attnprobe run` opens it.
     ``batch_size``: questions per executor batch (one ``run`` call; a Ray shard is made of whole batches).
     Inside a batch the questions still run one after another: the manager calls the worker from inside its
     own step, so two questions cannot be stepped together without making both steppable (docs/runner.md)."""
@@ -81,7 +80,6 @@ class RunnerJob(JobBase):
     search: SearchBackend | None = None
     search_kind: str = "bm25"
     corpus: str | None = None
-    loaded_model: bool = False
     batch_size: int = 1
     unit: str = "q"
     catch: tuple[type[BaseException], ...] = ()  # a failing question stops the run; the next run resumes it
@@ -129,22 +127,16 @@ class RunnerJob(JobBase):
 
     @property
     def prepare_key(self) -> Any:
-        return ("runner", self.loaded_model)
+        return ("runner",)
 
-    def prepare(self, model: Any) -> Any:
-        if not self.loaded_model:
-            return model
-        from attnprobe.generation.transformers_chat import TransformersChat
-
-        return TransformersChat(model, stop_at_call=None)  # as `attnprobe run` opens it in process
+    @property
+    def chat_options(self) -> dict:
+        return {"stop_at_call": None}  # as `attnprobe run` opens the in-process chat
 
     def _search(self) -> SearchBackend:
         if self.search is not None:
             return self.search
-        key = (self.search_kind, self.corpus)
-        if key not in _SEARCH:
-            _SEARCH[key] = make_search(self.search_kind, self.corpus)
-        return _SEARCH[key]
+        return shared_search(self.search_kind, self.corpus)
 
     def _replay(self, run_id: str) -> list[dict] | None:
         """The calls an earlier try of ``run_id`` recorded, read from OUT once per job object (each Ray shard
@@ -198,25 +190,73 @@ def begin(out: Path, questions: list[dict], settings: RunSettings, *, resume: bo
                            if (c.get("meta") or {}).get("run_id") in changed})
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """What ``attnprobe run`` takes: the questions (already read), the :class:`RunSettings`, the output
+    ``out`` (``X.jsonl``); ``resume=False`` refuses records there, ``force`` starts again; ``search``: a search
+    backend object, or None to use the process's shared one of ``search_kind``/``corpus`` (Ray replicas build
+    their own); ``batch_size``: questions per executor batch."""
+
+    questions: Sequence[dict]
+    settings: RunSettings
+    out: str | Path
+    search: SearchBackend | None = None
+    search_kind: str = "bm25"
+    corpus: str | None = None
+    resume: bool = True
+    force: bool = False
+    batch_size: int = 1
+
+
+class RunnerStudy(StudyBase):
+    """``attnprobe run`` as a :class:`~attnprobe.execution.study.Study` (see the module docstring): the
+    output's own lock (:meth:`RunnerLayout.hold`), :func:`begin` under it before the executor opens, the
+    questions on the executor, then the summary with its caveats."""
+
+    name = "run"
+    folder = "output of attnprobe run"
+    Options, Layout = RunnerOptions, RunnerLayout
+
+    def plan(self, options: RunnerOptions, layout: RunnerLayout) -> Plan:
+        o, out, questions = options, layout.out, list(options.questions)
+        jobs: list[RunnerJob] = []
+
+        def begin_run() -> list[str]:  # under the lock, before the executor opens
+            begin(out, questions, o.settings, resume=o.resume, overwrite=o.force)
+            return []
+
+        def job(ex) -> RunnerJob:
+            jobs.append(RunnerJob(out, questions, o.settings, search=o.search, search_kind=o.search_kind,
+                                  corpus=o.corpus, batch_size=o.batch_size))
+            return jobs[-1]
+
+        return Plan([[job]], conflicts=begin_run, data=(questions, jobs))
+
+    def finish(self, options: RunnerOptions, layout: RunnerLayout, counts: Counts) -> Outcome:
+        questions, jobs = counts.plan.data
+        from attnprobe.studies.runner.run import token_table
+
+        results = jobs[0].finished()
+        s = write_summary(layout.out, options.settings, results, questions=questions)
+        c = counts.total
+        return Outcome(lines=[token_table({options.settings.name: s}), *(f"Caveat: {x}" for x in s.get("caveats") or [])],
+                       notes=[c.line("run", to=layout.out),
+                              json.dumps({"out": str(options.out), "accuracy": s["accuracy"], "runs": s["runs"]})],
+                       exit_code=c.exit_code, value={"summary": s, "results": results, "skipped": c.done_before,
+                                                     "counts": c})
+
+
+RUNNER = RunnerStudy()
+
+
 def run_questions(chat, questions: Iterable[dict], settings: RunSettings, out: str | Path, *,
                   search: SearchBackend | None = None, resume: bool = True, overwrite: bool = False,
-                  progress: bool = False, batch_size: int = 1, executor=None, loaded_model: bool = False,
+                  progress: bool = False, batch_size: int = 1, executor=None,
                   search_kind: str = "bm25", corpus: str | None = None) -> dict:
-    """Run every question; returns ``{"summary", "results", "skipped", "counts"}`` (``counts``: :class:`RunCounts`).
-
-    ``chat`` generates in this process; or pass ``chat=None`` and an ``executor`` (Ray replicas of a model,
-    with ``loaded_model=True``). A run continues what OUT holds (``resume=False`` refuses records there
-    instead; ``overwrite`` starts again). The output is locked for the whole run
-    (:func:`attnprobe.io.hold_file_lock`): a second run into the same ``out`` is refused in one line naming
-    the first one's PID, so the checks and the appends that follow can never race another process."""
-    out = Path(out)
-    questions = list(questions)
-    with hold_file_lock(out, "output of attnprobe run"):
-        begin(out, questions, settings, resume=resume, overwrite=overwrite)
-        job = RunnerJob(out, questions, settings, search=search, search_kind=search_kind, corpus=corpus,
-                        loaded_model=loaded_model, batch_size=batch_size)
-        ex = executor if executor is not None else LocalExecutor(lambda: chat, progress=progress)
-        counts = RunCounts.of(ex.run(job))
-        results = job.finished()
-        summary = write_summary(out, settings, results, questions=questions)
-    return {"summary": summary, "results": results, "skipped": counts.done_before, "counts": counts}
+    """:data:`RUNNER` through the one driver, for Python callers: ``{"summary", "results", "skipped", "counts"}``
+    (``counts``: :class:`RunCounts`). ``chat`` generates in this process; or pass ``chat=None`` and an
+    ``executor`` (Ray replicas of a model: the job wraps their loaded model itself)."""
+    options = RunnerOptions(list(questions), settings, Path(out), search=search, search_kind=search_kind,
+                            corpus=corpus, resume=resume, force=overwrite, batch_size=batch_size)
+    ex = executor if executor is not None else in_process(chat, progress=progress)
+    return run_study(RUNNER, options, lambda: contextlib.nullcontext(ex)).value

@@ -43,6 +43,13 @@ class RunnerLayout:
     def folder(self) -> Path:
         return self.out.parent
 
+    def hold(self):
+        """The output's lock (:func:`attnprobe.io.hold_file_lock`), held for a whole run: a second run into the
+        same ``out`` is refused in one line naming the first one's PID; other outputs in the folder are free."""
+        from attnprobe.io import hold_file_lock
+
+        return hold_file_lock(self.out, "output of attnprobe run")
+
     @staticmethod
     def is_folder(names: Iterable[str]) -> bool:
         """A folder holding a runner output (a results file)."""
