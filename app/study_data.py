@@ -25,16 +25,20 @@ from attnprobe.results.caveats import study_caveats as study_caveats_of
 from attnprobe.results.formatting import format_ci
 from attnprobe.results.result import META_FILE
 from attnprobe.studies.loop.attention_report import (
+    CATEGORIES,
     QUERY_LABELS,
     dropped_line,
+    filtered_empty,
     models_label,  # noqa: F401  (the page names another capture model with the agent's)
     paired_rows,
+    relative_paired_rows,
     relative_rows,
     results_stamps,
     share_rows,
     stale_reason,
     step_rows,
 )
+from attnprobe.studies.loop.call_shares import call_shares
 from attnprobe.studies.loop.layout import ATTENTION_JSON as ATTENTION_FILE  # the page names it
 from attnprobe.studies.loop.layout import STUDY_JSON, StudyLayout
 from attnprobe.studies.loop.metrics import MEASURES
@@ -366,7 +370,34 @@ def attention_dropped(root: Path, study: Study, summary) -> str | None:
 
 
 ATTENTION_TABLES = {"shares": share_rows, "per-token share relative to uniform": relative_rows,
-                    "paired difference with the baseline": paired_rows, "per step": step_rows}
+                    "paired difference with the baseline": paired_rows,
+                    "paired difference of per-token shares": relative_paired_rows, "per step": step_rows}
+
+
+def first_table(summary) -> str:
+    """The table the page shows first: the per-step one when the past-turn filter kept no call at either
+    query (every other table is n/a; attention.md puts it first then too), else the shares."""
+    try:
+        empty = all(filtered_empty(summary, q) for q in ("decision", "reasoning"))
+    except (KeyError, TypeError, AttributeError):
+        empty = False
+    return "per step" if empty else "shares"
+
+
+def call_breakdown(result) -> dict[str, dict[str, float]]:
+    """One captured call's attention per category at each query it has (decision, reasoning start), with
+    the very function attention.md's numbers come from (:func:`attnprobe.studies.loop.call_shares.call_shares`:
+    the seed-002 token convention, the chat template's text owned by the message it delimits), so the Study
+    page's bar of a call is attention.md's row of that call (issue 37); categories in attention.md's order."""
+    return {q: {c: float(v[c]) for c in CATEGORIES} for q, v in call_shares(result).items()}
+
+
+def structured_title(data: dict) -> str:
+    """The words the page title carries for a study run with --structured-actions (study.json ``config``)."""
+    from attnprobe.results.caveats import structured_title as words
+
+    cfg = data.get("config") if isinstance(data, dict) else None
+    return words(bool(isinstance(cfg, dict) and cfg.get("structured_actions")))
 
 
 def attention_rows(summary: dict, query: str, table: str = "shares") -> list[dict]:
@@ -412,7 +443,7 @@ def study_caveats(root: Path, study: Study) -> list[str]:
         summary = None
     if isinstance(summary, dict) and attention_dropped(root, study, summary) is None:  # stale: not shown
         try:
-            out += attention_caveats(summary)
+            out += [c for c in attention_caveats(summary) if c not in out]  # study.json's count is copied there
         except (KeyError, TypeError, AttributeError, ValueError):
             pass
     return out

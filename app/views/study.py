@@ -16,6 +16,7 @@ from attnprobe_app import data as D
 from attnprobe_app import shaping as SH
 from attnprobe_app import study_data as SD
 
+TITLE = "Study: policies in the loop"
 ATTENTION = ("every captured step", "last captured step", "none")
 HOW = ("Run `attnprobe study interference QUESTIONS.jsonl --scaffold ircot --policy none --policy ircot:oq "
        "--out DIR/study` (docs/loop.md), then press **Rescan data directory**.")
@@ -35,7 +36,8 @@ def _pick_study(studies: list[SD.Study]) -> SD.Study:
 
 
 def render(root, inv) -> None:
-    st.title("Study: policies in the loop")
+    head = st.empty()  # the title names --structured-actions once the study is known (issue 37)
+    head.title(TITLE)
     C.show_problems(inv.problems)
     studies, skipped = C.studies(root, inv)
     C.show_problems(skipped, "skipped")
@@ -44,6 +46,8 @@ def render(root, inv) -> None:
         return
     study = _pick_study(studies)
     d = study.data
+    if words := SD.structured_title(d):  # --structured-actions: another experiment than the seeds'
+        head.title(TITLE + words)
     cfg = d.get("config") or {}
     boot = d.get("bootstrap") or {}
     st.caption(f"Folder `{study.rel}` · scaffold **{cfg.get('scaffold', '?')}** · model "
@@ -167,6 +171,21 @@ def heatmap_figure(hm, texts: dict, status: dict[int, str]):
     return fig
 
 
+def breakdown_figure(shares: dict[str, dict[str, float]]):
+    """One stacked horizontal bar per query: the call's share of every category (:func:`SD.call_breakdown`)."""
+    import plotly.graph_objects as go
+
+    queries = list(shares)
+    fig = go.Figure()
+    for c in SD.CATEGORIES:
+        fig.add_trace(go.Bar(y=queries, x=[shares[q][c] for q in queries], name=c.replace("_", " "), orientation="h",
+                             hovertemplate="%{y}<br>" + c.replace("_", " ") + ": %{x:.1%}<extra></extra>"))
+    fig.update_layout(barmode="stack", height=120 + 40 * len(queries), margin=dict(l=90, r=20, t=10, b=90),
+                      xaxis=dict(title="attention share", range=[0, 1], tickformat=".0%"),
+                      legend=dict(orientation="h", y=-0.5, yanchor="top", x=0, xanchor="left"))
+    return fig
+
+
 def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
     """The Trajectory page's turn heatmap and the reply's attention per turn and role, from the capture."""
     try:
@@ -188,13 +207,14 @@ def _call_attention(root, s: SD.Step, key: str, heatmap: bool) -> None:
         st.caption("Lower triangle (blue): step t (row) → turn j's reasoning; upper (orange): step t (column) → "
                    "turn j's observation (row); white = 0, grey = no value (diagonal, or a turn without an "
                    "observation). Mean of layers and heads.")
-    if res.queries:  # the decision (the token before the reply) when captured, else the last query
-        k = next((i for i, q in enumerate(res.queries) if q.kind == "decision"), len(res.queries) - 1)
-        q = res.queries[k]
-        st.plotly_chart(C.role_bars(res.attention()[k], res), key=f"study_seg:{key}", config={"displaylogo": False})
-        st.caption(f"Attention of the call's {q.kind} query (token {q.position}, turn {q.turn}) per turn and role, "
-                   f"mean of layers and heads{whose}. [Open in Trajectory](?page=Trajectory&run={quote(s.capture)}"
-                   f"&q={k})")
+    if res.queries:  # attention.md's breakdown of this call (the same function), per query it has
+        shares = SD.call_breakdown(res)
+        if shares:
+            st.plotly_chart(breakdown_figure(shares), key=f"study_seg:{key}", config={"displaylogo": False})
+            st.caption("Attention of the call's decision token (the last token before the reply) and reasoning start "
+                       "per category, as attention.md counts them (the chat template's text belongs to the message "
+                       f"it delimits; token 0 to system), mean of layers and heads{whose}. "
+                       f"[Open in Trajectory](?page=Trajectory&run={quote(s.capture)}) for it per turn and role.")
         if status or SH.removed_count(res.meta):
             st.caption(SH.ROLE_LEGEND)
 
@@ -219,7 +239,12 @@ def _attention_summary(root, study: SD.Study) -> None:
                "then the mean over questions, with 95% bootstrap CIs over questions. Settings send contexts of "
                "different lengths: compare them by the per-token shares (1 = a category's length's worth) and the "
                "paired differences with the baseline (same question and step).")
-    table = st.radio("table", list(SD.ATTENTION_TABLES), horizontal=True, key="study_attention_table",
+    tables = list(SD.ATTENTION_TABLES)
+    first = SD.first_table(summary)
+    if first != "shares":
+        st.info(f"No call has {summary.get('min_past', '?')} or more past turns: the filtered tables are empty, "
+                "so the per-step table is shown first.")
+    table = st.radio("table", tables, index=tables.index(first), horizontal=True, key="study_attention_table",
                      help="one table at a time keeps the page quick to draw")
     for query in ("decision", "reasoning"):
         st.markdown(f"**{SD.attention_query_label(query).capitalize()}**")

@@ -260,6 +260,7 @@ class PreparedRun:
     results: list[CaptureResult]
     generated: list = field(default_factory=list)
     generation_counts: list = field(default_factory=list)
+    sharing: Any = None  # the backend's prefill counts (attnprobe_hooks.sharing.SharingStats), when it counts
 
 
 def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: str | Sequence[int],
@@ -291,7 +292,7 @@ def run_prepared(model: LoadedModel, prepared: Sequence[Prepared], *, queries: s
         generating = sum(c.seconds for c in run.generation_counts)
     else:
         outputs = backend.run(model, plans, chunk_size=chunk_size, progress=progress, share_prefixes=share_prefixes)
-    sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
+    sharing = run.sharing = getattr(outputs, "sharing", None)  # tokens in the plans vs prefilled (the prefix trie)
     if sharing is not None and len(plans) > 1:
         log.info("%s batch: %s", what, sharing.line())
     if len(outputs) != len(plans):
@@ -308,7 +309,7 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
                  layers: Sequence[int] | str | None = None, *, chunk_size: int | None = None, rendering: str = "auto",
                  max_tokens: int | None = None, truncate: bool = False, save_qk_layers: Sequence[int] = (),
                  batch_size: int | None = None, progress: bool = False,
-                 share_prefixes: bool = True) -> list[CaptureResult]:
+                 share_prefixes: bool = True, tally: dict | None = None) -> list[CaptureResult]:
     """Capture several trajectories; one :class:`CaptureResult` per trajectory, in order.
 
     Every trajectory is rendered and checked first, then handed to the backend in batches of
@@ -327,6 +328,9 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     ``share_prefixes`` (default on, as in every command: ``CaptureOptions.share_prefixes``): the backend prefills a prefix common to several trajectories of a batch once
     (transformers: one cache cropped between plans; vLLM: its prefix cache, with what a hit skips taken from
     the plan that computed it; equal to independent captures within 1e-5, docs/prefix_sharing.md).
+
+    ``tally``: when given, its ``plan_tokens`` and ``prefilled_tokens`` grow by the backend's counts (a
+    backend that does not count adds the plans' tokens to both).
     """
     chunk = None if chunk_size is None else int(chunk_size)
     if chunk is not None and chunk < 1:
@@ -344,10 +348,15 @@ def capture_many(model: LoadedModel, trajectories: Iterable[Trajectory], queries
     with progress_bar(total=len(prepared), desc="capture", unit="traj", disable=not progress or len(prepared) < 2) as bar:
         for b in range(0, len(prepared), size):
             batch = prepared[b:b + size]
-            results += run_prepared(model, batch, queries=queries, layers=chosen, chunk_size=chunk, weights=weights,
-                                    layer_selection=layers if isinstance(layers, str) else None,
-                                    save_qk_layers=save_qk_layers, share_prefixes=share_prefixes,
-                                    progress=progress).results
+            run = run_prepared(model, batch, queries=queries, layers=chosen, chunk_size=chunk, weights=weights,
+                               layer_selection=layers if isinstance(layers, str) else None,
+                               save_qk_layers=save_qk_layers, share_prefixes=share_prefixes, progress=progress)
+            results += run.results
+            if tally is not None:
+                plain = sum(len(p.rendered.input_ids) for p in batch)
+                tally["plan_tokens"] = tally.get("plan_tokens", 0) + (run.sharing.plan_tokens if run.sharing else plain)
+                tally["prefilled_tokens"] = tally.get("prefilled_tokens", 0) + (
+                    run.sharing.prefilled_tokens if run.sharing else plain)
             bar.update(len(batch))
     return results
 

@@ -123,6 +123,9 @@ class CaptureJob(JobBase):
         if self.weights is None:
             self.weights = weights_hash(self.model)
         self._states: dict[str, tuple[bool, str | None]] = {}
+        # tokens of the trajectories this job captured and tokens it prefilled for them (in this process:
+        # a Ray replica counts its own)
+        self.tally: dict[str, int] = {"plan_tokens": 0, "prefilled_tokens": 0}
 
     @property
     def settings(self) -> dict:
@@ -208,7 +211,8 @@ class CaptureJob(JobBase):
         results = capture_many(model, trajs, queries=o.queries, layers=o.layers, chunk_size=o.chunk_size,
                                rendering=o.rendering, max_tokens=o.max_tokens, truncate=o.truncate,
                                save_qk_layers=o.save_qk_layers or (), progress=self.progress,
-                               share_prefixes=o.share_prefixes and len(trajs) > 1)  # one plan: nothing to share
+                               share_prefixes=o.share_prefixes and len(trajs) > 1,  # one plan: nothing to share
+                               tally=self.tally)
         for t, res in zip(trajs, results):
             res.meta["cli_settings"] = self.settings
             res.save(self.folder(t))

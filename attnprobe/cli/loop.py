@@ -76,6 +76,13 @@ def register(studies) -> None:
                    help="episodes (setting x question) in flight, stepped together: one batched model call per "
                         "turn; records do not depend on it (default 1, or --concurrency N with --generator openai)")
     add_hidden_alias(p, "--batch-size", "batch_size", new="--episodes-per-batch", type=positive_int)
+    g.add_argument("--capture-in-loop", action="store_true",
+                   help="capture every recorded call's attention from the agent's own forward passes while it "
+                        "generates (the decision in the call's prefill, the reasoning start at the decode step that "
+                        "feeds it; --queries and --layers as 'study attention'), written where 'study attention' "
+                        "writes its captures, which then prefills nothing for them (docs/loop.md, 'Captured in the "
+                        "loop'). In process only (--generator transformers): a served model (--generator openai) "
+                        "returns text, not its attention, so its calls are captured afterwards by 'study attention'")
     add_options(g, LoopConfig, ("structured_actions",))
     add_model_options(p)
     add_options(g, LoopConfig, ("preset",))
@@ -86,6 +93,11 @@ def register(studies) -> None:
                                                "--generation-preset cpu 128; 'run' uses 4096, seed 000 C.3, the runner's seed)",
                            temperature_help="sampling temperature, 0 = greedy (default: seed002 1.0, seed 002 "
                                             "appendix C; ircot 0; --generation-preset cpu 0)")
+    from attnprobe.capture.job import CaptureOptions
+
+    add_options(p.add_argument_group("capture in the loop (--capture-in-loop)"), CaptureOptions, ("queries", "layers"),
+                defaults={"queries": "reasoning+decision"},
+                helps={"queries": "reasoning+decision (default, as 'study attention') | reasoning | decision"})
     add_cluster_options(p)
     add_output_options(p, out_required=True,
                        out_help=f"study folder (one subfolder per setting, {_names()['study_md']})")
@@ -133,6 +145,24 @@ def batch_size(args) -> int:
     return 1
 
 
+def in_loop_options(args):
+    """``--capture-in-loop``'s :class:`~attnprobe.studies.loop.in_loop.InLoopOptions` (None when off): the
+    capture options and the model as ``study attention`` will record them. Refused in one line with a served
+    generator (it returns no attention) and with explicit query positions."""
+    if not args.capture_in_loop:
+        return None
+    if args.generator != "transformers":
+        raise ValueError(f"--capture-in-loop needs the generator in process (--generator transformers); "
+                         f"--generator {args.generator} returns text, not attention: run 'study attention' afterwards")
+    from attnprobe.capture.job import CaptureOptions
+    from attnprobe.studies.loop.in_loop import InLoopOptions
+
+    capture = from_args(CaptureOptions, args)
+    if not isinstance(capture.queries, str):
+        raise ValueError("--capture-in-loop takes --queries reasoning, decision or reasoning+decision, not positions")
+    return InLoopOptions.of(capture, args.model, getattr(args, "dtype", None) or "float32")
+
+
 def cmd_interference(args) -> int:
     from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
     from attnprobe.agents.questions import read_questions
@@ -159,10 +189,11 @@ def cmd_interference(args) -> int:
         raise ValueError("--ircot-form stream (the ircot default: Search-R1's one token sequence) runs in process "
                          "(--generator transformers or vllm); against a served model use --ircot-form chat")
     make_search(args.search, args.corpus)  # a missing corpus or key fails before the model loads
+    in_loop = in_loop_options(args)
     with hold_dir_lock(Path(args.out), "study folder"), _executor(args) as ex:  # one run per study folder
         counts, study = run_study(ex, Path(args.out), questions, settings, config, baseline=args.baseline,
                                   force=args.force, n_boot=args.bootstrap, model=model_label(args),
-                                  batch_size=batch_size(args))
+                                  batch_size=batch_size(args), in_loop=in_loop)
     study_md = StudyLayout(Path(args.out)).study_md
     print(study_md.read_text(encoding="utf-8"))
     from attnprobe.execution.counts import RunCounts
@@ -222,7 +253,8 @@ def _register_attention(studies) -> None:
     g.add_argument("--shares-min-past", type=non_negative_int, default=None, metavar="N",
                    help="the share tables use calls with at least N past turns in the agent's run (default "
                         "5: seed 002 E.5, 'using only reasoning steps with at least five past "
-                        "turns'); first calls and, at the reasoning start, tool-call-only replies are always left "
+                        "turns'; fewer when the study's turn limit allows fewer: 4 for ircot's --max-turns 4); "
+                        "first calls and, at the reasoning start, tool-call-only replies are always left "
                         "out (0 keeps first calls); the per-step table shows every step")
     g.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples for CIs (default 2000)")
     from attnprobe.capture.models import MODEL_HELP
@@ -243,7 +275,7 @@ def cmd_attention(args) -> int:
     from attnprobe.cli.options import capture_options, executor, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
-    from attnprobe.studies.loop.attention import SHARES_MIN_PAST, read_study, run_attention
+    from attnprobe.studies.loop.attention import read_study, run_attention
     from attnprobe.studies.loop.capture_model import choose_capture_model
     from attnprobe.studies.loop.layout import StudyLayout
 
@@ -264,8 +296,7 @@ def cmd_attention(args) -> int:
         with executor(args) as ex:
             counts, doc = run_attention(ex, out, model=model_options(args), capture=capture_options(args),
                                         counterfactual=opts, min_past=args.min_past,
-                                        shares_min_past=SHARES_MIN_PAST if args.shares_min_past is None
-                                        else args.shares_min_past, force=args.force,
+                                        shares_min_past=args.shares_min_past, force=args.force,
                                         n_boot=args.bootstrap, only=args.policies, models=choice)
     attention_md = StudyLayout(out).attention_md
     print(attention_md.read_text(encoding="utf-8"))

@@ -6,8 +6,10 @@ Two masses of the original row (issue 26 item 8; docs/methods.md):
   what the model can no longer read. A refiner's kept sentences and the markers of a masked message
   are still there, so they are not in it.
 - ``changed_message_mass``: on every token of every message the policy changed (removed, masked,
-  refined, its calls dropped), markers included: the mass the redistribution is measured against
-  (it sums to this one by identity). Before issue 26 this number was called the removed mass.
+  refined), markers included, on dropped tool calls, and on every other absent token (a token of a
+  message whose calls were dropped that tokenizes differently without them): the mass the
+  redistribution is measured against (it sums to this one by identity). So the removed mass is part
+  of it by construction (issue 37). Before issue 26 this number was called the removed mass.
 
 Every token of both contexts is owned by one ORIGINAL message under the seed-002 convention
 (:func:`attnprobe.results.analysis.token_owners`: markers belong to the message they delimit, token 0
@@ -119,6 +121,12 @@ def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Co
     n_all = len(step.trajectory.messages)
     lo = token_labels(original, list(range(n_all)), step.message_index, cf.changes, orig_turns, counterfactual=False)
     lc = token_labels(counterfactual, cf.source, step.message_index, cf.changes, orig_turns)
+    absent = absent_tokens(original, counterfactual, cf.source, cf.changes)
+    # Removed (absent) tokens are changed tokens by construction (issue 37): a message whose calls were dropped
+    # counts its tool-call tokens as changed, and also any other token of it that the counterfactual no longer
+    # holds (text at the edge of the dropped call that tokenizes differently without it). Before, such a token
+    # was in the removed mass but not in the changed one (shipped ircot:oq: removed 6.71% > changed 6.34%).
+    lo["removed"] = lo["removed"] | absent
     # Tokens after the step belong to later turns; causal attention gives them exactly zero mass.
     ro, rc = np.asarray(original.token_attention, np.float64), np.asarray(counterfactual.token_attention, np.float64)
     to, tc = np.minimum(lo["turn"], T - 1), np.minimum(lc["turn"], T - 1)
@@ -126,7 +134,6 @@ def step_analysis(original: CaptureResult, counterfactual: CaptureResult, cf: Co
     kept_w = ro * ~lo["removed"][None, :]
     m_kept = turn_role_mass(kept_w, to, lo["role"], T)
     m_cf = turn_role_mass(rc, tc, lc["role"], T)
-    absent = absent_tokens(original, counterfactual, cf.source, cf.changes)
     obs = lo["role"] == RI["observation"]
     queries = {}
     for q, name in enumerate(QUERY_NAMES):

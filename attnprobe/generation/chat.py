@@ -12,7 +12,8 @@ same order, however it schedules them (one padded batch, an engine's batch, N re
 episode a request belongs to: an in-process backend may keep that episode's KV cache between turns
 and prefill only what is new (:meth:`ChatBackend.end_episode` frees it). ``actions`` asks for a reply
 that follows the scaffold's action grammar (``--structured-actions``; None: free decoding, as the
-seeds decode).
+seeds decode). ``capture`` asks an in-process backend to score the call's attention while it generates
+(:mod:`attnprobe.generation.capturing`, issue 40); the reply's ``capture`` holds the scores.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from attnprobe.generation.capturing import CaptureSpec, LoopCapture
 
 RAW_ARGUMENTS = "raw_arguments"  # a tool call's arguments as the model wrote them, when they are no JSON object
 
@@ -84,6 +87,8 @@ class ChatReply:
     # the reasoning an endpoint returned apart from the content (vLLM's reasoning parsers: message
     # "reasoning_content" or "reasoning"); None when it gave none (in process it stays in the text)
     reasoning_content: str | None = None
+    # the attention scored while generating, when the request asked for it (``ChatRequest.capture``; issue 40)
+    capture: LoopCapture | None = None
 
     def __post_init__(self) -> None:  # every backend's calls in one form (ids strings, arguments JSON text)
         self.tool_calls = [normal_tool_call(c) for c in self.tool_calls or []]
@@ -130,6 +135,9 @@ class ChatRequest:
     # tokenized apart, which no rendering of ``messages`` reproduces); ``messages`` then say what they hold.
     # In-process backends only (request_prompt); a chat endpoint refuses it.
     prompt_ids: list[int] | None = None
+    # Score the call's attention while generating it (in-process backends only; see
+    # attnprobe.generation.capturing): the reply's ``capture`` holds the scores.
+    capture: CaptureSpec | None = None
 
 
 def request_prompt(request: ChatRequest, render, tokenizer) -> Prompt:
@@ -168,6 +176,9 @@ class OneByOne:
                 raise ValueError(f"{type(self).__name__} cannot constrain replies to an action grammar")
             if r.prompt_ids is not None and not self.accepts_token_prompts:
                 raise ValueError(f"{type(self).__name__} cannot be sent a prompt as token ids here")
+            if r.capture is not None:
+                raise ValueError(f"{type(self).__name__} cannot capture attention while generating (in-process "
+                                 "backends only; capture such a study afterwards with 'study attention')")
             out.append(self.complete(r.messages, r.tools, max_tokens=r.max_tokens, temperature=r.temperature))
         return out
 

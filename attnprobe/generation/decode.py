@@ -46,6 +46,7 @@ class Row:
     generator: Any = None  # torch.Generator for sampling (None: torch's global one)
     kept: KV | None = None  # the episode's cache from its previous turn
     kept_ids: list[int] = field(default_factory=list)  # the token ids that cache covers
+    capture: Any = None  # a CaptureSpec (attnprobe.generation.capturing): score while generating
 
 
 @dataclass
@@ -55,6 +56,9 @@ class RowResult:
     cache: KV | None  # prompt + new[:-1] (None when nothing is kept)
     cache_ids: list[int]
     prefilled: int  # prompt tokens run (the rest came from the kept cache)
+    scorer: Any = None  # the row's QueryScorer on the host (capture in the loop), else None
+    attention_calls: int = 0  # attention calls that scored the row (prefill and its reply-start step)
+    side: list = field(default_factory=list)  # per side plan (scorer on the host, tokens run)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -66,10 +70,27 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def reusable(row: Row) -> int:
-    """Prompt tokens the kept cache supplies: the common prefix, leaving the last prompt token to run."""
+    """Prompt tokens the kept cache supplies: the common prefix, leaving the last prompt token to run, and
+    (capture in the loop) no position the capture must score: those are computed in this call."""
     if not row.kept:
         return 0
-    return min(common_prefix(row.kept_ids, row.ids), len(row.ids) - 1, kv_length(row.kept))
+    n = min(common_prefix(row.kept_ids, row.ids), len(row.ids) - 1, kv_length(row.kept))
+    if row.capture is not None and row.capture.positions:
+        n = min(n, int(row.capture.positions[0]))
+    return n
+
+
+def new_scorer(row: Row):
+    """The empty :class:`QueryScorer` of a capturing row: its positions and the reply start, per-key
+    segments unless the spec gives its own (:meth:`CaptureSpec.segments`)."""
+    import torch
+
+    from attnprobe_hooks.scoring import QueryScorer
+
+    seg, count = row.capture.segments(len(row.ids))
+    return QueryScorer(seg_ids=torch.as_tensor(seg), num_segments=count,
+                       query_positions=torch.as_tensor(row.capture.query_positions(len(row.ids))),
+                       layers=None if row.capture.layers is None else list(row.capture.layers))
 
 
 def kv_length(kv: KV) -> int:
@@ -186,10 +207,19 @@ def _layers(cache) -> list:
     return layers
 
 
-def prefill(model, row: Row, reuse: int):
-    """Run ``row.ids[reuse:]`` on the row's kept cache cropped to ``reuse`` tokens; (cache, last logits)."""
+def prefill(model, row: Row, reuse: int, scorer=None):
+    """Run ``row.ids[reuse:]`` on the row's kept cache cropped to ``reuse`` tokens; (cache, last logits).
+    ``scorer``: score its prompt positions in this forward (against every key: the kept ones and the new)."""
     import torch
     from transformers import DynamicCache
+
+    if scorer is not None:
+        from attnprobe_hooks.transformers.attention import CaptureState, PlanTarget, active
+
+        state = CaptureState(targets=[(PlanTarget(scorer=scorer), len(row.ids))], chunk_start=reuse)
+        with active(state):
+            out = prefill(model, row, reuse)
+        return (*out, state.calls)
 
     kw_name, keep = _forward_kwargs(model)
     dev = getattr(model, "device", None)
@@ -249,16 +279,68 @@ def keep_rows(cache, mask, idx: list[int]):
     return cache, mask[:, lead:]
 
 
+def side_plan(model, row: Row, plan) -> tuple[Any, int]:
+    """Score a :class:`~attnprobe.generation.capturing.SidePlan` on the row's kept cache (its shared prefix is
+    not run again; the cache is left as it was): (scorer on the host, tokens run)."""
+    import torch
+
+    from attnprobe_hooks.scoring import QueryScorer
+
+    ids = [int(t) for t in plan.ids]
+    n = len(ids)
+    kept = Row(ids=ids, max_tokens=1, kept=row.kept, kept_ids=row.kept_ids)
+    reuse = min(reusable(kept), int(plan.positions[0])) if plan.positions else reusable(kept)
+    scorer = QueryScorer(seg_ids=torch.arange(n), num_segments=n, query_positions=torch.as_tensor(plan.positions),
+                         layers=None if row.capture.layers is None else list(row.capture.layers))
+    prefill(model, kept, reuse, scorer)
+    return scorer.to_host(), n - reuse
+
+
+def _feed_first(model, kv: KV, row: Row, token: int, scorer) -> int:
+    """Capture in the loop for a reply that ended at its first token (never fed back in the batch): feed it
+    alone on the row's own cache (batch 1, no padding) and score its query; the number of attention calls."""
+    import torch
+    from transformers import DynamicCache
+
+    from attnprobe_hooks.transformers.attention import StepRow, StepState, stepping
+
+    kw_name, keep_logits = _forward_kwargs(model)
+    dev = kv[0][0].device
+    n = len(row.ids)
+    state = StepState([StepRow(scorer, 0, len(scorer.qpos) - 1, n + 1)])
+    kw = {kw_name: DynamicCache(ddp_cache_data=list(kv)), "use_cache": True}
+    if keep_logits:
+        kw["logits_to_keep"] = 1
+    with stepping(state):
+        model(input_ids=torch.as_tensor([[token]], device=dev), attention_mask=torch.ones(1, n + 1, dtype=torch.long,
+              device=dev), position_ids=torch.as_tensor([[n]], device=dev), **kw)
+    return state.calls
+
+
 def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> list[RowResult]:
-    """Generate for every row (see the module docstring); ``keep[r]``: return row r's cache."""
+    """Generate for every row (see the module docstring); ``keep[r]``: return row r's cache. A row with a
+    ``capture`` spec is scored as it runs (:mod:`attnprobe.generation.capturing`): its positions in its
+    prefill, its reply's first token in the decode step that feeds it (its own keys only: the batch's
+    left padding is cut off), and its :class:`RowResult` carries the scorer."""
     import torch
 
     kw_name, keep_logits = _forward_kwargs(model)
     sampling = Sampling.of(model)
     reuse = [reusable(r) for r in rows]
+    scorers = [new_scorer(r) if r.capture is not None else None for r in rows]
+    calls = [0] * len(rows)
+    if any(sc is not None for sc in scorers):
+        from attnprobe_hooks.transformers.attention import install
+
+        install(model)  # the scoring attention function (a plain pass-through while nothing is scored)
+    side = [[side_plan(model, row, plan) for plan in row.capture.before] if row.capture is not None else []
+            for row in rows]  # on the kept caches, before the prefills crop them
     caches, first = [], []
-    for row, n in zip(rows, reuse):
-        c, lg = prefill(model, row, n)
+    for r, (row, n) in enumerate(zip(rows, reuse)):
+        if scorers[r] is not None:
+            c, lg, calls[r] = prefill(model, row, n, scorers[r])
+        else:
+            c, lg = prefill(model, row, n)
         caches.append(c)
         first.append(lg)
         row.kept = None  # the cropped slice now lives in the new cache; let the old one go
@@ -279,9 +361,12 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
             if why is None:
                 still.append(i)
                 continue
-            kv = split_row(cache, mask, i) if keep[r] else None
-            results[r] = RowResult(new=new[r], reason=why, cache=kv, cache_ids=rows[r].ids + new[r][:-1],
-                                   prefilled=len(rows[r].ids) - reuse[r])
+            first_only = scorers[r] is not None and len(new[r]) == 1 and rows[r].capture.reply_start  # never fed back
+            kv = split_row(cache, mask, i) if keep[r] or first_only else None
+            if first_only:
+                calls[r] += _feed_first(model, kv, rows[r], t, scorers[r])
+            results[r] = RowResult(new=new[r], reason=why, cache=kv if keep[r] else None,
+                                   cache_ids=rows[r].ids + new[r][:-1], prefilled=len(rows[r].ids) - reuse[r])
         if not still:
             break
         if len(still) < len(active):
@@ -294,9 +379,41 @@ def decode(model, rows: list[Row], rules: StopRules, *, keep: list[bool]) -> lis
         kw = {kw_name: cache, "use_cache": True}
         if keep_logits:
             kw["logits_to_keep"] = 1
-        out = model(input_ids=torch.as_tensor(toks, device=dev)[:, None], attention_mask=mask, position_ids=pos, **kw)
+        step = _first_step_rows(rows, active, new, scorers, mask)
+        if step is None:
+            out = model(input_ids=torch.as_tensor(toks, device=dev)[:, None], attention_mask=mask, position_ids=pos,
+                        **kw)
+        else:
+            from attnprobe_hooks.transformers.attention import stepping
+
+            with stepping(step):
+                out = model(input_ids=torch.as_tensor(toks, device=dev)[:, None], attention_mask=mask,
+                            position_ids=pos, **kw)
+            for s in step.rows:
+                calls[active[s.batch_row]] += step.calls
         logits = out.logits[:, -1].float()
+    for r, sc in enumerate(scorers):
+        if sc is not None:
+            results[r].scorer, results[r].attention_calls, results[r].side = sc.to_host(), calls[r], side[r]
     return results  # type: ignore[return-value]
+
+
+def _first_step_rows(rows: list[Row], active: list[int], new: list[list[int]], scorers: list, mask):
+    """The :class:`StepState` of a decode step that feeds capturing rows their reply's first token (every
+    active row gets its first token in the same step), None when no row is scored in it. A row's own keys
+    are its real columns of ``mask`` (left padding excluded): its prompt and the fed token."""
+    from attnprobe_hooks.transformers.attention import StepRow, StepState
+
+    todo = []
+    for i, r in enumerate(active):
+        if scorers[r] is None or len(new[r]) != 1 or not rows[r].capture.reply_start:
+            continue
+        keys = int(mask[i].sum())
+        if keys != len(rows[r].ids) + 1:
+            raise RuntimeError(f"capture in the loop: row {r} has {keys} keys at its first decode step, expected "
+                               f"{len(rows[r].ids) + 1}")
+        todo.append(StepRow(scorers[r], i, len(scorers[r].qpos) - 1, keys))
+    return StepState(todo) if todo else None
 
 
 def _allowed_rows(states, vocab_size: int):

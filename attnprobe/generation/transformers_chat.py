@@ -290,7 +290,8 @@ class TransformersChat(OneByOne):
                 gen.manual_seed((self.seed * 1_000_003 + zlib.crc32(bytes(str(p.ids), "ascii"))) % 2**63)
             rows.append(dec.Row(ids=p.ids, max_tokens=int(req.max_tokens), temperature=float(req.temperature),
                                 stop_names=self.stop_names_for(req.tools) or [], state=state, generator=gen,
-                                kept=kept[1] if kept else None, kept_ids=kept[0] if kept else []))
+                                kept=kept[1] if kept else None, kept_ids=kept[0] if kept else [],
+                                capture=req.capture))
         eos = getattr(getattr(self.loaded.model, "generation_config", None), "eos_token_id", None)
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -311,6 +312,8 @@ class TransformersChat(OneByOne):
                                 no_call=res.reason == "no_call")
             if res.reason == "grammar":
                 reply.stopped_by = "grammar"
+            if res.scorer is not None:
+                reply.capture = self._loop_capture(req, res, p, len(requests))
             replies.append(reply)
             if res.cache is not None:
                 self._kept[req.episode] = (res.cache_ids, res.cache)
@@ -326,6 +329,18 @@ class TransformersChat(OneByOne):
                  call["requests"], f"{sent:,}", f"{call['prefilled']:,}", f"{sent - call['prefilled']:,}",
                  f"{call['generated']:,}")
         return replies
+
+    def _loop_capture(self, req: ChatRequest, res, prompt: Prompt, rows: int):
+        """The reply's :class:`~attnprobe.generation.capturing.LoopCapture` (capture in the loop)."""
+        from attnprobe.generation.capturing import LoopCapture
+
+        cfg = getattr(self.loaded.model.config, "text_config", None) or self.loaded.model.config
+        side = [LoopCapture(scorer=sc, token_ids=[int(t) for t in plan.ids], prefilled=ran)
+                for (sc, ran), plan in zip(res.side, req.capture.before)]
+        return LoopCapture(scorer=res.scorer, token_ids=list(prompt.ids) + res.new[:1], prefilled=res.prefilled,
+                           side=side, info={"num_key_value_heads": getattr(cfg, "num_key_value_heads", None),
+                                 "head_dim": getattr(cfg, "head_dim", None), "attention_calls": res.attention_calls,
+                                 "batch_rows": rows})
 
     def end_episode(self, episode: str) -> None:
         """Free the episode's kept cache."""

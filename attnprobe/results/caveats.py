@@ -18,6 +18,9 @@ does). study.md, attention.md, the runner's summary and the app's Study page pri
   ``--shares-min-past`` (seed 002 E.5), first calls included;
 - **grammar not applied** (:func:`grammar_not_applied`): replies recorded as structured (``--structured-actions``)
   that do not parse as the action grammar the backend was sent (:func:`structured_replies`);
+- **invalid actions** (:func:`invalid_actions`): recorded replies that were not a valid action of the scaffold
+  (study.json ``invalid_actions``, counted per setting from the recorded calls by
+  :mod:`attnprobe.studies.loop.validity`); attention.md carries study.json's count;
 - **skipped records** (:func:`skipped_records`): recorded calls or histories ``study attention`` could not
   read as trajectories (an older study's bad tool call), named by their first error line.
 """
@@ -68,6 +71,42 @@ def has_observation(call: Mapping) -> bool:
     return any(isinstance(m, Mapping) and changes.get(str(i)) not in _EDITED_AWAY
                and (t := _observation_text(m)) and not t.startswith(_EMPTY_RESULTS)
                for m, i in zip(sent, source))
+
+
+def observations_with_passage(histories: Iterable[Mapping]) -> dict[str, int]:
+    """Over one setting's full histories (what the agent retrieved, before any policy edited it), ``{"with_passage":
+    N, "observations": M}``: M observations (tool results: IRCoT's documents, seed 002's browser results), N of
+    them holding a passage (text that is not an empty search or an error). study.json's ``observations``; study.md
+    and scripts/demo_loop.sh print the fraction (issue 37: a demo whose queries never hit says so)."""
+    texts = [_observation_text(m) for h in histories if isinstance(h, Mapping)
+             for m in h.get("messages") or [] if isinstance(m, Mapping) and m.get("role") == "tool"]
+    return {"with_passage": sum(bool(t) and not t.startswith(_EMPTY_RESULTS) for t in texts), "observations": len(texts)}
+
+
+def empty_observations(observations: Mapping | None, baseline: str) -> list[str]:
+    """The caveat for the baseline (and a ``none`` setting), which :func:`retrieved_nothing` leaves out: it
+    searched, but none of its observations held a passage (study.json ``observations``), so its past-observation
+    attention is attention to empty result markup (an empty ``<information></information>`` block)."""
+    out = []
+    for s, o in (observations or {}).items() if isinstance(observations, Mapping) else ():
+        n, m = (o or {}).get("with_passage", 0), (o or {}).get("observations", 0)
+        if (s == baseline or s == "none") and m and not n:
+            out.append(f"setting {s} retrieved no passage: none of its {m} observation{'' if m == 1 else 's'} held "
+                       "one (empty results), so its past-observation attention is attention to empty result markup, "
+                       "not to retrieved text")
+    return out
+
+
+def passage_line(observations: Mapping | None) -> list[str]:
+    """study.md's line: per setting the observations that held a passage, of those retrieved."""
+    if not isinstance(observations, Mapping) or not observations:
+        return []
+    parts = []
+    for s, o in observations.items():
+        n, m = (o or {}).get("with_passage", 0), (o or {}).get("observations", 0)
+        parts.append(f"{s} {n} of {m}" + (f" ({100 * n / m:.0f}%)" if m else ""))
+    return [f"Observations that held a passage (of those retrieved, before any policy edited them): {', '.join(parts)}.",
+            ""]
 
 
 def observed_calls(calls: Iterable[Mapping]) -> tuple[int, int]:
@@ -157,6 +196,30 @@ def grammar_not_applied(counts: Mapping | None) -> list[str]:
             "token limit); these results are not those of constrained decoding"]
 
 
+def invalid_actions(counts: Mapping | None) -> list[str]:
+    """The caveat when recorded replies were not valid actions (study.json ``invalid_actions``: ``replies``
+    M, ``invalid`` N, per setting ``[N_s, M_s]``): an invalid turn gets the scaffold's feedback (IRCoT) or
+    cannot run (seed 002), so those steps show the model failing the format, not using what it retrieved."""
+    if not isinstance(counts, Mapping):
+        return []
+    n, m = counts.get("invalid") or 0, counts.get("replies") or 0
+    if not n or not m:
+        return []
+    per = counts.get("settings") if isinstance(counts.get("settings"), Mapping) else {}
+    parts = ", ".join(f"{s} {v[0]} of {v[1]}" for s, v in per.items()
+                      if isinstance(v, (list, tuple)) and len(v) == 2)
+    return [f"{n} of {m} replies were not valid actions (no search or answer the scaffold could act on; at the final "
+            f"call only an answer counts){': ' + parts if parts else ''}"]
+
+
+def structured_title(structured: bool) -> str:
+    """The words every title of a study run with ``--structured-actions`` carries (study.md, attention.md, the
+    app's Study page): the agent's replies were constrained to the action grammar, so its behaviour is not the
+    seeds' free decoding."""
+    return ", structured actions (--structured-actions: constrained decoding, not the seeds' free decoding)" \
+        if structured else ""
+
+
 def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None = None) -> list[str]:
     """study.json's caveats: replies recorded as structured that do not follow the grammar, a baseline that
     never searched, settings that
@@ -171,7 +234,9 @@ def study_caveats(study: Mapping, calls: Mapping[str, Iterable[Mapping]] | None 
     counts = study.get("structured_replies")
     baseline = study.get("baseline") or next(iter(settings), "")
     return [*grammar_not_applied(counts if isinstance(counts, Mapping) else None),
+            *invalid_actions(study.get("invalid_actions")),
             *baseline_never_searched(settings, baseline),
+            *empty_observations(study.get("observations"), baseline),
             *retrieved_nothing(settings, baseline, temperature=temp, calls=calls),
             *few_questions(m.get("questions") or 0 for m in settings.values())]
 
@@ -223,8 +288,9 @@ def skipped_records(doc: Mapping) -> list[str]:
 
 
 def attention_caveats(doc: Mapping) -> list[str]:
-    """attention.json's caveats: a capture model other than the agent's, too few questions for the CIs,
-    injected system text, calls left out by the past-turn filter."""
+    """attention.json's caveats: a capture model other than the agent's, replies that were not valid actions
+    (study.json's count, copied), skipped records, too few questions for the CIs, injected system text, calls
+    left out by the past-turn filter."""
     out = []
     cap = doc.get("capture") or {}
     if cap.get("agent_model") and cap.get("capture_model") and cap["agent_model"] != cap["capture_model"]:
@@ -232,7 +298,10 @@ def attention_caveats(doc: Mapping) -> list[str]:
                    "another model's reading of the agent's contexts, not the agent's own")
     ns = [d.get(q, {}).get("questions") or 0 for d in (doc.get("settings") or {}).values()
           for q in ("decision", "reasoning")]
-    return [*out, *skipped_records(doc), *few_questions(ns), *injected_system(doc), *past_turn_filter(doc)]
+    return [*out, *invalid_actions(doc.get("invalid_actions")),
+            *empty_observations(doc.get("observations"), doc.get("baseline") or ""), *skipped_records(doc),
+            *few_questions(ns),
+            *injected_system(doc), *past_turn_filter(doc)]
 
 
 def runner_caveats(results: Iterable[Mapping], context_policy: str) -> list[str]:

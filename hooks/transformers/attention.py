@@ -53,6 +53,49 @@ class CaptureState:
 _ACTIVE: contextvars.ContextVar[CaptureState | None] = contextvars.ContextVar("attnprobe_capture", default=None)
 
 
+@dataclass
+class StepRow:
+    """One row of a batched decode step to score (capture in the loop, issue 40): row ``batch_row``'s last
+    query is query ``query_index`` of ``scorer``; its own keys are the last ``keys`` columns of the batch
+    (the columns before them are left padding, never keys of this row), at positions ``0 .. keys - 1``."""
+
+    scorer: QueryScorer
+    batch_row: int
+    query_index: int
+    keys: int
+
+
+@dataclass
+class StepState:
+    """The rows of one batched forward to score (:func:`stepping`); ``calls`` counts attention calls seen."""
+
+    rows: list[StepRow]
+    calls: int = 0
+
+
+_STEP: contextvars.ContextVar[StepState | None] = contextvars.ContextVar("attnprobe_step", default=None)
+
+
+@contextlib.contextmanager
+def stepping(state: StepState) -> Iterator[StepState]:
+    """Score ``state.rows`` in the forward passes run inside (a batch of any size; see :class:`StepRow`)."""
+    token = _STEP.set(state)
+    try:
+        yield state
+    finally:
+        _STEP.reset(token)
+
+
+def _observe_step(state: StepState, layer: int, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
+    state.calls += 1
+    window = kwargs.get("sliding_window")
+    window = window if isinstance(window, int) and window > 0 else None
+    for r in state.rows:
+        k = key[r.batch_row, :, key.shape[2] - r.keys:]
+        r.scorer.score_rows(layer, query[r.batch_row, :, -1:], r.query_index, k, 0, kwargs.get("scaling"),
+                            sliding_window=window, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"))
+
+
 @contextlib.contextmanager
 def active(state: CaptureState) -> Iterator[CaptureState]:
     token = _ACTIVE.set(state)
@@ -64,11 +107,16 @@ def active(state: CaptureState) -> Iterator[CaptureState]:
 
 def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
     state = _ACTIVE.get()
-    if state is None:
+    step = _STEP.get()
+    if state is None and step is None:
         return
     layer = getattr(module, "layer_idx", None)
     if layer is None:
         raise RuntimeError(f"{type(module).__name__} has no layer_idx; cannot attribute attention to a layer")
+    if step is not None:
+        _observe_step(step, layer, query, key, kwargs)
+    if state is None:
+        return
     if query.shape[0] != 1:
         raise RuntimeError("attnprobe captures one trajectory per forward pass (batch size 1)")
     state.calls += 1

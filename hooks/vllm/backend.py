@@ -157,7 +157,8 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
     override them); the in-process generator (:mod:`attnprobe.generation.vllm_chat`) passes its own
     (prefix caching on, no hooks). ``defaults``: ``vllm.LLM`` settings ``engine_kwargs`` may override.
     Engines are cached per options and ``purpose``; a capture engine and a generation engine on the
-    same model are two engines. ``backend``: the backend object that keeps the CPU core binding it set
+    same model are two engines, unless the generator carries the capture extension (``purpose``
+    "generate+capture": :mod:`attnprobe_hooks.vllm.generate`). ``backend``: the backend object that keeps the CPU core binding it set
     (default: the registered one)."""
     if tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be >= 1")
@@ -228,7 +229,7 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
 
 
 # ---------------------------------------------------------------------------------------- capture
-def _scored_layers(loaded: VllmModel, layers: Sequence[int] | None) -> tuple[list[int] | None, list[int]]:
+def scored_layers(loaded: VllmModel, layers: Sequence[int] | None) -> tuple[list[int] | None, list[int]]:
     """(layers to score or None for all attention layers, requested layers without softmax attention)."""
     attn = set(loaded.attention_layers)
     if layers is None:
@@ -241,7 +242,7 @@ def _scored_layers(loaded: VllmModel, layers: Sequence[int] | None) -> tuple[lis
     return keep, dropped
 
 
-def _merge(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: str,
+def merge_shards(loaded: VllmModel, plan: CapturePlan, layers: list[int] | None, tag: str,
            shards: list[tuple[dict, dict]]) -> tuple[QueryScorer, dict[str, torch.Tensor], dict[str, Any]]:
     """Merge every rank's head shard of one plan into one QueryScorer (by global head index)."""
     scorer = plan.new_scorer(layers)
@@ -306,7 +307,7 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
     batch_id = next(_TAGS)
     wire, tags, chosen = [], [], []
     for i, plan in enumerate(plans):
-        keep, dropped = _scored_layers(loaded, plan.layers)
+        keep, dropped = scored_layers(loaded, plan.layers)
         qk_layers = sorted({int(x) for x in plan.save_qk_layers})
         bad_qk = [x for x in qk_layers if x not in loaded.attention_layers]
         if bad_qk:
@@ -347,7 +348,7 @@ def run_batch(loaded: VllmModel, plans: Sequence[CapturePlan], *, chunk_size: in
     engine_chunk = loaded.chunk_size
     prefilled = 0
     for tag, plan, (keep, dropped) in zip(tags, plans, chosen):
-        scorer, qk, stats = _merge(loaded, plan, keep, tag, shards)
+        scorer, qk, stats = merge_shards(loaded, plan, keep, tag, shards)
         prefilled += stats["prefilled"]
         info = {
             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None),

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from attnprobe_hooks.vllm.layers import LayerInfo, find_attention_layers, tp_info
+from attnprobe_hooks.vllm.live import Retained
 from attnprobe_hooks.vllm.plan import (
     Plan,
     StepSlice,
@@ -74,6 +75,7 @@ class _State:
         self.tp_size = 1
         self.show_progress = False
         self.bar: Any = None
+        self.retained = Retained()  # live plans of earlier calls: donors for later prefix-cache hits
 
     @property
     def active(self) -> bool:
@@ -180,6 +182,35 @@ class AttnprobeWorkerExtension:
             st.bar = tqdm(total=total, unit="tok", desc="vllm prefill", leave=False)
         return len(st.plans)
 
+    def attnprobe_live_begin(self, plans: list[dict], retain_tokens: int) -> int:
+        """Arm capture for the generation requests about to run (live plans: :mod:`attnprobe_hooks.vllm.live`).
+
+        Each plan's peers, the plans that may serve its prefix-cache hits, are the other live plans of
+        this call and the ones retained from earlier calls, with the same share group (layer selection).
+        ``retain_tokens``: how many positions of finished live plans this rank keeps for later hits."""
+        st = self._attnprobe_state()
+        if not st.handles:
+            self.attnprobe_install()
+        st.retained.capacity = int(retain_tokens)
+        st.plans = {}
+        for p in plans:
+            plan = Plan.from_wire(p)
+            st.plans[plan.tag] = plan
+        for plan in st.plans.values():
+            mine = [x for x in st.plans.values() if x is not plan and x.share_group == plan.share_group]
+            plan.peers = mine + st.retained.group(plan.share_group)[::-1]  # the most recent first
+        st.bound = {}
+        st.step_inputs, st.step_map = None, None
+        st.show_progress = False
+        return len(st.plans)
+
+    def attnprobe_live_forget(self) -> int:
+        """Drop every retained live plan (their keys); returns how many positions were held."""
+        st = self._attnprobe_state()
+        held = st.retained.tokens()
+        st.retained.clear()
+        return held
+
     def attnprobe_abort(self) -> bool:
         st = self._attnprobe_state()
         st.plans.clear()
@@ -217,6 +248,12 @@ class AttnprobeWorkerExtension:
                     tensors[f"{tag}|k{layer}"] = torch.cat(plan.saved_k[layer], dim=1).float().cpu().contiguous()
                     kv[str(layer)] = [info.kv_head_offset, info.num_kv_heads]
             out[tag] = {"heads": heads, "kv_heads": kv, **plan.report()}
+            if plan.live:
+                out[tag]["failed"] = plan.failed
+        for plan in st.plans.values():
+            if plan.live:
+                plan.scorer = plan.scorer.fresh()  # its scores left above; the keys stay for later hits
+                st.retained.keep(plan)
         st.disarm()
         return {"rank": st.rank, "plans": out, "tensors": st_save(tensors) if tensors else b""}
 
@@ -263,6 +300,7 @@ class AttnprobeWorkerExtension:
             mapped = match_step(st.plans, qsl, pos, ids, req_ids=rids, prompt_of=prompt_of, bound=st.bound)
         else:  # an engine without request bookkeeping in the runner: match by tokens and position
             mapped = match_step(st.plans, qsl, pos, ids)
+        st.retained.touch([sl.donor for sl in mapped if sl.donor is not None])
         if st.bar is not None:
             for sl in mapped:
                 st.bar.update(sl.e - sl.s + (sl.start - sl.donor_from if sl.donor is not None else 0))

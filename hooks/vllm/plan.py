@@ -66,6 +66,10 @@ class Plan:
     calls: int = 0
     qpos: np.ndarray | None = None  # query positions as numpy (cheap per-chunk test, no torch op)
     hook_seconds: float = 0.0  # time spent inside the hooks for this plan (overhead measure)
+    # A live plan (attnprobe_hooks.vllm.live) follows a generation request past its prompt: the decode
+    # steps feed the sampled tokens, which it appends to input_ids and whose keys it buffers too.
+    live: bool = False
+    failed: str | None = None  # a live plan whose request took a prefix no plan can serve (recaptured)
 
     @classmethod
     def from_wire(cls, p: Mapping[str, Any]) -> Plan:
@@ -76,13 +80,22 @@ class Plan:
         scorer = QueryScorer(seg_ids=torch.as_tensor(p["seg_ids"], dtype=torch.long),
                              num_segments=int(p["num_segments"]), query_positions=qpos,
                              layers=None if p.get("layers") is None else [int(x) for x in p["layers"]])
-        return cls(tag=p["tag"], input_ids=ids, scorer=scorer, n_keys=int(qpos.max()) + 1 if len(qpos) else 0,
+        live = bool(p.get("live"))
+        n_keys = int(p["key_capacity"]) if live else int(qpos.max()) + 1 if len(qpos) else 0
+        return cls(tag=p["tag"], input_ids=ids, scorer=scorer, n_keys=n_keys,
                    qk_layers={int(x) for x in p.get("qk_layers", [])}, share_group=p.get("share_group"),
-                   qpos=qpos.numpy().copy())
+                   qpos=qpos.numpy().copy(), live=live)
 
     @property
     def n(self) -> int:
         return len(self.input_ids)
+
+    def grow(self, start: int, ids: np.ndarray | None) -> None:
+        """A live plan's slice at ``start`` that runs past its tokens: append the tokens fed beyond them
+        (a decode step's sampled token, or the tail of a recompute after preemption)."""
+        if not self.live or ids is None or start > self.n or start + len(ids) <= self.n:
+            return
+        self.input_ids = np.concatenate([self.input_ids, np.asarray(ids[self.n - start:], dtype=np.int64)])
 
     def has_query_in(self, start: int, end: int) -> bool:
         """Whether a query position lies in ``start .. end - 1``."""
@@ -126,6 +139,9 @@ class Plan:
         k_buf = self.keys.get(layer if shared_keys_layer is None else shared_keys_layer)
         if hi > lo and k_buf is not None:
             missing = [int(p) for p in qpos[lo:hi] if int(p) not in rows]
+            if missing and self.live:  # scored again by a follow-up (attnprobe_hooks.vllm.live)
+                self.failed = f"no query rows at {missing[:5]} after a prefix-cache hit"
+                return
             if missing:
                 raise RuntimeError(f"attnprobe: {donor.tag} kept no query rows at {missing[:5]} for {self.tag}")
             q_rows = torch.stack([rows[int(p)] for p in qpos[lo:hi]], dim=1)
@@ -148,7 +164,7 @@ class Plan:
         head offset; rows a peer may need later are kept (``share_qpos``).
         """
         layer = info.layer
-        if not self.scorer.wants(layer):
+        if not self.scorer.wants(layer) or self.failed:
             return
         self.calls += 1
         if donor is not None:
@@ -167,7 +183,7 @@ class Plan:
         else:  # KV shared with an earlier layer: read that layer's keys
             k_buf = self.keys.get(shared_keys_layer) if shared_keys_layer is not None else None
         if k_buf is not None and self.has_query_in(start, end):
-            stop = min(end, self.n_keys)
+            stop = min(end, self.n_keys, len(self.scorer.seg_ids))  # a live plan buffers keys past its queries'
             self.scorer.score_layer(layer, q.transpose(0, 1), k_buf[:, :stop], start, 0, info.scale,
                                     **self._score_kw(info))
         else:
@@ -334,6 +350,10 @@ def match_step(plans: Mapping[str, Plan], qsl: Sequence[int], positions: np.ndar
                     taken.add(tag)
                     plans[tag].request = rid
             plan = plans.get(bound[rid]) if bound[rid] is not None else None
+            if plan is not None and plan.failed:
+                continue
+            if plan is not None:
+                plan.grow(start, ids)
             if plan is not None and ids is not None and not np.array_equal(plan.input_ids[start:e - s + start], ids):
                 raise RuntimeError(f"attnprobe: request {rid} ({plan.tag}) computed tokens at {start} that differ "
                                    "from its prompt")
@@ -369,35 +389,48 @@ def match_step(plans: Mapping[str, Plan], qsl: Sequence[int], positions: np.ndar
     return assign_donors(mapped, firsts, seen_before)
 
 
+def _no_donor(sl: StepSlice) -> str:
+    return (f"attnprobe: vLLM reused {sl.start} cached tokens for {sl.plan.tag} that no plan of "
+            "this call computed; capture with --no-prefix-sharing")
+
+
 def assign_donors(mapped: list[StepSlice], firsts: Sequence[int], seen_before: Mapping[str, int]) -> list[StepSlice]:
     """Give each prefix-cache hit (``mapped[i]`` for i in ``firsts``) a donor among its plan's peers.
 
     A donor holds the same tokens up to the hit and will have processed them when the hit is served:
     a plan done before this step, one in this step that takes nothing from a donor, or a hit of this
     step already given a donor at an earlier or equal start. Hits are served in that order, so donors
-    never form a cycle (:func:`donor_order`).
+    never form a cycle (:func:`donor_order`). A peer outside ``seen_before`` (a live plan retained from an
+    earlier call: :mod:`attnprobe_hooks.vllm.live`) has processed what it has seen.
+
+    A live plan without a donor does not stop the engine: it is marked ``failed``, its slice dropped,
+    and the driver captures its call after the fact; any other plan without one raises.
     """
     out = list(mapped)
     in_step = {sl.plan.tag: sl for sl in mapped}
     hits = set(firsts)
     ready: set[str] = {sl.plan.tag for i, sl in enumerate(mapped) if i not in hits}
+    dropped: set[int] = set()
     for i in sorted(firsts, key=lambda j: mapped[j].start):
         sl = mapped[i]
         donor = None
         for peer in sl.plan.peers:
-            if common_prefix(peer.input_ids[: sl.start], sl.plan.input_ids[: sl.start]) < sl.start:
+            if peer.failed or common_prefix(peer.input_ids[: sl.start], sl.plan.input_ids[: sl.start]) < sl.start:
                 continue
-            if seen_before.get(peer.tag, 0) >= sl.start and peer.tag not in in_step:
+            if seen_before.get(peer.tag, peer.seen) >= sl.start and peer.tag not in in_step:
                 donor = peer
                 break
             if peer.tag in ready and peer.seen >= sl.start:
                 donor = donor or peer
         if donor is None:
-            raise RuntimeError(f"attnprobe: vLLM reused {sl.start} cached tokens for {sl.plan.tag} that no plan of "
-                               "this call computed; capture with --no-prefix-sharing")
+            if not sl.plan.live:
+                raise RuntimeError(_no_donor(sl))
+            sl.plan.failed = _no_donor(sl)
+            dropped.add(i)
+            continue
         out[i] = sl._replace(donor=donor)
         ready.add(sl.plan.tag)
-    return out
+    return [sl for i, sl in enumerate(out) if i not in dropped]
 
 
 def donor_order(step_map: Sequence[StepSlice], layer: int) -> Iterator[StepSlice]:

@@ -177,13 +177,16 @@ def test_study_page_renders_the_known_numbers_steps_and_heatmap(monkeypatch, dat
     hm = next(c for c in cs if is_heatmap(c))
     assert decode(hm["data"][0]["z"]).shape == (3, 3)
     seg = next(c for c in cs if c["data"] and c["data"][0].get("type") == "bar")
-    by_role = {t["name"]: decode(t["y"]) for t in seg["data"]}
-    # last query (token 11) weights token k by (k + 1) / 78: turn 0's observation (tokens 6-7) was the
-    # placeholder, turn 1's (token 10) the refined text: their own roles, no observation left
-    assert "observation" not in by_role
-    np.testing.assert_allclose(by_role["placeholder"], [15 / 78, 0.0, 0.0], atol=1e-6)
-    np.testing.assert_allclose(by_role["refined"], [0.0, 11 / 78, 0.0], atol=1e-6)
-    np.testing.assert_allclose(by_role["reasoning"], [11 / 78, 19 / 78, 12 / 78], atol=1e-6)
+    by_cat = {t["name"]: decode(t["x"]) for t in seg["data"]}  # one stacked bar per query: attention.md's categories
+    assert list(seg["data"][0]["y"]) == ["reasoning"]  # the toy capture's one query of the reply
+    # the query (token 11) weights token k by (k + 1) / 78: turn 0's observation (tokens 6-7) was the
+    # placeholder (meta.history.changes); attention.md's categories, as call_shares counts them (issue 37): system
+    # tokens 0-1 (3/78), task 2-3 (7/78), past reasoning 4-5 and 8-9 (30/78), turn 1's observation (token 10,
+    # 11/78: refined in the history's list, not in its changes, which call_shares reads), current step 11 (12/78)
+    want = {"system": 3, "task": 7, "past reasoning": 30, "past tool call": 0, "past observation": 11,
+            "placeholder": 15, "refined": 0, "current step": 12}
+    assert list(by_cat) == list(want)
+    np.testing.assert_allclose([by_cat[c][0] for c in want], [v / 78 for v in want.values()], atol=1e-6)
     # the heatmap: sequential scales from 0 (white); ticks say which turn was replaced
     for t in hm["data"]:
         assert t["zmin"] == 0 and t["colorscale"][0][1] == "#ffffff"

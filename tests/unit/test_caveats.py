@@ -326,9 +326,10 @@ def test_another_model_is_named_with_the_agents_in_every_output(tmp_path, monkey
     study_md = (out / "study.md").read_text()
     for text in (md, study_md):
         assert f"- {doc['caveats'][0]}" in text  # the caveat block
-        # the header, both query headings, 4 table captions per query and the counterfactual heading
-        assert text.count(label) >= 1 + 2 + 8 + 1, text
-        assert text.count(f"({label})") == 2 + 8 + 1
+        # the header, both query headings, 5 table captions per query (the per-token paired one since issue 37)
+        # and the counterfactual heading
+        assert text.count(label) >= 1 + 2 + 10 + 1, text
+        assert text.count(f"({label})") == 2 + 10 + 1
 
 
 def test_injected_system_tokens_of_smollm2s_template(bundled_folder):

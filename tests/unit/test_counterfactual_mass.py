@@ -85,3 +85,40 @@ def test_refined_removed_mass_is_the_dropped_sentence_not_the_whole_message():
     # the redistribution is measured against the changed messages and sums to their mass
     assert sum(d["redistribution"].values()) == pytest.approx(d["changed_message_mass"], abs=1e-9)
     assert arrays["absent_tokens"].tolist() == [0] * 8 + [1] + [0] * 5
+
+
+def calls_context(text: list[str], call: list[str] | None, row: list[float]) -> CaptureResult:
+    """system (0), task (1), assistant turn with text and a <search> call (2; call None: dropped), step (3)."""
+    pieces = [("template", 0, ["<s>"]), ("system", 0, ["sys"]), ("template", 0, [END, U]), ("task", 1, ["Task"]),
+              ("template", 1, [END]), ("template", 2, [ASST]), ("reasoning", 2, text)]
+    if call is not None:
+        pieces.append(("tool_call", 2, call))
+    pieces += [("template", 2, [END]), ("template", 3, [ASST]), ("reasoning", 3, [" Ok", " go"])]
+    return capture(pieces, row)
+
+
+def test_dropped_calls_removed_mass_is_part_of_the_changed_mass():
+    """ircot:oq drops a turn's call and keeps its text; the text's last token tokenizes differently without
+    the call (" think" -> " think."), so it is absent from the counterfactual though it is no tool-call token.
+    Issue 37: it was in the removed mass (absent) and not in the changed mass (tool-call tokens only), so the
+    removed mass exceeded the changed one (shipped ircot:oq 6.71% vs 6.34%); now it is in both."""
+    # tokens: <s> sys END U Task END | ASST " I" " think" <search> q </search> END | ASST " Ok" " go"
+    row = [0.30, 0.05, 0.01, 0.01, 0.10, 0.01, 0.02, 0.05, 0.10, 0.03, 0.15, 0.02, 0.02, 0.04, 0.09, 0.0]
+    original = calls_context([" I", " think"], ["<search>", "q", "</search>"], row)
+    cf_row = [0.32, 0.05, 0.01, 0.01, 0.12, 0.01, 0.03, 0.07, 0.12, 0.02, 0.05, 0.19, 0.0]
+    counterfactual = calls_context([" I", " think."], None, cf_row)
+    traj = Trajectory(id="t", messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "Task"},
+                                        {"role": "assistant", "content": "I think <search>q</search>"},
+                                        {"role": "assistant", "content": "Ok go"}])
+    cf = Counterfactual(messages=[], source=[0, 1, 2], changes={0: "kept", 1: "kept", 2: "calls_removed"},
+                        policy="ircot:oq")
+    q, arrays = step_analysis(original, counterfactual, cf, Step(traj, 3, 1), [0, 0, 0, 1])
+    d = q["decision"]
+    assert arrays["absent_tokens"].tolist() == [0] * 8 + [1, 1, 1, 1] + [0] * 4  # " think" and the call
+    assert d["removed_mass"] == pytest.approx(0.30)  # " think" .10 + the call .20
+    # changed: the call (.20), its closing marker (.02, owned by the call) and the absent " think" (.10)
+    assert d["changed_message_mass"] == pytest.approx(0.32)
+    assert d["removed_mass"] <= d["changed_message_mass"]
+    assert d["kept_mass"] == pytest.approx(1 - 0.32)
+    assert sum(d["redistribution"].values()) == pytest.approx(d["changed_message_mass"], abs=1e-9)
+    assert arrays["removed_tokens"].tolist() == [0] * 8 + [1, 1, 1, 1, 1] + [0] * 3

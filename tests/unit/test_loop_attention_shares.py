@@ -176,3 +176,67 @@ def test_markdown_shows_every_table():
     # paired at (q1, 6) and (q2, 6): system +0.1 and +0.3 -> +20 pp [+10, +30]; the baseline's (q1, 5) unpaired
     assert "| mask:1 | 2 (2) | 0 / 1 | +20.0 [+10.0, +30.0] pp |" in md
     assert "| none | 6 | 2 | 10.0 |" in md  # the per-step table: step 6 of the baseline, two calls, 10% system
+
+
+# ------------------------------------------------------------------ issue 37: paired per-token shares, tables with numbers
+def test_paired_difference_of_per_token_shares_beside_the_raw_one():
+    """The per-token share of these records is 10x the share (10 tokens visible, 1 per category), so the paired
+    per-token difference of the pairs above is 10x theirs: q1 (+1, -1) -> 0, q2 +2 -> mean 1.0, CI [0, 2]. A pair
+    where one side has no token of a category (NaN) is left out of that category only."""
+    base = [rec("q1", 5, system=0.1), rec("q1", 6, system=0.3), rec("q2", 5, system=0.1)]
+    sett = [rec("q1", 5, system=0.2), rec("q1", 6, system=0.2), rec("q2", 5, system=0.3)]
+    p = paired_difference(sett, base, "decision", min_past=5, n_boot=2000)
+    d = p["relative_difference"]["system"]
+    assert (d["mean"], d["lo"], d["hi"]) == (pytest.approx(1.0), pytest.approx(0.0, abs=1e-9), pytest.approx(2.0))
+    sett[1]["queries"]["decision"]["relative"] = {**sett[1]["queries"]["decision"]["relative"], "system": float("nan")}
+    d = paired_difference(sett, base, "decision", min_past=5, n_boot=200)["relative_difference"]["system"]
+    assert d["mean"] == pytest.approx((1.0 + 2.0) / 2)  # q1 keeps only its step-5 pair (+1); q2 +2
+    assert p["difference"]["system"]["mean"] == pytest.approx(0.1)  # the raw one unchanged beside it
+
+
+def _doc(calls, min_past, **extra):
+    settings = {}
+    for s, rs in calls.items():
+        settings[s] = {"recorded_calls": len(rs), "captured_calls": len(rs), "capture_folder": "x",
+                       **setting_attention([], n_boot=100, min_past=min_past, records=rs)}
+    settings["mask:1"]["paired"] = {q: paired_difference(calls["mask:1"], calls["none"], q, min_past=min_past,
+                                                         n_boot=100) for q in ("decision", "reasoning")}
+    return {"baseline": "none", "settings": settings, "min_past": min_past, "capture": {"model": "m"},
+            "study_models": [], "bootstrap": {"resamples": 100}, **extra}
+
+
+def test_per_step_table_first_when_the_filter_kept_nothing_and_structured_actions_in_the_title():
+    calls = {"none": [rec("q1", 0), rec("q1", 1), rec("q2", 2)], "mask:1": [rec("q1", 1, system=0.2), rec("q2", 2)]}
+    md = markdown(_doc(calls, 5, structured_actions=True, max_past_turns=2))
+    assert md.splitlines()[0] == ("## Attention per setting (attnprobe study attention), structured actions "
+                                  "(--structured-actions: constrained decoding, not the seeds' free decoding)")
+    section = md.split("### Decision token")[1].split("### ")[0]
+    tables = [line for line in section.splitlines() if line.endswith(":") and not line.startswith("Left out")]
+    assert tables[0].startswith("Per step") and "No call has 5 or more past turns" in section
+    assert "| none | 1 | 1 | 10.0 |" in section.split("Attention share")[0]  # numbers before the first n/a table
+    assert "this study's calls have at most 2" in md
+    # the per-token paired table is there, its cells n/a like the others
+    assert "Paired difference of per-token shares relative to uniform with none" in section
+    # with calls the filter keeps: shares first, per step last, no structured words
+    md = markdown(_doc(calls, 1))
+    section = md.split("### Decision token")[1].split("### ")[0]
+    tables = [line for line in section.splitlines() if line.endswith(":") and not line.startswith("Left out")]
+    assert tables[0].startswith("Attention share") and tables[-1].startswith("Per step")
+    assert "structured actions" not in md.splitlines()[0]
+    # paired per-token at (q1, 1) and (q2, 2): system 2.0 - 1.0 and 1.0 - 1.0 -> +0.50
+    assert "| mask:1 | 2 (2) | +0.50 [+0.00, +1.00] |" in section
+
+
+@pytest.mark.parametrize(("config", "most", "default"), [
+    ({"scaffold": "ircot", "max_turns": 4, "final_call": True}, 4, 4),     # the default ircot study: 4, not 5
+    ({"scaffold": "ircot", "max_turns": 4, "final_call": False}, 3, 3),
+    ({"scaffold": "ircot", "max_turns": 8}, 8, 5),                         # seed 002 E.5's five when reachable
+    ({"scaffold": "seed002", "max_turns": 5}, 4, 4),
+    ({"scaffold": "seed002", "max_turns": 50}, 49, 5),
+    ({"scaffold": "ircot", "max_turns": 1}, 1, 1),
+    ({}, None, 5),
+])
+def test_default_past_turn_filter_is_one_the_turn_limit_can_meet(config, most, default):
+    from attnprobe.studies.loop.attention_report import default_shares_min_past, max_past_turns
+
+    assert max_past_turns(config) == most and default_shares_min_past(config) == default

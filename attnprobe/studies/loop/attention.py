@@ -22,8 +22,9 @@ counterfactual`` uses too) and the **reasoning start** (the reply's first token,
 only), under the seed-002 token convention (:func:`attnprobe.results.analysis.token_owners`; the categories of
 :func:`attnprobe.results.analysis.step_breakdown`, with the observations the call saw as placeholders or
 refined text split out by the call's ``meta.history``). A call's **step** is its number of past turns in the
-agent's run; the tables use the calls with at least ``shares_min_past`` past turns (seed 002 E.5's five by
-default; :func:`call_filter` counts what each filter left out), beside a per-step table of every call. Per
+agent's run; the tables use the calls with at least ``shares_min_past`` past turns (by default seed 002 E.5's
+five, or fewer when the study's turn limit allows fewer: :func:`default_shares_min_past`; :func:`call_filter`
+counts what each filter left out), beside a per-step table of every call. Per
 question the mean over its calls, per setting the mean over questions with a percentile bootstrap CI over
 questions (:func:`attnprobe.stats.bootstrap_mean_ci`); the same for the **per-token share** relative to
 uniform (:func:`relative_share`), and per non-baseline setting the **paired difference** with the baseline
@@ -55,8 +56,6 @@ from attnprobe.counterfactual.job import run_on_executor
 from attnprobe.counterfactual.run import RunOptions
 from attnprobe.errors import AttnprobeError, TrajectoryError
 from attnprobe.io import atomic_write_text, finite_json, hold_dir_lock
-from attnprobe.render.segments import ROLES
-from attnprobe.results.analysis import R, category_masks, token_owners
 from attnprobe.results.caveats import attention_caveats
 from attnprobe.results.result import CaptureResult
 from attnprobe.stats import bootstrap_mean_ci
@@ -65,10 +64,22 @@ from attnprobe.studies.loop.attention_report import (
     FILTERS,
     QUERIES,
     SHARES_MIN_PAST,
+    default_shares_min_past,
     markdown,
+    max_past_turns,
     results_stamp,
     with_attention,
 )
+from attnprobe.studies.loop.call_shares import (  # noqa: F401  (re-exported: the per-call numbers)
+    LOOP_ROLES,
+    _query_masks,
+    call_record,
+    call_shares,
+    call_step,
+    injected_system_tokens,
+    relative_share,
+)
+from attnprobe.studies.loop.in_loop import log_capture_prefill
 from attnprobe.studies.loop.layout import CALLS, HISTORY, StudyLayout
 from attnprobe.trajectory.schema import Trajectory
 
@@ -84,8 +95,10 @@ def read_study(out: Path) -> dict:
     study is one clear error."""
     study = StudyLayout(Path(out)).read_study(stamps=True)
     settings = list(study["settings"])
+    config = study.get("config") if isinstance(study.get("config"), dict) else {}
     return {"settings": settings, "baseline": study["baseline"], "models": study.get("models") or [],
-            "results": {s: dict(study["results"].get(s) or {}) for s in settings}}
+            "results": {s: dict(study["results"].get(s) or {}) for s in settings}, "config": config,
+            "invalid_actions": study.get("invalid_actions"), "observations": study.get("observations")}
 
 
 def current_results(out: Path, setting: str) -> dict[str, str]:
@@ -140,103 +153,6 @@ def counterfactual_spec(setting: str, baseline: str) -> tuple[str | None, str | 
     return setting, None
 
 
-# ------------------------------------------------------------------ the numbers of one recorded call
-LOOP_ROLES = (*ROLES, "placeholder", "refined")  # a call's tokens shown as a placeholder or refined: their own roles
-
-
-def _query_masks(result: CaptureResult) -> tuple[int, str | None, dict[str, tuple[int, dict[str, np.ndarray]]]]:
-    """(reply message index, the reply's kind, {query name: (row index, category -> token mask)}).
-
-    The reply's kind is that of its first own segment: ``reasoning`` when it opens with text, ``action``
-    when it is only tool calls (seed 002 E.2-E.3 query reasoning starts only), None without own tokens."""
-    turn, role = token_owners(result)
-    msg, _ = token_owners(replace(result, segments=[replace(s, turn=s.message_index) for s in result.segments]))
-    reply = max(s.message_index for s in result.segments)
-    own = [s for s in result.segments if s.message_index == reply and s.author == "self"
-           and s.role in ("reasoning", "tool_call")]
-    if own:  # a Search-R1 sequence holds every reply in one message: the call's reply is its last turn's
-        own = [s for s in own if s.turn == max(o.turn for o in own)]
-    kind = None if not own else "reasoning" if min(own, key=lambda s: s.start).role == "reasoning" else "action"
-    hist = (result.meta.get("trajectory_meta") or {}).get("history") or {}
-    source, changes = hist.get("source") or [], hist.get("changes") or {}
-    status = np.full(len(msg), "", dtype=object)
-    if len(source) == reply:  # one source per message sent (the reply is the last message)
-        per_msg = np.asarray([changes.get(str(src), "") for src in source] + [""], dtype=object)
-        status = np.where((msg >= 0) & (msg < len(source)), per_msg[np.clip(msg, 0, len(source))], "")
-    role = np.select([status == "placeholder", status == "refined"], [LOOP_ROLES.index("placeholder"),
-                                                                     LOOP_ROLES.index("refined")], role)
-    out: dict[str, tuple[int, dict[str, np.ndarray]]] = {}
-    for k, q in enumerate(result.queries):
-        name = "decision" if q.kind == "decision" else \
-            "reasoning" if q.kind == "reasoning" and q.message_index == reply else None
-        if name is None or (name == "decision" and name in out):
-            continue  # the reasoning start: the reply's last (one per turn in a Search-R1 sequence)
-        out[name] = (k, category_masks(turn, role, q.turn, LOOP_ROLES, own=("placeholder", "refined")))
-    return reply, kind, out
-
-
-def call_shares(result: CaptureResult) -> dict[str, dict[str, float]]:
-    """Per query of the reply (:data:`QUERIES`, those captured), the attention share of every
-    :data:`CATEGORIES`; they sum to the row's mass (1 up to float32 storage). ``reasoning`` only for a
-    reply of kind reasoning (a tool-call-only reply has no reasoning start, seed 002 E.2-E.3).
-
-    Every token is owned by one message under the seed-002 convention (:func:`token_owners`); tokens of a
-    message the call saw as a placeholder or as refined text (``meta.history.changes`` of its full-history
-    source) count as ``placeholder`` / ``refined``; the others as in
-    :func:`attnprobe.results.analysis.step_breakdown`: system, task, past reasoning / tool calls /
-    observations (turns before the query's), and the current step (the query's own turn)."""
-    return {q: r["shares"] for q, r in call_record(result)["queries"].items()}
-
-
-def call_step(result: CaptureResult) -> int:
-    """The call's step: its number of past turns in the agent's run (``meta.step`` - 1: every earlier call
-    is one past turn, whatever the policy left of it in the context), else the reply's turn in the
-    context sent."""
-    meta = result.meta.get("trajectory_meta") or {}
-    step = meta.get("step")
-    if isinstance(step, int) and not isinstance(step, bool) and step >= 1:
-        return step - 1
-    reply = max(s.message_index for s in result.segments)
-    return max([s.turn for s in result.segments if s.message_index == reply] or [0])
-
-
-def call_record(result: CaptureResult) -> dict:
-    """One captured call: question, step (:func:`call_step`), the reply's kind and per query its shares,
-    the tokens of each category the query sees (positions up to its own) and the per-token share
-    relative to uniform: share_c / (tokens_c / tokens visible), 1 = the category gets its length's worth
-    (NaN for a category with no token)."""
-    meta = result.meta.get("trajectory_meta") or {}
-    _, kind, masks = _query_masks(result)
-    rows = np.asarray(result.token_attention, dtype=np.float64)
-    queries = {}
-    for name, (k, cats) in masks.items():
-        pos = result.queries[k].position
-        seen = np.arange(len(rows[k])) <= pos
-        shares = {c: float(rows[k][m].sum()) for c, m in cats.items()}
-        tokens = {c: int((m & seen).sum()) for c, m in cats.items()}
-        queries[name] = {"shares": shares, "tokens": tokens, "visible": int(pos + 1),
-                         "relative": {c: relative_share(shares[c], tokens[c], pos + 1) for c in CATEGORIES}}
-    return {"question": str(meta.get("question_id") or result.trajectory_id), "step": call_step(result),
-            "kind": kind, "queries": queries, "injected_system": injected_system_tokens(result)}
-
-
-def injected_system_tokens(result: CaptureResult) -> int:
-    """Tokens of template text counted as system in a call sent without a system message: the default
-    system text the chat template injects (SmolLM2, Qwen) and the first token; 0 when a system message was
-    sent or the template wrote nothing but the first token (:func:`token_owners`)."""
-    if any(s.role == "system" for s in result.segments):
-        return 0
-    _, role = token_owners(result)
-    k = int((role == R["system"]).sum())
-    return k if k > 1 else 0
-
-
-def relative_share(share: float, tokens: int, visible: int) -> float:
-    """A category's share over its uniform share (tokens / tokens visible to the query): 1 = attention in
-    proportion to length, 3 = three times its length's worth; NaN for a category with no token."""
-    return float(share / (tokens / visible)) if tokens > 0 and visible > 0 else float("nan")
-
-
 # ------------------------------------------------------------------ filters and means
 def call_filter(record: dict, query: str, min_past: int) -> str | None:
     """Why a call is left out at ``query`` (None: kept), the first that applies: ``first_call`` (step 0,
@@ -252,8 +168,6 @@ def call_filter(record: dict, query: str, min_past: int) -> str | None:
     if query not in record["queries"]:
         return "not_captured"
     return None
-
-
 
 
 def _ci(values: np.ndarray, n_boot: int) -> dict:
@@ -276,12 +190,7 @@ def _per_question(records: list[dict], query: str, field: str) -> dict[str, np.n
     by_q: dict[str, list[list[float]]] = {}
     for r in records:
         by_q.setdefault(r["question"], []).append([r["queries"][query][field][c] for c in CATEGORIES])
-    out = {}
-    for q, v in by_q.items():
-        arr = np.asarray(v, dtype=np.float64)
-        n = np.isfinite(arr).sum(axis=0)
-        out[q] = np.where(n > 0, np.nansum(arr, axis=0) / np.maximum(n, 1), np.nan)
-    return out
+    return {q: _nanmean(v) for q, v in by_q.items()}
 
 
 def kept_records(records: list[dict], query: str, min_past: int) -> tuple[list[dict], dict[str, int]]:
@@ -345,19 +254,32 @@ def paired_difference(setting: list[dict], baseline: list[dict], query: str, *, 
     question the mean difference over its paired steps, then the mean over questions with a paired
     percentile bootstrap CI (questions resampled, each with its pairs). ``pairs`` / ``questions``: how
     many entered; ``unpaired``: kept calls of either side without a partner (a question or step the other
-    run did not reach)."""
+    run did not reach). ``relative_difference``: the same for the per-token share relative to uniform
+    (:func:`relative_share`), which corrects for the two contexts' lengths (issue 37); a pair where either
+    side has no token of a category is left out of that category's mean."""
     a = {(r["question"], r["step"]): r for r in kept_records(setting, query, min_past)[0]}
     b = {(r["question"], r["step"]): r for r in kept_records(baseline, query, min_past)[0]}
     keys = sorted(set(a) & set(b))
     by_q: dict[str, list[list[float]]] = {}
+    rel_q: dict[str, list[list[float]]] = {}
     for k in keys:
         sa, sb = a[k]["queries"][query]["shares"], b[k]["queries"][query]["shares"]
         by_q.setdefault(k[0], []).append([sa[c] - sb[c] for c in CATEGORIES])
+        ra, rb = a[k]["queries"][query]["relative"], b[k]["queries"][query]["relative"]
+        rel_q.setdefault(k[0], []).append([ra[c] - rb[c] for c in CATEGORIES])  # NaN: no token on a side
     out: dict[str, Any] = {"pairs": len(keys), "questions": len(by_q),
                            "unpaired": {"setting": len(set(a) - set(b)), "baseline": len(set(b) - set(a))}}
     if by_q:
         out["difference"] = _ci(np.asarray([np.mean(v, axis=0) for v in by_q.values()]), n_boot)
+        out["relative_difference"] = _ci(np.asarray([_nanmean(v) for v in rel_q.values()]), n_boot)
     return out
+
+
+def _nanmean(rows: list[list[float]]) -> np.ndarray:
+    """Per category the mean of a question's pairs that have a value (NaN where none has)."""
+    arr = np.asarray(rows, dtype=np.float64)
+    n = np.isfinite(arr).sum(axis=0)
+    return np.where(n > 0, np.nansum(arr, axis=0) / np.maximum(n, 1), np.nan)
 
 
 # ------------------------------------------------------------------ the run
@@ -379,15 +301,15 @@ def _capture_jobs(out: Path, settings: list[str], model, capture: CaptureOptions
 
 def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAULT_CAPTURE,
                   counterfactual: RunOptions | None = None, min_past: int | None = None,
-                  shares_min_past: int = SHARES_MIN_PAST, force: bool = False, n_boot: int = 2000,
+                  shares_min_past: int | None = None, force: bool = False, n_boot: int = 2000,
                   only: list[str] | None = None, models=None) -> tuple[dict, dict]:
     """Capture every recorded call, run the counterfactuals, write attention.json / attention.md and the
     section of study.md; returns (counts summed over the capture jobs, the attention document).
     ``model``: what the executor loads (``spec``, ``backend``, ``dtype``: recorded and compared on resume);
     ``counterfactual``: the counterfactual stage's options (capture settings; its steps run on ``executor``
     into ``OUT/<setting>/counterfactual``), None skips that part (said so in the report); ``min_past``: the counterfactual
-    steps' (default per policy family); ``shares_min_past``: the share tables' filter (seed 002 E.5's five
-    past turns by default, :func:`call_filter`); ``only``: these settings of the study (default all; the
+    steps' (default per policy family); ``shares_min_past``: the share tables' filter (:func:`call_filter`;
+    None: :func:`default_shares_min_past`, seed 002 E.5's five or the most past turns the turn limit allows); ``only``: these settings of the study (default all; the
     counterfactuals still run on the baseline's histories, the paired table reads the baseline's
     captures when they exist); ``models``: the :class:`~attnprobe.studies.loop.capture_model.CaptureChoice`
     (capture and agent model names, recorded and shown in every output; None: names not known)."""
@@ -395,6 +317,8 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
     layout = StudyLayout(out)
     study = read_study(out)
     settings, baseline = study["settings"], study["baseline"]
+    if shares_min_past is None:
+        shares_min_past = default_shares_min_past(study["config"])
     if only:
         unknown = [s for s in only if s not in settings]
         if unknown:
@@ -405,10 +329,11 @@ def run_attention(executor, out: Path, *, model, capture: CaptureOptions = DEFAU
         skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
         jobs = _capture_jobs(out, settings, model, capture, force, skipped)  # refused before any model loads
         counts = {"done_before": 0, "done": 0, "failed": 0}
-        for job in jobs.values():
+        for s, job in jobs.items():
             if job.trajectories:
                 for k, v in executor.run(job).items():
                     counts[k] += v
+            log_capture_prefill(s, job)  # calls captured in the loop, tokens prefilled now
         cf: dict[str, dict] = {}
         base_hist = histories(out, baseline, skipped.setdefault(baseline, []))
         for s in settings:
@@ -480,10 +405,15 @@ def attention_document(out: Path, settings: list[str], baseline: str, jobs: dict
             per[s]["paired"] = {q: paired_difference(records[s], records[baseline], q, min_past=min_past,
                                                      n_boot=n_boot) for q in QUERIES}
     names = {} if models is None else {"capture_model": models.capture_model, "agent_model": models.agent_model}
+    study = read_study(out)
     doc = {"baseline": baseline, "settings": per, "categories": list(CATEGORIES), "queries": list(QUERIES),
-           "min_past": min_past, "step": "past turns in the agent's run (meta.step - 1)",
+           "min_past": min_past, "max_past_turns": max_past_turns(study["config"]),
+           "step": "past turns in the agent's run (meta.step - 1)",
            "capture": {**jobs[settings[0]].settings, "model": model.spec, **names},
-           "study_models": read_study(out)["models"],
+           "study_models": study["models"],
+           "structured_actions": bool(study["config"].get("structured_actions")),
+           **({"invalid_actions": study["invalid_actions"]} if study.get("invalid_actions") else {}),
+           **({"observations": study["observations"]} if study.get("observations") else {}),
            "bootstrap": {"resamples": n_boot, "seed": 0, "level": 0.95, "over": "questions",
                          "paired": "questions resampled with their (question, step) pairs"}}
     doc["caveats"] = attention_caveats(doc)

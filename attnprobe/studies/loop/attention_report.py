@@ -28,6 +28,25 @@ SHARES_MIN_PAST = 5  # seed 002 E.5: "using only reasoning steps with at least f
 FILTERS = ("first_call", "action_only", "too_few_past", "not_captured")
 
 
+def max_past_turns(config: dict) -> int | None:
+    """The most past turns any call of a study can have, from its config (study.json ``config``): IRCoT's
+    ``max_turns`` calls and the final call (both forms) reach ``max_turns`` past turns, seed 002's
+    ``max_turns`` calls ``max_turns - 1``; None when the config does not say."""
+    turns = config.get("max_turns")
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+        return None
+    return turns - 1 + int(config.get("scaffold") == "ircot" and config.get("final_call", True) is not False)
+
+
+def default_shares_min_past(config: dict) -> int:
+    """The share tables' default past-turn filter: seed 002 E.5's five (:data:`SHARES_MIN_PAST`), or the most
+    past turns the study's turn limit allows when that is fewer (:func:`max_past_turns`): with IRCoT's default
+    ``--max-turns 4`` no call has five past turns, so a filter of five left every share table empty (issue 37);
+    four keeps the calls with the longest history the scaffold can build."""
+    most = max_past_turns(config)
+    return SHARES_MIN_PAST if most is None else max(1, min(SHARES_MIN_PAST, most))
+
+
 def _pct(d: dict) -> str:
     return format_ci(d["mean"], (d["lo"], d["hi"]), pct=True, signed=False, unit="")
 
@@ -76,6 +95,27 @@ def paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
     return rows
 
 
+def relative_paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per non-baseline setting the paired difference of per-token shares relative to uniform with the
+    baseline (:func:`paired_difference`'s ``relative_difference``), beside the raw one (issue 37)."""
+    rows = []
+    for s, d in doc["settings"].items():
+        p = (d.get("paired") or {}).get(query)
+        if p is None:
+            continue
+        diff = p.get("relative_difference")
+        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})",
+                     **{c.replace("_", " "): format_ci(diff[c]["mean"], (diff[c]["lo"], diff[c]["hi"]), digits=2)
+                        if diff else "n/a" for c in CATEGORIES}})
+    return rows
+
+
+def filtered_empty(doc: dict, query: str) -> bool:
+    """Whether the past-turn filter kept no call of any setting at ``query``: every cell of the share,
+    per-token and paired tables is n/a, so the per-step table is the one with numbers and comes first."""
+    return not any(d[query].get("shares") for d in doc["settings"].values())
+
+
 def step_rows(doc: dict, query: str) -> list[dict[str, Any]]:
     """Per setting and step (past turns) the mean share (%) over that step's calls, first calls included."""
     return [{"setting": s, "step": int(k), "calls": v["calls"],
@@ -111,7 +151,9 @@ def models_label(doc: dict) -> str | None:
 
 def markdown(doc: dict) -> str:
     """attention.md: the caveats, then per query the filtered shares, the per-token shares, the paired
-    differences with the baseline and the per-step table; then the counterfactuals per setting. A capture
+    differences with the baseline (raw and per-token) and the per-step table, which comes first when the
+    filter kept no call (:func:`filtered_empty`); then the counterfactuals per setting. Its title names
+    structured actions when the study used them. A capture
     model other than the agent's is named with the agent's in every heading and table caption."""
     from attnprobe.results.caveats import markdown as caveat_lines
 
@@ -123,10 +165,14 @@ def markdown(doc: dict) -> str:
            "agent's contexts, not the agent's own." if label else
            f"Capture model {cap.get('capture_model') or cap['model']} (the agent's: "
            f"{cap.get('agent_model') or ', '.join(doc['study_models']) or '?'}).")
-    lines = [f"{HEADING} (attnprobe study attention)", "", *caveat_lines(doc.get("caveats") or []),
+    from attnprobe.results.caveats import structured_title
+
+    lines = [f"{HEADING} (attnprobe study attention){structured_title(bool(doc.get('structured_actions')))}", "",
+             *caveat_lines(doc.get("caveats") or []),
              f"{who} "
              f"Calls used: those with at least {mp} past turns (seed 002 E.5: \"using only reasoning steps with at "
-             "least five past turns\"; --shares-min-past), a call's step being its number of past turns in the "
+             f"least five past turns\"; --shares-min-past; the default is five, or the most past turns the study's "
+             f"turn limit allows when fewer{_most(doc)}), a call's step being its number of past turns in the "
              "agent's run; first calls (0 past turns, past shares 0 by construction) and, at the reasoning start, "
              "tool-call-only replies (no reasoning start) are left out. Shares (%): per question the mean over "
              "its calls, then the mean over questions; brackets: 95% bootstrap CI over questions "
@@ -136,6 +182,12 @@ def markdown(doc: dict) -> str:
              f"the baseline, {doc['baseline']}; pp, paired bootstrap over questions).", ""]
     for q in QUERIES:
         lines += [f"### {QUERY_LABELS[q].capitalize()}{tag}", "", f"Left out: {left_out_text(doc, q)}.", ""]
+        steps = [f"Per step (past turns; every call with this query, first calls included; mean share %){tag}:", "",
+                 *_table(step_rows(doc, q))]
+        empty = filtered_empty(doc, q)
+        if empty:  # the one table with numbers first (issue 37)
+            lines += [f"No call has {mp} or more past turns at this query: the filtered tables after the per-step "
+                      "table are empty (n/a).", "", *steps]
         lines += [f"Attention share (%){tag}:", ""]
         lines += _table(share_rows(doc, q))
         lines += [f"Per-token share relative to uniform (1 = the category's length's worth){tag}:", ""]
@@ -143,8 +195,11 @@ def markdown(doc: dict) -> str:
         lines += [f"Paired difference with {doc['baseline']} (setting - baseline, pp, same question and step){tag}:",
                   ""]
         lines += _table(paired_rows(doc, q))
-        lines += [f"Per step (past turns; every call with this query, first calls included; mean share %){tag}:", ""]
-        lines += _table(step_rows(doc, q))
+        lines += [f"Paired difference of per-token shares relative to uniform with {doc['baseline']} (setting - "
+                  f"baseline, same question and step){tag}:", ""]
+        lines += _table(relative_paired_rows(doc, q))
+        if not empty:
+            lines += steps
     lines += [f"### Counterfactuals at the baseline's steps ({doc['baseline']}){tag}", "",
               f"Each setting's policy applied after the fact to the full histories of {doc['baseline']} "
               "(attnprobe counterfactual; decision position): where the baseline agent's attention would have "
@@ -161,6 +216,11 @@ def markdown(doc: dict) -> str:
                   f"{c['done_before']} already done, {c['failed']} failed) in {rep['folder']}/", "",
                   rep["markdown"]["decision"]]
     return redact("\n".join(lines).rstrip("\n") + "\n")  # a refiner URL's credentials are never written
+
+
+def _most(doc: dict) -> str:
+    most = doc.get("max_past_turns")
+    return f"; this study's calls have at most {most}" if isinstance(most, int) else ""
 
 
 def results_stamp(stamps: dict[str, str]) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from attnprobe.io.urls import redact
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.context import parse_setting, slug
 from attnprobe.studies.loop.layout import StudyLayout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,12 +59,16 @@ class InterferenceJob(ChatJob):
     # the options the folder's settings record gets once the first item is finished (collect, in the process
     # that started the job: a killed run that finished an item has recorded them); None: not recorded here
     settings_record: dict | None = None
+    # capture every call's attention while generating it (--capture-in-loop; attnprobe.studies.loop.in_loop);
+    # no part of any stamp: it changes no record, only adds the captures study attention would make
+    in_loop: Any = None  # an InLoopOptions, or None
     stage: str = "interference"
     unit: str = "run"
     bar_unit = "call"  # the bar counts model calls (work), not only finished episodes
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
+        self.in_loop_counts = {"captured": 0, "left_post_hoc": 0}
         for s in self.settings:
             parse_setting(s)  # a bad spec fails here, before any model is loaded
         self.layout.check(self.settings)
@@ -112,12 +119,18 @@ class InterferenceJob(ChatJob):
 
         search = shared_search(self.config.search, self.config.corpus)
         scorer = Scorer(self.config.judge)
+        if self.in_loop is not None:
+            from attnprobe.studies.loop.in_loop import CapturingChat
+
+            chat = CapturingChat(chat, self.in_loop)
         loops, specs = [], {}
         for item in batch:
             spec, q = item.data
             run_id = f"{slug(spec)}/{q['id']}"
             specs[run_id] = spec
             loops.append(Loop(chat, search, parse_setting(spec), self.config, run_id=run_id, question=q))
+            if self.in_loop is not None:
+                chat.loops[run_id] = loops[-1]
         results: dict[str, dict] = {}
 
         def write(loop, seconds: float) -> None:
@@ -130,6 +143,8 @@ class InterferenceJob(ChatJob):
             layout = self.layout
             write_jsonl(layout.calls(spec, q["id"]), calls)
             write_jsonl(layout.history(spec, q["id"]), [history])
+            if self.in_loop is not None:  # before the result: a finished item has its captures
+                self._write_captures(chat, loop.run_id, spec, calls)
             atomic_write_text(layout.result(spec, q["id"]), json.dumps(result, indent=1, ensure_ascii=False))
             results[loop.run_id] = result
 
@@ -139,6 +154,28 @@ class InterferenceJob(ChatJob):
         rollout(chat, loops, on_done=write, note=named if len(loops) == 1 else self.note,
                 on_call=lambda loop: self.advance(loop.run_id))  # run_id is the item's key
         return [results[lp.run_id] for lp in loops]
+
+    def _write_captures(self, chat, run_id: str, spec: str, calls: list[dict]) -> None:
+        """The episode's calls captured in the loop into ``OUT/<setting>/capture/`` (the folders ``study attention``
+        writes); a call whose rows the loop did not score is left to ``study attention`` (one log line)."""
+        from attnprobe.io import safe_name
+        from attnprobe.studies.loop.in_loop import as_read, capture_call
+
+        caps = chat.take(run_id)
+        if len(caps) != len(calls):
+            log.warning("%s: %d calls but %d captures in the loop; left to study attention", run_id, len(calls),
+                        len(caps))
+            return
+        folder = self.layout.capture_dir(spec)
+        for i, rec in enumerate(calls):
+            traj = as_read(rec)  # as study attention reads it
+            res = capture_call(chat.loaded, traj, caps[i], caps, self.in_loop, self.in_loop.weights)
+            if isinstance(res, str):
+                log.info("capture in the loop: %s; left to study attention", res)
+                self.in_loop_counts["left_post_hoc"] += 1
+                continue
+            res.save(folder / safe_name(traj.id))
+            self.in_loop_counts["captured"] += 1
 
 
 def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | None = None) -> str:

@@ -11,7 +11,8 @@ Definitions (quoted in docs/methods.md, "Policies in the loop"):
   generations"): per question the mean prompt tokens over its model calls, then the mean over questions;
 - rolling input tokens: per question the sum of prompt tokens over all its calls (seed 002 §5.1: "Rolling
   input tokens sum context lengths across all turns"); output tokens likewise;
-- AIT: seconds per question (seed 004 §3.1, "the average inference time per question (AIT)").
+- AIT: seconds per question (seed 004 §3.1, "the average inference time per question (AIT)"): the question's
+  own time, per call its share of a batched call (:func:`attnprobe.studies.loop.rollout.rollout`).
 
 CIs: percentile bootstrap over questions (``n_boot`` resamples, fixed ``seed``). Settings are compared with
 the baseline on the same questions: fixed (baseline wrong, setting right), broken (the reverse), the exact
@@ -131,15 +132,20 @@ def _fmt(v, ci=None, pct: bool = False, digits: int = 1) -> str:
 
 
 def markdown(summary: dict, *, scaffold: str, scorer: str, model: str | None = None,
-             caveats: list[str] | None = None) -> str:
+             caveats: list[str] | None = None, structured: bool = False, observations: dict | None = None) -> str:
     """Seed 004 Tables 1-2 / seed 002 Table 1 in one table (95% bootstrap CIs in brackets), then the paired
-    comparisons and the per-question outcomes; ``caveats`` (:mod:`attnprobe.results.caveats`) above the table."""
+    comparisons and the per-question outcomes; ``caveats`` (:mod:`attnprobe.results.caveats`) above the table;
+    ``structured``: run with --structured-actions, said in the title; ``observations``: per setting the
+    observations that held a passage (study.json ``observations``), one line above the table."""
     from attnprobe.results.caveats import markdown as caveat_lines
+    from attnprobe.results.caveats import passage_line, structured_title
 
     metric = "EM" if scorer == "em" else f"accuracy ({scorer})"
-    lines = [f"# Interference study: scaffold {scaffold}" + (f", model {model}" if model else ""), "",
+    lines = [f"# Interference study: scaffold {scaffold}" + (f", model {model}" if model else "")
+             + structured_title(structured), "",
              f"Accuracy: {metric}. Brackets: 95% bootstrap CI over questions "
              f"({summary['bootstrap']['resamples']} resamples).", "", *caveat_lines(caveats or []),
+             *passage_line(observations),
              f"| setting | n | {metric} (%) | " + " | ".join(lbl for _, _, lbl in MEASURES) + " | no answer |",
              "|---" * (len(MEASURES) + 4) + "|"]
     for s, m in summary["settings"].items():

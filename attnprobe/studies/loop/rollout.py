@@ -29,7 +29,7 @@ class _Active:
     loop: Any  # a Loop
     steps: Any  # its generator
     request: ChatRequest
-    t0: float
+    seconds: float  # this episode's own time so far (AIT, docs/methods.md): its share of each batch call + its steps
     calls: int = 0
     finished: bool = False
 
@@ -38,8 +38,10 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
             note: Callable[[str], None] | None = None, on_call: Callable[[Any], None] | None = None) -> None:
     """Run ``loops`` to the end together, one batched model call per turn.
 
-    ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: from its start to its end,
-    which in a batch includes the other episodes' share of each turn); ``note`` is told of every turn
+    ``on_done(loop, seconds)`` is called as each episode finishes (``seconds``: the episode's own inference
+    time, AIT in docs/methods.md: per model call the batch call's wall time divided by the episodes in that
+    batch, plus the wall time of its own steps between calls (tools, retrieval, refiner); alone, its wall
+    time); ``note`` is told of every turn
     ("turn 3: 5 episodes", then its output tokens per second), or, when run alone, of its calls ("call N",
     as a sequential run always was); ``on_call(loop)`` of every reply an episode is handed (progress in model
     calls). When a call or an episode fails, the
@@ -51,9 +53,10 @@ def rollout(chat, loops: Sequence[Any], *, on_done: Callable[[Any, float], None]
             t0 = time.perf_counter()
             gen = loop.steps()
             try:
-                active.append(_Active(loop, gen, next(gen), t0))
+                request = next(gen)
+                active.append(_Active(loop, gen, request, time.perf_counter() - t0))
             except StopIteration:  # an episode that needs no model call (none today)
-                _finish(chat, loop, t0, on_done)
+                _finish(chat, loop, time.perf_counter() - t0, on_done)
         _turns(chat, active, on_done, note, on_call, alone=len(loops) == 1)
     finally:  # a failed batch (its episodes are redone): free what the backend kept for the unfinished ones
         for a in active:
@@ -71,6 +74,7 @@ def _turns(chat, active: list[_Active], on_done, note, on_call, *, alone: bool) 
             note(label)
         t0 = time.perf_counter()
         replies = chat.complete_batch([a.request for a in active])
+        share = (time.perf_counter() - t0) / len(active)  # each call's part of the batch call (issue 37: not the batch's)
         if len(replies) != len(active):
             raise RuntimeError(f"{type(chat).__name__}.complete_batch answered {len(replies)} of {len(active)} "
                                "requests")
@@ -80,9 +84,12 @@ def _turns(chat, active: list[_Active], on_done, note, on_call, *, alone: bool) 
             a.calls += 1
             if on_call is not None:
                 on_call(a.loop)
-            if not _step(a, reply):
+            t1 = time.perf_counter()
+            more = _step(a, reply)
+            a.seconds += share + time.perf_counter() - t1
+            if not more:
                 a.finished = True
-                _finish(chat, a.loop, a.t0, on_done)
+                _finish(chat, a.loop, a.seconds, on_done)
         active[:] = [a for a in active if not a.finished]
 
 
@@ -95,8 +102,7 @@ def _step(a: _Active, reply: ChatReply) -> bool:
     return True
 
 
-def _finish(chat, loop, t0: float, on_done) -> None:
-    seconds = time.perf_counter() - t0
+def _finish(chat, loop, seconds: float, on_done) -> None:
     chat.end_episode(loop.run_id)
     if on_done is not None:
         on_done(loop, seconds)

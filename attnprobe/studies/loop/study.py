@@ -11,6 +11,7 @@ gathers the recorded calls of those results in question order (one file to captu
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,13 +19,16 @@ from attnprobe.agents.policies import setting_rules
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.settings import check_settings, finished_something, record_settings
 from attnprobe.io.urls import redact
-from attnprobe.results.caveats import structured_replies, study_caveats
+from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
 from attnprobe.studies.loop.job import InterferenceJob, load_results
-from attnprobe.studies.loop.layout import StudyLayout
+from attnprobe.studies.loop.layout import HISTORY, StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
 from attnprobe.studies.loop.scoring import scorer_label
+from attnprobe.studies.loop.validity import invalid_actions
+
+log = logging.getLogger(__name__)
 
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
 OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
@@ -52,11 +56,15 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     calls = {s: [rec for _, _, rec in layout.stamped(s, stamps[s])] for s in settings}  # the results' own calls
     if config.structured_actions:  # every reply recorded as structured, checked against its grammar
         study["structured_replies"] = structured_replies(c for cs in calls.values() for c in cs)
+    study["invalid_actions"] = invalid_actions(calls)  # replies that were no valid action, per setting
+    study["observations"] = {s: observations_with_passage(rec for _, _, rec in layout.stamped(s, stamps[s], HISTORY))
+                             for s in settings}  # what each setting's agent retrieved, passages or nothing
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
     atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
-                  caveats=study["caveats"])
+                  caveats=study["caveats"], structured=config.structured_actions,
+                  observations=study["observations"])
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
@@ -68,12 +76,14 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
 
 def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence[str], config: LoopConfig, *,
               baseline: str | None = None, force: bool = False, n_boot: int = 2000,
-              model: str | None = None, batch_size: int = 1) -> tuple[dict, dict]:
+              model: str | None = None, batch_size: int = 1, in_loop=None) -> tuple[dict, dict]:
     """Run every unfinished (setting, question) on ``executor`` then write the study; returns (counts, study).
     A folder whose results were made with another loop config or ``model`` is refused before anything
     runs unless ``force`` (:func:`attnprobe.io.settings.check_settings`; the options are recorded only once an
     item is finished); settings may be added freely.
-    ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp."""
+    ``batch_size``: episodes stepped together (:mod:`attnprobe.studies.loop.rollout`); no part of any stamp.
+    ``in_loop``: capture every call while generating it (:class:`attnprobe.studies.loop.in_loop.InLoopOptions`,
+    ``--capture-in-loop``); no part of any stamp."""
     # structured_actions always recorded here (false too), so switching it in a folder is refused, not a silent
     # rerun of every item; the stamps carry it only when on
     # the corpus is input, not an option (like the questions): its content is in every item's stamp, so a
@@ -83,8 +93,11 @@ def run_study(executor, out: Path, questions: Sequence[dict], settings: Sequence
               **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
     check_settings(out, "study interference", wanted, force=force, names=OPTION_NAMES)
     job = InterferenceJob(Path(out), list(questions), list(settings), config, force=force, model=model,
-                          batch_size=batch_size, settings_record=wanted)  # recorded as its first item finishes
+                          batch_size=batch_size, settings_record=wanted, in_loop=in_loop)  # recorded as its first item finishes
     counts = executor.run(job)
+    if in_loop is not None:
+        log.info("capture in the loop: %d calls captured while generating, %d left to study attention",
+                 job.in_loop_counts["captured"], job.in_loop_counts["left_post_hoc"])
     if finished_something(counts):  # and when every item was done before; a run that finished nothing (no
         record_settings(out, "study interference", wanted, force=force)  # model, every item failed): nothing
     return counts, write_study(Path(out), questions, settings, config, baseline=baseline, n_boot=n_boot, model=model)
