@@ -3,7 +3,8 @@
 # the bundled model, then the attention side, and the small result files copied into docs/results/ so every
 # number in docs/loop.md can be recomputed from the repository (study.json / attention.json hold them all).
 #
-#   bash benchmarks/loop_shipped_set.sh [RUNS_DIR]      # default runs/loop-docs; about 30 min on 2 cores
+#   bash benchmarks/loop_shipped_set.sh [RUNS_DIR]      # default runs/loop-docs (issue 37's files: ircot 2 min,
+#                                                       # seed002 about 20 min on 2 cores)
 #
 # The options are those of the tables before issue 26 (32 new tokens, 3 turns, greedy; seed002 top-k 3), so
 # old and new can be compared row by row.
@@ -14,11 +15,12 @@ AP=${ATTNPROBE:-attnprobe}
 Q=trajectories/questions_loop.jsonl
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # the two studies run side by side, one core each
 ( $AP -q study interference "$Q" --scaffold ircot --ircot-form chat --policy none --policy ircot:o --policy ircot:oq \
-      --policy ircot:oqp --policy refine:bm25:3 --max-new-tokens 32 --max-turns 3 --out "$RUNS/ircot" \
+      --policy ircot:oqp --policy refine:bm25:3 --max-new-tokens 32 --max-turns 3 --episodes-per-batch 40 \
+      --capture-in-loop --out "$RUNS/ircot" \
   && $AP -q study attention "$RUNS/ircot" ) &
 ircot=$!
 ( $AP -q study interference "$Q" --scaffold seed002 --preset cpu --top-k 3 --policy none --policy mask:1 \
-      --policy mask-obs:1 --max-new-tokens 32 --max-turns 3 --out "$RUNS/seed002" \
+      --policy mask-obs:1 --max-new-tokens 32 --max-turns 3 --episodes-per-batch 24 --out "$RUNS/seed002" \
   && $AP -q study attention "$RUNS/seed002" ) &
 seed002=$!
 wait $ircot; wait $seed002
