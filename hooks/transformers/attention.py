@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,13 +77,17 @@ _STEP: contextvars.ContextVar[StepState | None] = contextvars.ContextVar("attnpr
 
 
 @contextlib.contextmanager
-def stepping(state: StepState) -> Iterator[StepState]:
-    """Score ``state.rows`` in the forward passes run inside (a batch of any size; see :class:`StepRow`)."""
-    token = _STEP.set(state)
+def _set(var: contextvars.ContextVar, state):
+    token = var.set(state)
     try:
         yield state
     finally:
-        _STEP.reset(token)
+        var.reset(token)
+
+
+def stepping(state: StepState):
+    """Score ``state.rows`` in the forward passes run inside (a batch of any size; see :class:`StepRow`)."""
+    return _set(_STEP, state)
 
 
 def _observe_step(state: StepState, layer: int, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:
@@ -96,13 +100,9 @@ def _observe_step(state: StepState, layer: int, query: torch.Tensor, key: torch.
                             sliding_window=window, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"))
 
 
-@contextlib.contextmanager
-def active(state: CaptureState) -> Iterator[CaptureState]:
-    token = _ACTIVE.set(state)
-    try:
-        yield state
-    finally:
-        _ACTIVE.reset(token)
+def active(state: CaptureState):
+    """Capture into ``state`` in the forward passes run inside."""
+    return _set(_ACTIVE, state)
 
 
 def _observe(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> None:

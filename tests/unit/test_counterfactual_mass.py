@@ -64,18 +64,22 @@ def test_absent_tokens(kept, source, status, absent):
     assert np.nonzero(got)[0].tolist() == absent
 
 
+def _analysis(original, counterfactual, third: dict, step: str, status: str, policy: str):
+    """step_analysis of a 4-message trajectory (system, task, ``third``, the step) whose message 2 has ``status``."""
+    traj = Trajectory(id="t", messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "Task"},
+                                        third, {"role": "assistant", "content": step}])
+    cf = Counterfactual(messages=[], source=[0, 1, 2], changes={0: "kept", 1: "kept", 2: status}, policy=policy)
+    return step_analysis(original, counterfactual, cf, Step(traj, 3, 1), [0, 0, 0, 1])
+
+
 def test_refined_removed_mass_is_the_dropped_sentence_not_the_whole_message():
     original = context(ORIG, ROW)
     n_cf = len(context([" A.", " C."], [0.0] * 12).input_ids)
     cf_row = [0.35, 0.05, 0.01, 0.01, 0.12, 0.01, 0.03, 0.15, 0.10, 0.03, 0.04, 0.10, 0.0]
     assert len(cf_row) == n_cf
     counterfactual = context([" A.", " C."], cf_row)
-    traj = Trajectory(id="t", messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "Task"},
-                                        {"role": "tool", "content": "A. B. C."},
-                                        {"role": "assistant", "content": "I go"}])
-    cf = Counterfactual(messages=[], source=[0, 1, 2], changes={0: "kept", 1: "kept", 2: "refined"},
-                        policy="refine")
-    q, arrays = step_analysis(original, counterfactual, cf, Step(traj, 3, 1), [0, 0, 0, 1])
+    q, arrays = _analysis(original, counterfactual, {"role": "tool", "content": "A. B. C."}, "I go", "refined",
+                          "refine")
     d = q["decision"]
     assert d["removed_mass"] == pytest.approx(0.20)               # " B." only
     assert d["changed_message_mass"] == pytest.approx(0.39)       # markers + kept sentences + dropped one
@@ -107,12 +111,8 @@ def test_dropped_calls_removed_mass_is_part_of_the_changed_mass():
     original = calls_context([" I", " think"], ["<search>", "q", "</search>"], row)
     cf_row = [0.32, 0.05, 0.01, 0.01, 0.12, 0.01, 0.03, 0.07, 0.12, 0.02, 0.05, 0.19, 0.0]
     counterfactual = calls_context([" I", " think."], None, cf_row)
-    traj = Trajectory(id="t", messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "Task"},
-                                        {"role": "assistant", "content": "I think <search>q</search>"},
-                                        {"role": "assistant", "content": "Ok go"}])
-    cf = Counterfactual(messages=[], source=[0, 1, 2], changes={0: "kept", 1: "kept", 2: "calls_removed"},
-                        policy="ircot:oq")
-    q, arrays = step_analysis(original, counterfactual, cf, Step(traj, 3, 1), [0, 0, 0, 1])
+    q, arrays = _analysis(original, counterfactual, {"role": "assistant", "content": "I think <search>q</search>"},
+                          "Ok go", "calls_removed", "ircot:oq")
     d = q["decision"]
     assert arrays["absent_tokens"].tolist() == [0] * 8 + [1, 1, 1, 1] + [0] * 4  # " think" and the call
     assert d["removed_mass"] == pytest.approx(0.30)  # " think" .10 + the call .20

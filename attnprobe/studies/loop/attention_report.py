@@ -80,34 +80,31 @@ def relative_rows(doc: dict, query: str) -> list[dict[str, Any]]:
     return rows
 
 
-def paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
-    """Per non-baseline setting the paired share difference with the baseline (pp, :func:`paired_difference`)."""
+def _paired(doc: dict, query: str, key: str, fmt, unpaired: bool) -> list[dict[str, Any]]:
+    """One row per non-baseline setting from its ``paired[query][key]`` difference, each cell ``fmt(cell)``."""
     rows = []
     for s, d in doc["settings"].items():
         p = (d.get("paired") or {}).get(query)
         if p is None:
             continue
-        diff = p.get("difference")
-        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})",
-                     "unpaired setting / baseline": f"{p['unpaired']['setting']} / {p['unpaired']['baseline']}",
-                     **{c.replace("_", " "): format_ci(diff[c]["mean"], (diff[c]["lo"], diff[c]["hi"]), pct=True)
-                        if diff else "n/a" for c in CATEGORIES}})
+        diff = p.get(key)
+        extra = ({"unpaired setting / baseline": f"{p['unpaired']['setting']} / {p['unpaired']['baseline']}"}
+                 if unpaired else {})
+        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})", **extra,
+                     **{c.replace("_", " "): fmt(diff[c]) if diff else "n/a" for c in CATEGORIES}})
     return rows
+
+
+def paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
+    """Per non-baseline setting the paired share difference with the baseline (pp, :func:`paired_difference`)."""
+    return _paired(doc, query, "difference", lambda c: format_ci(c["mean"], (c["lo"], c["hi"]), pct=True), True)
 
 
 def relative_paired_rows(doc: dict, query: str) -> list[dict[str, Any]]:
     """Per non-baseline setting the paired difference of per-token shares relative to uniform with the
     baseline (:func:`paired_difference`'s ``relative_difference``), beside the raw one (issue 37)."""
-    rows = []
-    for s, d in doc["settings"].items():
-        p = (d.get("paired") or {}).get(query)
-        if p is None:
-            continue
-        diff = p.get("relative_difference")
-        rows.append({"setting": s, "pairs (questions)": f"{p['pairs']} ({p['questions']})",
-                     **{c.replace("_", " "): format_ci(diff[c]["mean"], (diff[c]["lo"], diff[c]["hi"]), digits=2)
-                        if diff else "n/a" for c in CATEGORIES}})
-    return rows
+    return _paired(doc, query, "relative_difference",
+                   lambda c: format_ci(c["mean"], (c["lo"], c["hi"]), digits=2), False)
 
 
 def filtered_empty(doc: dict, query: str) -> bool:
