@@ -244,11 +244,11 @@ def log_capture_prefill(setting: str, job) -> None:
     nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
     from attnprobe.errors import AttnprobeError
     from attnprobe.io import load_json
-    from attnprobe.results.result import META_FILE
+    from attnprobe.results.layout import CaptureLayout
 
     in_loop = 0
     for t in job.trajectories:  # meta.json only (the scores are read once, for the tables)
-        meta = job.folder(t) / META_FILE
+        meta = CaptureLayout.meta(job.folder(t))
         if meta.is_file() and not meta.is_symlink():
             try:
                 in_loop += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
