@@ -13,7 +13,7 @@ attention``'s per-setting lines; counterfactuals: its batch lines), then checks 
 was captured in the loop and equals (a)'s post-hoc capture within 1e-5. Results: benchmarks/results/
 loop_attention_cost.{json,md}.
 
-    python benchmarks/loop_attention_cost.py [--scaffold seed002] [--limit N] [--batch 24]
+    python benchmarks/loop_attention_cost.py [--scaffold seed002|ircot] [--ircot-form stream|chat] [--limit N] [--batch 24]
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="only the first N shipped questions (default all 8)")
     ap.add_argument("--batch", type=int, default=24, help="--episodes-per-batch (default 24: every episode at once)")
     ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--ircot-form", default="stream", choices=("stream", "chat"),
+                    help="ircot only: Search-R1's one growing sequence (default) or the multi-turn chat")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loop_attention_cost"))
     a = ap.parse_args()
     from tests.support.loop_capture import compare, numbers_close
@@ -72,7 +74,7 @@ def main() -> int:
              *[x for s in SETTINGS[a.scaffold] for x in ("--policy", s)],
              *(["--limit", str(a.limit)] if a.limit else [])]
     if a.scaffold == "ircot":
-        study += ["--ircot-form", "chat"]
+        study += ["--ircot-form", a.ircot_form]
     tmp = Path(tempfile.mkdtemp(prefix="loop_attention_cost-"))
     try:
         ways = {}
@@ -92,7 +94,8 @@ def main() -> int:
         result = {
             "setup": {"model": "bundled SmolLM2-135M-Instruct (float32, CPU)", "scaffold": a.scaffold,
                       "settings": SETTINGS[a.scaffold], "questions": a.limit or 8, "episodes_per_batch": a.batch,
-                      "max_turns": a.max_turns, "structured_actions": True, "preset": "cpu"},
+                      "max_turns": a.max_turns, "structured_actions": True, "preset": "cpu",
+                      **({"ircot_form": a.ircot_form} if a.scaffold == "ircot" else {})},
             "ways": ways,
             "interference_with_capture_over_without": {
                 "wall": round(b_["interference"]["wall_s"] / a_["interference"]["wall_s"], 3),
