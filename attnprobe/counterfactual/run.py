@@ -278,6 +278,10 @@ def capture_contexts(model: LoadedModel, batch: Batch, opts: RunOptions, chat=No
                        layer_selection=opts.layers if isinstance(opts.layers, str) else None,
                        share_prefixes=opts.share_prefixes, progress=opts.progress, generate=requests,
                        what="counterfactual")
+    tokens = sum(len(c.rendered.input_ids) for c in batch.contexts)
+    log.info("counterfactual batch: captured %d contexts (%d of the originals' steps, %d edited): %d tokens, "
+             "prefilled %d", len(batch.contexts), len(batch.original), len(batch.counterfactual), tokens,
+             run.sharing.prefilled_tokens if run.sharing else tokens)
     replies: dict[Any, tuple[Any, int]] = {}
     for (key, prompt, messages, tools, stop), ids, c in zip(pending, run.generated, run.generation_counts):
         replies[key] = (chat.finish(prompt, ids, tools, opts.max_new_tokens, messages, stop), c.prefilled_tokens)
