@@ -83,6 +83,7 @@ def test_the_spec_checks_its_positions():
 # ---------------------------------------------------------------------------------------- the study side
 from attnprobe.cli.main import main  # noqa: E402
 from attnprobe.resources import data_path  # noqa: E402
+from attnprobe.studies.loop.layout import StudyLayout  # noqa: E402
 from tests.support.loop_capture import compare, in_loop_folders, numbers_close, post_hoc_copy  # noqa: E402
 
 SCAFFOLDS = {  # every scaffold form, three policies each, structured actions (a random model then acts)
@@ -116,6 +117,14 @@ def test_study_captured_in_the_loop_equals_study_attention(tmp_path, tiny_smol_f
     assert _interference(loop, tiny_smol_folder, form, "--capture-in-loop") == 0
     calls = sum(1 for p in loop.glob("*/calls/*.jsonl") for _ in p.open())
     assert calls > 3 and len(in_loop_folders(loop)) == calls  # every call, each setting, several turns
+    err = capsys.readouterr().err  # the count is read from the capture folders (right on Ray replicas too)
+    assert f"capture in the loop: {calls} of {calls} recorded calls captured while generating, 0 left" in err, err
+    study = json.loads((loop / "study.json").read_text())
+    per = {s: sum(1 for _ in StudyLayout(loop).calls_file(s).open()) for s in study["settings"]}
+    assert study["captured_in_the_loop"] == {s: {"captured": n, "calls": n} for s, n in per.items()}
+    assert ("Calls captured in the loop (attention from the agent's own forward passes; the rest are left to "
+            "'study attention'): " + ", ".join(f"{s} {n} of {n}" for s, n in per.items()) + ".") \
+        in (loop / "study.md").read_text()
     post = post_hoc_copy(loop, tmp_path / "post")
     lines = _attention(loop, capsys)
     assert len(lines) == 3  # one per setting: every call captured in the loop, nothing prefilled for them

@@ -239,21 +239,28 @@ def capture_call(model, trajectory, own: LoopCapture, caps: list[LoopCapture], o
     return result
 
 
-def log_capture_prefill(setting: str, job) -> None:
-    """One line per setting: its calls captured in the loop before (``study interference --capture-in-loop``:
-    nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
+def captured_in_the_loop(folders) -> int:
+    """How many of the capture ``folders`` hold a capture made in the loop (their meta.json stamped
+    :data:`CAPTURED_IN_THE_LOOP`), counted from the files: right whichever process or Ray replica wrote them."""
     from attnprobe.errors import AttnprobeError
     from attnprobe.io import load_json
     from attnprobe.results.layout import CaptureLayout
 
-    in_loop = 0
-    for t in job.trajectories:  # meta.json only (the scores are read once, for the tables)
-        meta = CaptureLayout.meta(job.folder(t))
+    n = 0
+    for folder in folders:  # meta.json only
+        meta = CaptureLayout.meta(folder)
         if meta.is_file() and not meta.is_symlink():
             try:
-                in_loop += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
+                n += (load_json(meta) or {}).get("captured") == CAPTURED_IN_THE_LOOP
             except AttnprobeError:
                 pass
+    return n
+
+
+def log_capture_prefill(setting: str, job) -> None:
+    """One line per setting: its calls captured in the loop before (``study interference --capture-in-loop``:
+    nothing prefilled for them here), the calls captured now and the tokens prefilled for them."""
+    in_loop = captured_in_the_loop(job.folder(t) for t in job.trajectories)
     t = job.tally
     log.info("study attention: %s: %d of %d calls were captured in the loop (0 tokens prefilled for them); %d "
              "tokens prefilled for the calls captured now (%d tokens in them)", setting, in_loop,

@@ -68,7 +68,6 @@ class InterferenceJob(ChatJob):
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        self.in_loop_counts = {"captured": 0, "left_post_hoc": 0}
         for s in self.settings:
             parse_setting(s)  # a bad spec fails here, before any model is loaded
         self.layout.check(self.settings)
@@ -172,10 +171,8 @@ class InterferenceJob(ChatJob):
             res = capture_call(chat.loaded, traj, caps[i], caps, self.in_loop, self.in_loop.weights)
             if isinstance(res, str):
                 log.info("capture in the loop: %s; left to study attention", res)
-                self.in_loop_counts["left_post_hoc"] += 1
                 continue
             res.save(folder / safe_name(traj.id))
-            self.in_loop_counts["captured"] += 1
 
 
 def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | None = None) -> str:

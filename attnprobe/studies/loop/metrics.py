@@ -131,12 +131,24 @@ def _fmt(v, ci=None, pct: bool = False, digits: int = 1) -> str:
     return text
 
 
+def in_loop_line(in_loop: dict | None) -> list[str]:
+    """study.md's line for ``--capture-in-loop``: per setting the recorded calls whose attention was captured from
+    the agent's own forward passes (the rest are left to ``study attention``); nothing when none was."""
+    if not in_loop:
+        return []
+    parts = ", ".join(f"{s} {v['captured']} of {v['calls']}" for s, v in in_loop.items())
+    return [f"Calls captured in the loop (attention from the agent's own forward passes; the rest are left to "
+            f"'study attention'): {parts}.", ""]
+
+
 def markdown(summary: dict, *, scaffold: str, scorer: str, model: str | None = None,
-             caveats: list[str] | None = None, structured: bool = False, observations: dict | None = None) -> str:
+             caveats: list[str] | None = None, structured: bool = False, observations: dict | None = None,
+             in_loop: dict | None = None) -> str:
     """Seed 004 Tables 1-2 / seed 002 Table 1 in one table (95% bootstrap CIs in brackets), then the paired
     comparisons and the per-question outcomes; ``caveats`` (:mod:`attnprobe.results.caveats`) above the table;
     ``structured``: run with --structured-actions, said in the title; ``observations``: per setting the
-    observations that held a passage (study.json ``observations``), one line above the table."""
+    observations that held a passage (study.json ``observations``), one line above the table; ``in_loop``: per
+    setting the recorded calls captured in the loop (study.json ``captured_in_the_loop``), one line too."""
     from attnprobe.results.caveats import markdown as caveat_lines
     from attnprobe.results.caveats import passage_line, structured_title
 
@@ -145,7 +157,7 @@ def markdown(summary: dict, *, scaffold: str, scorer: str, model: str | None = N
              + structured_title(structured), "",
              f"Accuracy: {metric}. Brackets: 95% bootstrap CI over questions "
              f"({summary['bootstrap']['resamples']} resamples).", "", *caveat_lines(caveats or []),
-             *passage_line(observations),
+             *passage_line(observations), *in_loop_line(in_loop),
              f"| setting | n | {metric} (%) | " + " | ".join(lbl for _, _, lbl in MEASURES) + " | no answer |",
              "|---" * (len(MEASURES) + 4) + "|"]
     for s, m in summary["settings"].items():

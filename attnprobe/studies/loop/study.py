@@ -19,13 +19,14 @@ from typing import Any
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
-from attnprobe.io import atomic_write_text, finite_json, write_jsonl
+from attnprobe.io import atomic_write_text, finite_json, safe_name, write_jsonl
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
 from attnprobe.stats import STUDY_RESAMPLES
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
+from attnprobe.studies.loop.in_loop import captured_in_the_loop
 from attnprobe.studies.loop.job import InterferenceJob, load_results
 from attnprobe.studies.loop.layout import HISTORY, StudyLayout
 from attnprobe.studies.loop.metrics import markdown, summarize
@@ -66,12 +67,16 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study["invalid_actions"] = invalid_actions(calls)  # replies that were no valid action, per setting
     study["observations"] = {s: observations_with_passage(rec for _, _, rec in layout.stamped(s, stamps[s], HISTORY))
                              for s in settings}  # what each setting's agent retrieved, passages or nothing
+    in_loop = {s: {"captured": captured_in_the_loop(layout.capture_dir(s) / safe_name(str(c.get("id"))) for c in calls[s]),
+                   "calls": len(calls[s])} for s in settings}  # --capture-in-loop, counted from the capture folders
+    if any(v["captured"] for v in in_loop.values()):
+        study["captured_in_the_loop"] = in_loop
     study["caveats"] = study_caveats(study, calls)  # "retrieved nothing" from what the policy could act on
     # settings named without their refiner URLs' credentials (the folders are too: slug), as study.md names them
     atomic_write_text(layout.study_json, redact(json.dumps(finite_json(study), indent=1, ensure_ascii=False)))
     md = markdown(summary, scaffold=config.label, scorer=label, model=", ".join(models) or None,
                   caveats=study["caveats"], structured=config.structured_actions,
-                  observations=study["observations"])
+                  observations=study["observations"], in_loop=study.get("captured_in_the_loop"))
     # the attention section, once it is run, while it matches these results
     atomic_write_text(layout.study_md, with_attention(md, out, results_stamps(stamps)))
     for s in settings:
@@ -169,11 +174,12 @@ class InterferenceStudy(StudyBase):
 
     def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
         questions, settings, baseline, job = counts.plan.data
-        if options.in_loop is not None:
-            log.info("capture in the loop: %d calls captured while generating, %d left to study attention",
-                     job.in_loop_counts["captured"], job.in_loop_counts["left_post_hoc"])
         study = write_study(layout.folder, questions, settings, options.config, baseline=baseline,
                             n_boot=options.n_boot, model=options.model)
+        if options.in_loop is not None:  # from the files: a job run on a Ray replica keeps no count here
+            n = {k: sum(v[k] for v in study.get("captured_in_the_loop", {}).values()) for k in ("captured", "calls")}
+            log.info("capture in the loop: %d of %d recorded calls captured while generating, %d left to study "
+                     "attention", n["captured"], n["calls"], n["calls"] - n["captured"])
         c = counts.total
         return Outcome(lines=[layout.study_md.read_text(encoding="utf-8")],
                        notes=[c.line("study interference", to=layout.study_md)], exit_code=c.exit_code, value=study)
