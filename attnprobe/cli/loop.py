@@ -114,8 +114,8 @@ def in_loop_options(args):
     generator (it returns no attention) and with explicit query positions."""
     if not args.capture_in_loop:
         return None
-    if args.generator != "transformers":
-        raise ValueError(f"--capture-in-loop needs the generator in process (--generator transformers); "
+    if args.generator not in ("transformers", "vllm"):
+        raise ValueError(f"--capture-in-loop needs the generator in process (--generator transformers or vllm); "
                          f"--generator {args.generator} returns text, not attention: run 'study attention' afterwards")
     from attnprobe.capture.job import CaptureOptions
     from attnprobe.studies.loop.in_loop import InLoopOptions
@@ -123,7 +123,7 @@ def in_loop_options(args):
     capture = from_args(CaptureOptions, args)
     if not isinstance(capture.queries, str):
         raise ValueError("--capture-in-loop takes --queries reasoning, decision or reasoning+decision, not positions")
-    return InLoopOptions.of(capture, args.model, getattr(args, "dtype", None) or "float32")
+    return InLoopOptions.of(capture, args.model, getattr(args, "dtype", None) or "float32", backend=args.generator)
 
 
 def interference_options(args):
@@ -142,7 +142,8 @@ def cmd_interference(args) -> int:
     from attnprobe.studies.loop.study import INTERFERENCE
 
     return run_command(INTERFERENCE, interference_options(args), args, generate=True, timeout=600.0,
-                       stop_at_call=False if args.scaffold == "seed002" else None)  # seed002: parallel calls
+                       stop_at_call=False if args.scaffold == "seed002" else None,  # seed002: parallel calls
+                       capture=bool(args.capture_in_loop))  # vllm: one engine that generates and captures
 
 
 ATTENTION_EPILOG = """\

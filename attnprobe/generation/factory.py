@@ -39,10 +39,10 @@ def _open_openai(*, model: str, base_url: str | None, served_model: str | None, 
 
 
 def _open_vllm(*, model: str, dtype: str, stop_at_call: bool | None, engine: dict | None = None,
-               **_: Any) -> ChatBackend:
+               capture: bool = False, **_: Any) -> ChatBackend:
     from attnprobe.generation.vllm_chat import VllmChat
 
-    return VllmChat.open(model, dtype=dtype, stop_at_call=stop_at_call, **(engine or {}))
+    return VllmChat.open(model, dtype=dtype, stop_at_call=stop_at_call, capture=capture, **(engine or {}))
 
 
 BACKENDS: dict[str, Callable[..., ChatBackend]] = {
@@ -60,7 +60,7 @@ def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", d
                  base_url: str | None = None, served_model: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  timeout: float = 300.0, stop_at_call: bool | None = None,
                  max_reply_bytes: int | None = None, concurrency: int = 1,
-                 engine: dict | None = None) -> ChatBackend:
+                 engine: dict | None = None, capture: bool = False) -> ChatBackend:
     """A chat backend of ``kind`` ("transformers" | "openai" | "vllm").
 
     transformers: loads ``model`` (any spec ``load_model`` accepts) with ``dtype`` on ``device``;
@@ -70,7 +70,9 @@ def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", d
     ``max_reply_bytes`` (default :data:`attnprobe.generation.openai_chat.MAX_REPLY_BYTES`), up to
     ``concurrency`` requests in flight per batch. vllm: vLLM's offline engine in process on ``model``
     with ``dtype``; ``engine``: the capture backend's engine options (``tensor_parallel_size``,
-    ``chunk_size``, ``max_model_len``, ``kv_cache_gib``, ... see docs/vllm.md).
+    ``chunk_size``, ``max_model_len``, ``kv_cache_gib``, ... see docs/vllm.md). ``capture``: the backend scores
+    requests that ask for it while they run (capture in the loop: the vllm engine then carries the capture
+    extension; transformers always can; openai cannot: the commands refuse capture with it).
     """
     try:
         opener = BACKENDS[kind]
@@ -78,7 +80,7 @@ def open_backend(kind: str, *, model: str = "default", dtype: str = "float32", d
         raise AttnprobeError(f"unknown generation backend {kind!r} (choose from {', '.join(BACKENDS)})") from None
     return opener(model=model, dtype=dtype, device=device, base_url=base_url, served_model=served_model,
                   api_key_env=api_key_env, timeout=timeout, stop_at_call=stop_at_call, max_reply_bytes=max_reply_bytes,
-                  concurrency=concurrency, engine=engine)
+                  concurrency=concurrency, engine=engine, capture=capture)
 
 
 def chat_for(model: Any, **chat_options: Any) -> ChatBackend:
@@ -144,10 +146,12 @@ class GenerationOptions:
         return self.generator or ("openai" if self.base_url else "transformers")
 
     def open(self, *, model: str = "default", dtype: str = "float32", device: str = "cpu", timeout: float = 300.0,
-             stop_at_call: bool | None = None, engine: dict | None = None, kind: str | None = None) -> ChatBackend:
+             stop_at_call: bool | None = None, engine: dict | None = None, kind: str | None = None,
+             capture: bool = False) -> ChatBackend:
         """The chat backend these options describe (:func:`open_backend`) for the model options' weights;
         ``timeout``: the command's default, which ``--request-timeout`` beats."""
         return open_backend(kind or self.kind, model=model, dtype=dtype, device=device, base_url=self.base_url,
                             served_model=self.served_model, api_key_env=self.api_key_env,
                             timeout=self.request_timeout or timeout, stop_at_call=stop_at_call,
-                            max_reply_bytes=self.max_reply_bytes, concurrency=self.concurrency, engine=engine)
+                            max_reply_bytes=self.max_reply_bytes, concurrency=self.concurrency, engine=engine,
+                            capture=capture)

@@ -37,26 +37,27 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class InLoopOptions:
     """What the captures are made with: the capture options ``study attention`` will compare
-    (``queries``, ``layers``, ``rendering``) and the model as it records it (``spec``, ``dtype``; backend
-    transformers)."""
+    (``queries``, ``layers``, ``rendering``) and the model as it records it (``spec``, ``dtype``, and the
+    ``backend`` that generates and scores: transformers, or vllm's one engine)."""
 
     capture: Any  # attnprobe.capture.job.CaptureOptions
     spec: str
     dtype: str
     weights: str | None = None  # the weights' fingerprint (attnprobe.capture.api.weights_hash(spec))
+    backend: str = "transformers"
 
     @classmethod
-    def of(cls, capture, spec: str, dtype: str) -> InLoopOptions:
+    def of(cls, capture, spec: str, dtype: str, backend: str = "transformers") -> InLoopOptions:
         from attnprobe.capture.api import weights_hash
 
-        return cls(capture, spec, dtype, weights_hash(spec))
+        return cls(capture, spec, dtype, weights_hash(spec), backend)
 
     def settings(self) -> dict:
         """``cli_settings`` as ``study attention``'s capture job writes them (:attr:`CaptureJob.settings`)."""
         from attnprobe.capture.job import CaptureJob
 
         job = CaptureJob.__new__(CaptureJob)  # only its settings: no weights hash, no folder
-        job.options, job.model, job.backend, job.dtype = self.capture, self.spec, "transformers", self.dtype
+        job.options, job.model, job.backend, job.dtype = self.capture, self.spec, self.backend, self.dtype
         return CaptureJob.settings.fget(job)
 
 

@@ -125,7 +125,8 @@ class InterferenceOptions:
              "decision in the call's prefill, the reasoning start at the decode step that feeds it; --queries and "
              "--layers as 'study attention'), written where 'study attention' writes its captures, which then "
              "prefills nothing for them (docs/loop.md, 'Captured in the loop'). In process only (--generator "
-             "transformers): a served model (--generator openai) returns text, not its attention, so its calls are "
+             "transformers, or vllm: one engine generates and captures; 'study attention' then needs --backend "
+             "vllm to find those captures made with its settings): a served model (--generator openai) returns text, not its attention, so its calls are "
              "captured afterwards by 'study attention'")
     in_loop: Any = None  # --capture-in-loop's InLoopOptions (attnprobe.studies.loop.in_loop); no part of any stamp
 
