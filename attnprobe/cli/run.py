@@ -34,6 +34,8 @@ Examples:
       --served-model my-model --out runs/x.jsonl
   ATTNPROBE_SEARCH_KEY=... attnprobe run q.jsonl --search http --out runs/web.jsonl
 
+Attention: capture OUT afterwards (attnprobe capture OUT --out DIR); unlike 'study interference', the runner
+does not capture in the loop (docs/loop.md, "Captured in the loop", says why).
 Outputs: OUT (every model call as a trajectory; capture works on it), OUT with .results.ndjson (one
 line per finished question) and .summary.json (accuracy and average tokens per question); with a
 context policy also .history.jsonl (each search worker's full history, which its calls link to).
