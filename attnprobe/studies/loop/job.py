@@ -157,7 +157,7 @@ class InterferenceJob(ChatJob):
     def _write_captures(self, chat, run_id: str, spec: str, calls: list[dict]) -> None:
         """The episode's calls captured in the loop into ``OUT/<setting>/capture/`` (the folders ``study attention``
         writes); a call whose rows the loop did not score is left to ``study attention`` (one log line)."""
-        from attnprobe.io import safe_name
+        from attnprobe.results.layout import CaptureLayout
         from attnprobe.studies.loop.in_loop import as_read, capture_call
 
         caps = chat.take(run_id)
@@ -165,14 +165,14 @@ class InterferenceJob(ChatJob):
             log.warning("%s: %d calls but %d captures in the loop; left to study attention", run_id, len(calls),
                         len(caps))
             return
-        folder = self.layout.capture_dir(spec)
+        folders = CaptureLayout(self.layout.capture_dir(spec))  # where study attention's capture job writes
         for i, rec in enumerate(calls):
             traj = as_read(rec)  # as study attention reads it
             res = capture_call(chat.loaded, traj, caps[i], caps, self.in_loop, self.in_loop.weights)
             if isinstance(res, str):
                 log.info("capture in the loop: %s; left to study attention", res)
                 continue
-            res.save(folder / safe_name(traj.id))
+            res.save(folders.folder(traj.id))
 
 
 def inputs_stamp(question: dict, spec: str, config: LoopConfig, model: str | None = None) -> str:

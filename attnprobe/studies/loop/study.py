@@ -19,10 +19,11 @@ from typing import Any
 
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
-from attnprobe.io import atomic_write_text, finite_json, safe_name, write_jsonl
+from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.options import option, positive_int
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
+from attnprobe.results.layout import CaptureLayout
 from attnprobe.stats import STUDY_RESAMPLES
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.attention_report import results_stamps, with_attention
@@ -67,7 +68,8 @@ def write_study(out: Path, questions: Sequence[dict], settings: Sequence[str], c
     study["invalid_actions"] = invalid_actions(calls)  # replies that were no valid action, per setting
     study["observations"] = {s: observations_with_passage(rec for _, _, rec in layout.stamped(s, stamps[s], HISTORY))
                              for s in settings}  # what each setting's agent retrieved, passages or nothing
-    in_loop = {s: {"captured": captured_in_the_loop(layout.capture_dir(s) / safe_name(str(c.get("id"))) for c in calls[s]),
+    in_loop = {s: {"captured": captured_in_the_loop(CaptureLayout(layout.capture_dir(s)).folder(str(c.get("id")))
+                                                    for c in calls[s]),
                    "calls": len(calls[s])} for s in settings}  # --capture-in-loop, counted from the capture folders
     if any(v["captured"] for v in in_loop.values()):
         study["captured_in_the_loop"] = in_loop
