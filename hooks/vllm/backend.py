@@ -145,6 +145,23 @@ def unload(model: VllmModel) -> None:
 # ---------------------------------------------------------------------------------------- engines
 
 
+def guard_module_scan() -> None:
+    """Keep vLLM's start-up scan of every loaded module from failing on llvmlite's library wrapper.
+
+    At start vLLM (``vllm.triton_utils.dispatcher``) walks ``sys.modules`` and calls
+    ``vars(value).get("kernel")`` on every module attribute with a ``__dict__``. ``llvmlite.binding.ffi.lib``
+    (loaded with numba, which ``bm25s``, the loop studies' default search, imports) answers any attribute,
+    ``__dict__`` included, with a callable wrapper that has no ``get``: the engine fails with "'_lib_fn_wrapper'
+    object has no attribute 'get'" (``study interference --generator vllm`` with the default search). Its
+    lookup table is given a real (empty) ``__dict__`` entry, which llvmlite never calls; nothing else changes."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table["__dict__"] = {}
+
+
 def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
                 tensor_parallel_size: int = 1, chunk_size: int = DEFAULT_CHUNK_SIZE, max_model_len: int | None = None,
                 kv_cache_gib: float | None = None, gpu_memory_utilization: float | None = None,
@@ -206,6 +223,7 @@ def open_engine(spec: str | os.PathLike = "default", *, dtype: str = "float32",
     args.update(defaults or {})
     args.update(engine_kwargs)
     args.update(forced)
+    guard_module_scan()
     try:
         llm = LLM(**args)
     except Exception as exc:
