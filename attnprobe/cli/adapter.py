@@ -17,6 +17,10 @@ from typing import Any
 from attnprobe.cli.options import cluster_options, make_generator, model_options
 
 ENDPOINT_REASON = "--generator openai generates through the endpoint, which already serves many requests"
+# A Ray replica builds its chat from the model spec (Job.needs "chat"), not from this process's vLLM engine that
+# generates and captures in one pass, so the in-loop capture would not run there: refused, not silently lost.
+VLLM_IN_LOOP_REASON = ("--generator vllm --capture-in-loop runs one in-process vLLM engine that generates and "
+                       "captures; run it without --ray, or capture afterwards with 'study attention --ray'")
 
 
 def open_executor(args, *, generate: bool = False, endpoint_refuses_ray: str | None = ENDPOINT_REASON,
@@ -43,6 +47,8 @@ def open_executor(args, *, generate: bool = False, endpoint_refuses_ray: str | N
         def load():
             return make_generator(args, **generator)
 
+    if args.generator == "vllm" and generator.get("capture"):
+        refuse_cluster(cluster, VLLM_IN_LOOP_REASON)
     if args.generator == "openai":
         if endpoint_refuses_ray:
             refuse_cluster(cluster, endpoint_refuses_ray)

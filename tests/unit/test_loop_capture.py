@@ -189,3 +189,44 @@ def _files(root):
         out[str(meta.parent.relative_to(root))] = (json.dumps(m, sort_keys=True, default=str),
                                                    np.asarray(r.layer_head_attention).tobytes())
     return out
+
+
+def test_capture_in_the_loop_refuses_a_served_generator(tmp_path, capsys):
+    """An endpoint returns text, not attention: refused in one line before anything loads or runs."""
+    rc = _interference(tmp_path / "s", "default", "killed", "--capture-in-loop", "--generator", "openai",
+                       "--base-url", "http://127.0.0.1:9/v1", "--served-model", "m")
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--generator openai returns text, not attention: run 'study attention' afterwards" in err, err
+    assert not (tmp_path / "s" / "study.json").exists()
+
+
+def test_capture_in_the_loop_with_vllm_refuses_ray(tmp_path, tiny_smol_folder, capsys):
+    """A Ray replica builds its chat from the model spec, not the in-process engine that generates and
+    captures: refused (the adapter, when the executor opens), not a study whose captures silently go missing."""
+    rc = _interference(tmp_path / "s", tiny_smol_folder, "killed", "--capture-in-loop", "--generator", "vllm",
+                       "--ray", "--ray-replicas", "1")
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "--ray: --generator vllm --capture-in-loop runs one in-process vLLM engine" in err, err
+    assert not list((tmp_path / "s").glob("*/results/*.json"))  # nothing ran
+
+
+def test_a_deleted_in_loop_capture_is_counted_as_left(tmp_path, tiny_smol_folder, capsys):
+    """The count is read from the capture folders, so a capture removed after the run is one left for
+    'study attention', in the log line and in study.json."""
+    out = tmp_path / "s"
+    assert _interference(out, tiny_smol_folder, "killed", "--capture-in-loop") == 0
+    folders = in_loop_folders(out)
+    n = len(folders)
+    assert n > 1
+    import shutil
+
+    shutil.rmtree(folders[0])
+    capsys.readouterr()
+    assert _interference(out, tiny_smol_folder, "killed", "--capture-in-loop") == 0  # resumes: nothing to run
+    err = capsys.readouterr().err
+    assert f"capture in the loop: {n - 1} of {n} recorded calls captured while generating, 1 left" in err, err
+    study = json.loads((out / "study.json").read_text())
+    got = study["captured_in_the_loop"]
+    assert sum(v["captured"] for v in got.values()) == n - 1 and sum(v["calls"] for v in got.values()) == n
