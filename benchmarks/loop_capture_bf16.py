@@ -34,7 +34,7 @@ def loop_captures(loaded):
     chat = TransformersChat(loaded, stop_at_call=False)
     conv, caps = {i: list(c) for i, c in enumerate(CHATS)}, []
     for _turn in range(2):
-        reqs = [ChatRequest(m, max_tokens=24, episode=str(i),
+        reqs = [ChatRequest(m, max_new_tokens=24, episode=str(i),
                             capture=CaptureSpec(positions=(len(chat.prompt(m).ids) - 1,))) for i, m in conv.items()]
         for i, (req, rep) in enumerate(zip(reqs, chat.complete_batch(reqs))):
             caps.append(rep.capture)

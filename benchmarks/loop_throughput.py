@@ -113,7 +113,7 @@ def endpoint_part(args, tmp: Path) -> dict:
     from attnprobe.studies.loop.agents import LoopConfig
 
     qs, settings = questions(args.questions), args.settings
-    config = LoopConfig(scaffold="ircot", ircot_form="chat", max_tokens=args.max_new_tokens)
+    config = LoopConfig(scaffold="ircot", ircot_form="chat", max_new_tokens=args.max_new_tokens)
     rows, recs = {}, {}
     with scripted_endpoint(latency=args.latency, reply=ircot_script) as ep:
         for n in (1, 8):
@@ -144,7 +144,7 @@ def model_part(args, tmp: Path) -> dict:
     from attnprobe.studies.loop.agents import LoopConfig
 
     qs, settings = questions(args.questions), args.settings
-    config = LoopConfig(scaffold="ircot", ircot_form="chat", max_tokens=args.max_new_tokens, structured_actions=True)
+    config = LoopConfig(scaffold="ircot", ircot_form="chat", max_new_tokens=args.max_new_tokens, structured_actions=True)
     loaded = load_model(args.model)
     modes = {"sequential": (1, 0), "batched": (args.batch_size, 0), "batched+reuse": (args.batch_size, 64)}
     rows, got = {}, {}

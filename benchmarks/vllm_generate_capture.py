@@ -1,10 +1,10 @@
 """Generate + capture in ONE vLLM engine vs generate, then capture, in TWO engines (issue 40, item 2).
 
     python benchmarks/vllm_generate_capture.py             # bundled SmolLM2 (converted once), fp32, vLLM-CPU
-    python benchmarks/vllm_generate_capture.py --episodes 8 --turns 4 --max-tokens 48
+    python benchmarks/vllm_generate_capture.py --episodes 8 --turns 4 --max-new-tokens 48
 
 The workload is an agent loop in miniature: ``--episodes`` conversations (one long system prompt, one
-question each), ``--turns`` turns, every turn one batch of all episodes (greedy, ``--max-tokens``), the
+question each), ``--turns`` turns, every turn one batch of all episodes (greedy, ``--max-new-tokens``), the
 reply and a fixed ~150-token observation appended before the next turn, so each turn's prompt extends the
 last one (the prefix cache serves it). Every call is captured at the decision (last prompt token) and the
 reasoning start (the reply's first token), all layers, segments of 16 prompt tokens (the reply's first
@@ -55,7 +55,7 @@ def spec(n: int):
     return CaptureSpec(positions=(n - 1,), reply_start=True, token_segment=tuple(seg), num_segments=seg[-1] + 1)
 
 
-def run_loop(chat, episodes: int, turns: int, max_tokens: int, capture: bool):
+def run_loop(chat, episodes: int, turns: int, max_new_tokens: int, capture: bool):
     """Every turn one batch; returns (calls [(messages, reply)], seconds generating)."""
     from attnprobe.generation.chat import ChatRequest
 
@@ -63,7 +63,7 @@ def run_loop(chat, episodes: int, turns: int, max_tokens: int, capture: bool):
              for i in range(episodes)]
     calls, seconds = [], 0.0
     for _ in range(turns):
-        reqs = [ChatRequest(m, max_tokens=max_tokens, temperature=0.0,
+        reqs = [ChatRequest(m, max_new_tokens=max_new_tokens, temperature=0.0,
                             capture=spec(len(chat.prompt(m).ids)) if capture else None) for m in convs]
         t0 = time.perf_counter()
         replies = chat.complete_batch(reqs)
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--episodes", type=int, default=6)
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vllm_generate_capture"))
     args = ap.parse_args()
@@ -107,7 +107,7 @@ def main() -> None:
     t0 = time.perf_counter()
     gen = VllmChat.open(args.model, **opts)
     start_gen = time.perf_counter() - t0
-    calls_b, gen_b = run_loop(gen, args.episodes, args.turns, args.max_tokens, capture=False)
+    calls_b, gen_b = run_loop(gen, args.episodes, args.turns, args.max_new_tokens, capture=False)
     gen.close()
     t0 = time.perf_counter()
     cap_engine = attnprobe.load_model(args.model, backend="vllm", **opts)
@@ -121,10 +121,10 @@ def main() -> None:
     t0 = time.perf_counter()
     both = VllmChat.open(args.model, capture=True, **opts)
     start_both = time.perf_counter() - t0
-    calls_a, gen_a = run_loop(both, args.episodes, args.turns, args.max_tokens, capture=True)
+    calls_a, gen_a = run_loop(both, args.episodes, args.turns, args.max_new_tokens, capture=True)
     # the same engine without capture (hooks installed, no plan armed), its prefix cache emptied first
     both.loaded.model.reset_prefix_cache()
-    _, gen_off = run_loop(both, args.episodes, args.turns, args.max_tokens, capture=False)
+    _, gen_off = run_loop(both, args.episodes, args.turns, args.max_new_tokens, capture=False)
     both.close()
     hook_s = sum(float(r.capture.info.get("hook_seconds") or 0.0) for _, r in calls_a)
 
@@ -142,7 +142,7 @@ def main() -> None:
     prompt_tokens = sum(len(r.prompt.ids) for _, r in calls_a)
     res = {
         "model": args.model, "dtype": "float32", "episodes": args.episodes, "turns": args.turns,
-        "max_tokens": args.max_tokens, "chunk": args.chunk, "calls": len(calls_a), "prompt_tokens": prompt_tokens,
+        "max_new_tokens": args.max_new_tokens, "chunk": args.chunk, "calls": len(calls_a), "prompt_tokens": prompt_tokens,
         "posthoc_plan_tokens": sum(p.n for p in plans), "posthoc_prefilled": posthoc.sharing.prefilled_tokens,
         "one_engine": {"start_s": round(start_both, 2), "generate_and_capture_s": round(gen_a, 2),
                        "generate_capture_off_s": round(gen_off, 2), "hook_s": round(hook_s, 2),
@@ -165,7 +165,7 @@ def main() -> None:
     md = "\n".join([
         f"Generate + capture in one vLLM engine vs generate, then capture, in two (vllm-cpu {res['vllm']}, "
         f"{res['machine']}); bundled SmolLM2, fp32, chunk {args.chunk}; {args.episodes} episodes x {args.turns} "
-        f"turns, batched per turn, {args.max_tokens} new tokens max; decision + reasoning start, all layers.", "",
+        f"turns, batched per turn, {args.max_new_tokens} new tokens max; decision + reasoning start, all layers.", "",
         "| way | engine start s | generate s | capture s | work s |", "|---|---:|---:|---:|---:|",
         f"| one engine (generate and capture) | {one['start_s']} | {one['generate_and_capture_s']} | (in generate) | "
         f"{one['generate_and_capture_s']} |",

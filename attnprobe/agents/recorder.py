@@ -22,7 +22,7 @@ from attnprobe.generation.grammars import follows_grammar
 from attnprobe.io import append_jsonl, rewrite_jsonl
 
 # Seed 000, C.3: "For non-reasoning models, we limit the output token size to 4096" (per model call).
-DEFAULT_MAX_TOKENS = 4096
+RUNNER_MAX_NEW_TOKENS = 4096
 
 
 def drop_records(path: Path, ids: set[str]) -> None:
@@ -68,7 +68,7 @@ class Recorder:
     """Makes model calls for one run and writes each as a trajectory line."""
 
     def __init__(self, chat, path: Path, *, run_id: str, task: str, settings: dict, model_name: str | None = None,
-                 replay: list[dict] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
+                 replay: list[dict] | None = None, max_new_tokens: int = RUNNER_MAX_NEW_TOKENS, temperature: float = 0.0,
                  note=None):
         self.chat = chat
         self.note = note  # progress callback: told which call is in flight
@@ -77,7 +77,7 @@ class Recorder:
         self.task = task
         self.settings = settings
         self.model_name = model_name or getattr(chat, "name", None)
-        self.max_tokens = max_tokens
+        self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.replay = sorted(replay or [], key=lambda r: r["meta"]["call_index"])
         self.replayed = 0
@@ -95,7 +95,7 @@ class Recorder:
     def finish(self) -> None:
         self._stop_replay()
 
-    def call(self, agent: str, messages: list[dict], tools: list[dict] | None, *, max_tokens: int | None = None,
+    def call(self, agent: str, messages: list[dict], tools: list[dict] | None, *, max_new_tokens: int | None = None,
              extra_meta: dict | None = None, actions: ActionFormat | None = None) -> ChatReply:
         """One model call, recorded (or replayed on resume). ``actions``: constrain the reply to that action
         grammar (``structured_actions``; sent as a :class:`ChatRequest` through ``complete_batch``, and the
@@ -126,11 +126,11 @@ class Recorder:
             t0 = time.perf_counter()
             if actions is None:
                 reply = self.chat.complete(copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
-                                           max_tokens=max_tokens or self.max_tokens, temperature=self.temperature)
+                                           max_new_tokens=max_new_tokens or self.max_new_tokens, temperature=self.temperature)
             else:
                 reply = self.chat.complete_batch([ChatRequest(
                     copy.deepcopy(messages), copy.deepcopy(tools) if tools else None,
-                    max_tokens=max_tokens or self.max_tokens, temperature=self.temperature, actions=actions)])[0]
+                    max_new_tokens=max_new_tokens or self.max_new_tokens, temperature=self.temperature, actions=actions)])[0]
             if self.note is not None:  # per call, with its speed: a long wait is visibly generating
                 self.note(call_note(label, reply.output_tokens, time.perf_counter() - t0))
             self._write(call_id, agent, messages, tools, reply, extra_meta or {}, actions)

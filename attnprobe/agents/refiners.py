@@ -54,12 +54,12 @@ def bm25_refiner(keep: int = 3) -> Refiner:
     return refine
 
 
-def chat_refiner(chat, *, prompt: str = REFINE_PROMPT, max_tokens: int = REFINER_MAX_NEW_TOKENS) -> Refiner:
+def chat_refiner(chat, *, prompt: str = REFINE_PROMPT, max_new_tokens: int = REFINER_MAX_NEW_TOKENS) -> Refiner:
     """A refiner that asks any chat backend (``complete(messages)``) to filter the document."""
 
     def refine(query: str, document: str) -> str:
         reply = chat.complete([{"role": "user", "content": prompt.format(query=query, document=document)}],
-                              max_tokens=max_tokens)
+                              max_new_tokens=max_new_tokens)
         return (reply.content or reply.raw_text).strip()
 
     return refine

@@ -131,7 +131,7 @@ def interference_options(args):
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.study import InterferenceOptions
 
-    config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
+    config = from_args(LoopConfig, args, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     return from_args(InterferenceOptions, args, out=Path(args.out), config=config,
                      questions_file=Path(args.questions_file), force=args.force, model=model_label(args),
                      batch_size=batch_size(args), endpoint=args.generator == "openai", in_loop=in_loop_options(args))

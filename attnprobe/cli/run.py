@@ -6,7 +6,7 @@ import argparse
 import logging
 import textwrap
 
-from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS
+from attnprobe.agents.recorder import RUNNER_MAX_NEW_TOKENS
 from attnprobe.cli.options import (
     add_cluster_options,
     add_generation_options,
@@ -63,8 +63,8 @@ def register(sub) -> None:
     add_options(g, RunCommandOptions, ("batch_size",))
     add_hidden_alias(p, "--batch-size", "batch_size", new="--questions-per-batch", type=positive_int)
     add_model_options(p)
-    add_generation_options(p, max_new_tokens=DEFAULT_MAX_TOKENS, temperature=True,
-                           max_new_tokens_help=f"generation limit per model call (default {DEFAULT_MAX_TOKENS}: "
+    add_generation_options(p, max_new_tokens=RUNNER_MAX_NEW_TOKENS, temperature=True,
+                           max_new_tokens_help=f"generation limit per model call (default {RUNNER_MAX_NEW_TOKENS}: "
                                                "seed 000 C.3's limit for non-reasoning models, the runner's seed; "
                                                "'study interference' follows its scaffold's seed instead)")
     # old spelling `--base-url URL --model NAME`: NAME is the served model (with a deprecation warning)
@@ -117,7 +117,7 @@ def runner_options(args):
     if not options["final_check"]:
         del options["final_check"]  # not given: the preset's value
     settings = RunSettings.preset(
-        args.preset, **overrides, **options, max_tokens=args.max_new_tokens, temperature=args.temperature,
+        args.preset, **overrides, **options, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         context_policy=args.context_policy or "none",
         name=args.name or setting_name(args.preset if not overrides else "custom", args.context_policy))
     if args.questions is None:

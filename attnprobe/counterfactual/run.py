@@ -67,7 +67,7 @@ SEMANTICS = 2
 
 
 # ------------------------------------------------------------------ next action
-def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: Sequence[str],
+def next_action(chat, messages: list[dict], tools, max_new_tokens: int, vocabulary: Sequence[str],
                 reply=None, prefilled: int | None = None) -> dict:
     """Greedy next action, named by the trajectory's own tools or seed 004's tags
     (:func:`attnprobe.counterfactual.actions.classify_action`: ``decision``, ``method`` = its kind),
@@ -75,7 +75,7 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: 
     generated (from the captured cache, :func:`cache_requests`; ``prefilled``: the prompt tokens its
     generation prefilled); else ``chat.complete`` generates it, prefilling the whole prompt."""
     if reply is None:
-        reply = chat.complete(messages, tools, max_tokens=max_tokens, temperature=0.0)
+        reply = chat.complete(messages, tools, max_new_tokens=max_new_tokens, temperature=0.0)
         prefilled = reply.input_tokens
     text = reply.raw_text or reply.content or ""
     parsed = classify_action(text, reply.tool_calls, vocabulary)
@@ -91,7 +91,7 @@ def next_action(chat, messages: list[dict], tools, max_tokens: int, vocabulary: 
 
 
 def cache_requests(chat, contexts: Sequence[Context], wanted: Sequence[tuple[Any, int, list[dict], Any]],
-                   max_tokens: int):
+                   max_new_tokens: int):
     """Which next actions can continue from the capture's KV cache: those whose chat prompt (the
     messages rendered with the generation prompt, as ``chat.complete`` renders them) is a token prefix
     of a captured context. ``wanted``: (key, context index, messages, tools). Returns (generation requests,
@@ -106,9 +106,9 @@ def cache_requests(chat, contexts: Sequence[Context], wanted: Sequence[tuple[Any
         n = len(prompt.ids)
         ids = np.asarray(contexts[ci].rendered.input_ids)
         if n <= len(ids) and np.array_equal(ids[:n], prompt.ids):
-            kw, stop = chat.generation_settings(n, tools, max_tokens=max_tokens)
+            kw, stop = chat.generation_settings(n, tools, max_new_tokens=max_new_tokens)
             kw = {k: v for k, v in kw.items() if k not in ("max_new_tokens", "do_sample")}
-            requests.append(GenerationRequest(ci, n, max_tokens, kw))
+            requests.append(GenerationRequest(ci, n, max_new_tokens, kw))
             pending.append((key, prompt, messages, tools, stop))
     return requests, pending
 

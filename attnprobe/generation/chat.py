@@ -80,7 +80,7 @@ class ChatReply:
     output_tokens: int = 0
     finish_reason: str = "stop"  # OpenAI semantics: tool_calls | length | stop (or what a server said)
     # Why in-process generation ended: "eos" (the tokenizer's end-of-sequence token came last),
-    # "length" (max_tokens reached) or "other" (the stop-at-call rule or another stop token);
+    # "length" (max_new_tokens reached) or "other" (the stop-at-call rule or another stop token);
     # "" when unknown (a server's reply).
     stopped_by: str = ""
     prompt: Prompt | None = None  # in-process backends only
@@ -109,14 +109,14 @@ class ActionFormat:
     "seed002" (tool calls of ``tools`` or a final response with an ``Exact Answer:`` line), or the
     NIS-Agent runner's formats; ``tools``: the offered tool schemas as one JSON text (hashable, so a
     backend can cache the compiled grammar); ``final``: only an answer is allowed (IRCoT's final call);
-    ``max_tokens``: the reply's token budget, so that the free-text fields get token caps and an action
+    ``max_new_tokens``: the reply's token budget, so that the free-text fields get token caps and an action
     always closes within it (0: character bounds only; token caps apply in process, where llguidance
     counts tokens)."""
 
     scaffold: str
     tools: str = ""
     final: bool = False
-    max_tokens: int = 0
+    max_new_tokens: int = 0
 
 
 DEFAULT_MAX_NEW_TOKENS = 256  # a chat call's generation limit when its caller names none
@@ -127,7 +127,7 @@ class ChatRequest:
 
     messages: list[dict]
     tools: list[dict] | None = None
-    max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     episode: str | None = None
     actions: ActionFormat | None = None
@@ -152,7 +152,7 @@ class ChatBackend(Protocol):
     kind: str  # the factory's registry key: "transformers" | "openai"
     name: str  # the model name recorded with every call
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply: ...
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
@@ -179,7 +179,7 @@ class OneByOne:
             if r.capture is not None:
                 raise ValueError(f"{type(self).__name__} cannot capture attention while generating (in-process "
                                  "backends only; capture such a study afterwards with 'study attention')")
-            out.append(self.complete(r.messages, r.tools, max_tokens=r.max_tokens, temperature=r.temperature))
+            out.append(self.complete(r.messages, r.tools, max_new_tokens=r.max_new_tokens, temperature=r.temperature))
         return out
 
     def end_episode(self, episode: str) -> None:

@@ -19,7 +19,7 @@ own grammar, so the batch is decoded here:
 
 Stop rules per row, after each new token, in this order: a complete call of the row's stop names (checked
 every ``every`` tokens, as ``complete``), the no-call budget, the grammar finished, an end-of-sequence id
-(the generation config's, as ``generate``), the row's ``max_tokens``.
+(the generation config's, as ``generate``), the row's ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Row:
     """One request of a batch, as the loop needs it."""
 
     ids: list[int]  # the prompt's token ids
-    max_tokens: int
+    max_new_tokens: int
     temperature: float = 0.0
     stop_names: list[str] = field(default_factory=list)  # complete-call stop (empty: off)
     state: Any = None  # a grammar RowState (attnprobe.generation.structured) or None
@@ -123,7 +123,7 @@ class StopRules:
             return "grammar"
         if new[-1] in self.eos_ids:
             return "eos"
-        if n >= row.max_tokens:
+        if n >= row.max_new_tokens:
             return "length"
         return None
 
@@ -288,7 +288,7 @@ def side_plan(model, row: Row, plan) -> tuple[Any, int]:
 
     ids = [int(t) for t in plan.ids]
     n = len(ids)
-    kept = Row(ids=ids, max_tokens=1, kept=row.kept, kept_ids=row.kept_ids)
+    kept = Row(ids=ids, max_new_tokens=1, kept=row.kept, kept_ids=row.kept_ids)
     reuse = min(reusable(kept), int(plan.positions[0])) if plan.positions else reusable(kept)
     scorer = QueryScorer(seg_ids=torch.arange(n), num_segments=n, query_positions=torch.as_tensor(plan.positions),
                          layers=None if row.capture.layers is None else list(row.capture.layers))

@@ -93,23 +93,23 @@ OVERHEAD = {"ircot": 24, "call": 24, "final": 16}
 
 
 def token_caps(fmt: ActionFormat) -> dict[str, int]:
-    """Token caps of the free-text fields, from ``fmt.max_tokens`` (empty when it is 0). With free-text budget
+    """Token caps of the free-text fields, from ``fmt.max_new_tokens`` (empty when it is 0). With free-text budget
     F (the budget less the overhead of tags and JSON): IRCoT gives the query / answer min(32, F/3) and the
     think text the rest, so its longest action fits the budget; seed 002 and the runner give the reasoning
     line F/4 and each string argument F/(2 x calls), and allow only as many calls in one reply as F/48
     (1..4), so the usual action (one call of one or two arguments) fits, while a reply that uses every
     allowance can still reach the budget and be cut; seed 002's final response gives the explanation F/2
     and the answer F/4. Every cap is at least 4 tokens (a tiny budget may then be exceeded and the reply
-    cut at max_tokens, as without caps)."""
-    if fmt.max_tokens <= 0:
+    cut at max_new_tokens, as without caps)."""
+    if fmt.max_new_tokens <= 0:
         return {}
     if fmt.scaffold == "ircot":
-        free = max(fmt.max_tokens - OVERHEAD["ircot"], 12)
+        free = max(fmt.max_new_tokens - OVERHEAD["ircot"], 12)
         span = max(4, min(32, free // 3))
         return {"query": span, "answer": span, "think": max(4, free - span)}
-    free = max(fmt.max_tokens - OVERHEAD["call"], 12)
+    free = max(fmt.max_new_tokens - OVERHEAD["call"], 12)
     calls = max(1, min(BOUNDS["calls"], free // 48)) if fmt.scaffold == "seed002" else 1
-    final = max(fmt.max_tokens - OVERHEAD["final"], 12)
+    final = max(fmt.max_new_tokens - OVERHEAD["final"], 12)
     return {"preamble": max(4, free // 4), "argument": max(4, free // (2 * calls)), "calls": calls,
             "explanation": max(4, final // 2), "answer": max(4, final // 4)}
 
@@ -270,7 +270,7 @@ def grammar_text(fmt: ActionFormat, dialect: str = "lark") -> str:
 
     Call arguments follow each tool's JSON schema: its required properties in order, then optional ones;
     strings 1..200 characters without quotes, backslashes, brackets, ``<`` ``>``, backticks or control
-    characters (no escapes to get wrong), integers up to 6 digits. With ``fmt.max_tokens`` the Lark text
+    characters (no escapes to get wrong), integers up to 6 digits. With ``fmt.max_new_tokens`` the Lark text
     also caps the free-text fields in tokens (:func:`token_caps`), so the action closes within the budget."""
     root = _root(fmt)
     if dialect == "lark":

@@ -39,13 +39,13 @@ def structured():
 
 # Usage counts a reply may claim (issue 38): the prompt at most the request body's bytes (every token of what was
 # sent is at least one byte of it) plus PROMPT_SLACK for text the server adds (chat-template markers, an injected
-# default system prompt); the completion at most the max_tokens asked plus COMPLETION_SLACK (an end token some
+# default system prompt); the completion at most the max_new_tokens asked plus COMPLETION_SLACK (an end token some
 # servers count); cached tokens at most the prompt's.
 PROMPT_SLACK = 1024
 COMPLETION_SLACK = 16
 
 
-def usage_counts(url: str, usage: Any, *, sent_bytes: int, max_tokens: int) -> tuple[int, int, int]:
+def usage_counts(url: str, usage: Any, *, sent_bytes: int, max_new_tokens: int) -> tuple[int, int, int]:
     """(prompt, completion, cached) tokens of a reply's ``usage``, each checked: a whole number, not negative,
     within what was sent and asked (:data:`PROMPT_SLACK`, :data:`COMPLETION_SLACK`); a missing count is 0.
     Anything else is one :class:`AttnprobeError` line naming the endpoint and the field."""
@@ -60,8 +60,8 @@ def usage_counts(url: str, usage: Any, *, sent_bytes: int, max_tokens: int) -> t
     for field, value, bound, why in (
             ("prompt_tokens", usage.get("prompt_tokens"), sent_bytes + PROMPT_SLACK,
              f"the request's {sent_bytes:,} bytes + {PROMPT_SLACK}"),
-            ("completion_tokens", usage.get("completion_tokens"), max_tokens + COMPLETION_SLACK,
-             f"max_tokens {max_tokens} + {COMPLETION_SLACK}"),
+            ("completion_tokens", usage.get("completion_tokens"), max_new_tokens + COMPLETION_SLACK,
+             f"max_new_tokens {max_new_tokens} + {COMPLETION_SLACK}"),
             ("prompt_tokens_details.cached_tokens", details.get("cached_tokens"), None, "prompt_tokens")):
         if bound is None:
             bound = out[0]
@@ -175,9 +175,9 @@ class OpenAIChat(OneByOne):
             raise AttnprobeError(f"{self.url}: the reply is not a chat completion ({kind}: "
                                  f"{_one_line(text, 120)})") from None
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply:
-        return self._complete(ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature))
+        return self._complete(ChatRequest(messages, tools, max_new_tokens=max_new_tokens, temperature=temperature))
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
         """One reply per request, in order, with up to ``concurrency`` requests in flight.
@@ -212,9 +212,10 @@ class OpenAIChat(OneByOne):
                                  "stream (--ircot-form stream) runs in process (--generator transformers or vllm); "
                                  "--ircot-form chat runs the multi-turn form against a server")
         messages = [{k: v for k, v in m.items() if k != "annotations"} for m in request.messages]  # our labels
-        tools, max_tokens = request.tools, request.max_tokens
+        tools, max_new_tokens = request.tools, request.max_new_tokens
+        # the OpenAI API's name for the generation limit is max_tokens (the wire's; max_new_tokens here)
         payload: dict[str, Any] = {"model": self.model, "messages": messages,  # a limit is always sent
-                                   "max_tokens": DEFAULT_MAX_NEW_TOKENS if max_tokens is None else max_tokens,
+                                   "max_tokens": DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
                                    "temperature": request.temperature}
         if tools:
             payload["tools"] = tools
@@ -239,7 +240,7 @@ class OpenAIChat(OneByOne):
                                  f"{_one_line(json.dumps(resp)[:400])}") from None
         input_tokens, output_tokens, cached = usage_counts(
             self.url, resp.get("usage"), sent_bytes=len(json.dumps(payload, ensure_ascii=False).encode("utf-8")),
-            max_tokens=payload["max_tokens"])
+            max_new_tokens=payload["max_tokens"])
         with self._stats_lock:
             for key, n in (("calls", 1), ("sent", input_tokens), ("cached", cached), ("generated", output_tokens)):
                 self.stats[key] += n

@@ -18,7 +18,7 @@ OpenAI-compatible test server share.
   ``PROGRESS_EVERY`` new tokens, so a long batch shows where it is.
 - :meth:`TransformersChat.complete_batch` (the :class:`~attnprobe.generation.chat.ChatRequest` seam a
   closed-loop study steps its episodes through): one batch, decoded by :mod:`attnprobe.generation.decode`
-  with each request's own ``max_tokens``, temperature, tools and stop rules, so each reply is the one
+  with each request's own ``max_new_tokens``, temperature, tools and stop rules, so each reply is the one
   :meth:`complete` gives for that request (greedy; see ``docs/methods.md`` for the measured agreement).
   Prefix reuse: the KV cache of each ``episode`` is kept between turns (at most ``max_kept_episodes``,
   least recently used dropped; :meth:`end_episode` frees one) and a new turn prefills only from the first
@@ -186,15 +186,15 @@ class TransformersChat(OneByOne):
 
         return StoppingCriteriaList([_PerRow()])
 
-    def _gen_kwargs(self, max_tokens: int, temperature: float) -> dict[str, Any]:
-        kw: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": temperature > 0,
+    def _gen_kwargs(self, max_new_tokens: int, temperature: float) -> dict[str, Any]:
+        kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0,
                               "pad_token_id": self._pad_id()}
         if temperature > 0:
             kw["temperature"] = temperature
         return kw
 
     # ------------------------------------------------------------------ generation
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0, on_progress=None) -> ChatReply:
         import torch
 
@@ -202,37 +202,37 @@ class TransformersChat(OneByOne):
         ids = torch.as_tensor(prompt.ids)[None]
         if self._device() is not None:
             ids = ids.to(self._device())
-        kw, stop = self.generation_settings(len(prompt.ids), tools, max_tokens=max_tokens, temperature=temperature,
+        kw, stop = self.generation_settings(len(prompt.ids), tools, max_new_tokens=max_new_tokens, temperature=temperature,
                                             on_progress=on_progress)
         with torch.inference_mode():
             out = self.loaded.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        return self.finish(prompt, out[0, ids.shape[1]:].tolist(), tools, max_tokens, messages, stop)
+        return self.finish(prompt, out[0, ids.shape[1]:].tolist(), tools, max_new_tokens, messages, stop)
 
-    def generation_settings(self, n_prompt: int, tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def generation_settings(self, n_prompt: int, tools: list[dict] | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                             temperature: float = 0.0, on_progress=None) -> tuple[dict[str, Any], Any]:
         """The ``model.generate`` keywords :meth:`complete` uses for one prompt of ``n_prompt`` tokens
         (a fresh stopping criterion each call), and that criterion (None when nothing stops early):
         whoever decodes the prompt another way (e.g. from a captured KV cache) passes these and hands
         the new tokens to :meth:`finish`, and gets the reply :meth:`complete` would give."""
-        kw = self._gen_kwargs(max_tokens, temperature)
+        kw = self._gen_kwargs(max_new_tokens, temperature)
         names = self.stop_names_for(tools) or []
         stop = None
         if names or self.no_call_tokens is not None or on_progress is not None:
             stop = kw["stopping_criteria"] = self._stopping(n_prompt, names, on_progress)
         return kw, stop
 
-    def finish(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
+    def finish(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_new_tokens: int,
                messages: list[dict], stop: Any = None) -> ChatReply:
         """The reply for one prompt's ``new`` token ids, generated with :meth:`generation_settings`."""
         no_call = stop is not None and stop[0].reason.get(0) == "no_call"
-        return self.make_reply(prompt, new, tools, max_tokens, messages, no_call=no_call)
+        return self.make_reply(prompt, new, tools, max_new_tokens, messages, no_call=no_call)
 
-    def complete_many(self, requests: Sequence[Request], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def complete_many(self, requests: Sequence[Request], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                       temperature: float = 0.0, on_progress=None) -> list[ChatReply]:
         """:meth:`complete` for several (messages, tools) requests in one left-padded batch. With
         stop-at-call on, each row stops once it holds a complete call of a stop name common to every
         request; with ``no_call_tokens``, once it has written that many tokens without opening a call
-        (otherwise at its end-of-sequence token or ``max_tokens``). ``on_progress``: see the module
+        (otherwise at its end-of-sequence token or ``max_new_tokens``). ``on_progress``: see the module
         docstring."""
         import torch
 
@@ -243,7 +243,7 @@ class TransformersChat(OneByOne):
         mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts])
         if self._device() is not None:
             ids, mask = ids.to(self._device()), mask.to(self._device())
-        kw = self._gen_kwargs(max_tokens, temperature)
+        kw = self._gen_kwargs(max_new_tokens, temperature)
         name_sets = [self.stop_names_for(tools) for _, tools in requests]
         names = sorted(set.intersection(*(set(n or ()) for n in name_sets))) if all(name_sets) else []
         stop = None
@@ -262,7 +262,7 @@ class TransformersChat(OneByOne):
                 new = new[:stop[0].stopped_at[r]]
             elif eos is not None and eos in new:  # a finished row is padded up to the longest one
                 new = new[: new.index(eos) + 1]
-            replies.append(self.make_reply(prompt, new, tools, max_tokens, messages, no_call=reason.get(r) == "no_call"))
+            replies.append(self.make_reply(prompt, new, tools, max_new_tokens, messages, no_call=reason.get(r) == "no_call"))
         return replies
 
     def complete_batch(self, requests: Sequence[ChatRequest]) -> list[ChatReply]:
@@ -277,8 +277,8 @@ class TransformersChat(OneByOne):
         if not requests:
             return []
         for r in requests:
-            if int(r.max_tokens) < 1:
-                raise ValueError(f"max_tokens must be >= 1; got {r.max_tokens}")
+            if int(r.max_new_tokens) < 1:
+                raise ValueError(f"max_new_tokens must be >= 1; got {r.max_new_tokens}")
         prompts = [request_prompt(r, self.prompt, self.tokenizer) for r in requests]
         rows = []
         for req, p in zip(requests, prompts):
@@ -288,7 +288,7 @@ class TransformersChat(OneByOne):
             if req.temperature > 0 and self.seed is not None:
                 gen = torch.Generator(device=self._device() or "cpu")
                 gen.manual_seed((self.seed * 1_000_003 + zlib.crc32(bytes(str(p.ids), "ascii"))) % 2**63)
-            rows.append(dec.Row(ids=p.ids, max_tokens=int(req.max_tokens), temperature=float(req.temperature),
+            rows.append(dec.Row(ids=p.ids, max_new_tokens=int(req.max_new_tokens), temperature=float(req.temperature),
                                 stop_names=self.stop_names_for(req.tools) or [], state=state, generator=gen,
                                 kept=kept[1] if kept else None, kept_ids=kept[0] if kept else [],
                                 capture=req.capture))
@@ -308,7 +308,7 @@ class TransformersChat(OneByOne):
             return OneByOne.complete_batch(self, requests)
         replies = []
         for req, p, res in zip(requests, prompts, results):
-            reply = self.make_reply(p, res.new, req.tools, int(req.max_tokens), req.messages,
+            reply = self.make_reply(p, res.new, req.tools, int(req.max_new_tokens), req.messages,
                                 no_call=res.reason == "no_call")
             if res.reason == "grammar":
                 reply.stopped_by = "grammar"
@@ -355,7 +355,7 @@ class TransformersChat(OneByOne):
                     return new[:n]
         return new
 
-    def make_reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_tokens: int,
+    def make_reply(self, prompt: Prompt, new: list[int], tools: list[dict] | None, max_new_tokens: int,
                    messages: list[dict], no_call: bool = False) -> ChatReply:
         """The :class:`ChatReply` of ``new`` token ids after ``prompt``: parsed calls, ids, stop reason."""
         tok = self.tokenizer
@@ -368,11 +368,11 @@ class TransformersChat(OneByOne):
             stopped_by = "no_call"
         elif new and eos is not None and new[-1] == eos:
             stopped_by = "eos"
-        elif len(new) >= max_tokens:
+        elif len(new) >= max_new_tokens:
             stopped_by = "length"
         else:
             stopped_by = "other"
-        finish = "tool_calls" if tool_calls else ("length" if len(new) >= max_tokens else "stop")
+        finish = "tool_calls" if tool_calls else ("length" if len(new) >= max_new_tokens else "stop")
         return ChatReply(content=content if tool_calls else text.strip(), tool_calls=tool_calls, raw_text=text,
                          input_tokens=len(prompt.ids), output_tokens=len(new), finish_reason=finish,
                          stopped_by=stopped_by, prompt=prompt)

@@ -9,10 +9,10 @@
   exactly as :class:`~attnprobe.generation.transformers_chat.TransformersChat` renders them, and sent as
   token ids, so a recorded call can be captured later with identical tokens.
 - :meth:`VllmChat.complete_batch` sends the whole batch in one ``llm.generate``, each request with its
-  own ``SamplingParams`` (max_tokens, temperature; greedy at 0). A request with ``actions`` adds the
+  own ``SamplingParams`` (``max_tokens``: vLLM's name for ``max_new_tokens``; temperature; greedy at 0). A request with ``actions`` adds the
   engine's structured-output options (:func:`attnprobe.generation.structured.vllm_sampling_params_kwargs`).
 - Stop at call: the same rule as TransformersChat (on when tools are offered), applied after the fact.
-  The engine generates up to its end-of-sequence token or ``max_tokens``; the reply is then cut to the
+  The engine generates up to its end-of-sequence token or ``max_new_tokens``; the reply is then cut to the
   shortest prefix, checked every ``stop_check_every`` tokens, whose text holds a complete call, which
   is exactly where TransformersChat's stopping criterion would have ended it. (A vLLM ``stop`` string
   cannot say "a complete JSON call"; the cost is the tokens generated past the call.)
@@ -117,14 +117,14 @@ class VllmChat(OneByOne):
         """The prompt as TransformersChat renders it (ids, text, rendering)."""
         return self._text.prompt(messages, tools)
 
-    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                  temperature: float = 0.0) -> ChatReply:
-        return self.complete_batch([ChatRequest(messages, tools, max_tokens=max_tokens, temperature=temperature)])[0]
+        return self.complete_batch([ChatRequest(messages, tools, max_new_tokens=max_new_tokens, temperature=temperature)])[0]
 
     def _params(self, request: ChatRequest):
         from vllm import SamplingParams
 
-        kw: dict[str, Any] = {"max_tokens": int(request.max_tokens), "temperature": float(request.temperature),
+        kw: dict[str, Any] = {"max_tokens": int(request.max_new_tokens), "temperature": float(request.temperature),
                               "detokenize": False}
         if request.actions is not None:
             kw.update(structured().vllm_sampling_params_kwargs(request.actions))
@@ -158,7 +158,7 @@ class VllmChat(OneByOne):
             names = self._text.stop_names_for(r.tools)
             if names:
                 new = self._text.cut_at_call(new, names)
-            replies.append(self._text.make_reply(p, new, r.tools, r.max_tokens, r.messages))
+            replies.append(self._text.make_reply(p, new, r.tools, r.max_new_tokens, r.messages))
             if cap is not None:
                 replies[-1].capture = cap
             cached = int(getattr(out, "num_cached_tokens", 0) or 0)

@@ -26,6 +26,17 @@ from attnprobe.io.json import load_json
 from attnprobe.io.urls import redact
 
 SETTINGS_FILE = ".attnprobe-settings.json"
+# The generation limit's key in the records written so far (loop and runner results, settings records, study.json,
+# IBIS decisions): ``max_tokens``, its name before the code called it ``max_new_tokens`` (in code ``max_tokens`` is
+# only the capture's prompt limit). Kept on disk so that every folder written before resumes without --force and the
+# outputs stay byte-identical; :func:`as_recorded` is the one place the field gets its recorded key.
+RECORDED_GENERATION_LIMIT = "max_tokens"
+
+
+def as_recorded(options: Mapping) -> dict:
+    """``options`` (an options record's ``asdict``) with the generation limit under its recorded key
+    (:data:`RECORDED_GENERATION_LIMIT`), key order kept (records are written in that order)."""
+    return {(RECORDED_GENERATION_LIMIT if k == "max_new_tokens" else k): v for k, v in options.items()}
 
 
 def _short(value, limit: int = 60) -> str:

@@ -102,7 +102,7 @@ def _pass(loaded: VllmModel, items: Sequence[tuple[list[int], Any, list[int] | N
         tag = f"aplive{os.getpid()}-{call}-{i}"
         segs = req.segments if req.segments is not None else list(range(len(req.prompt) + 1))
         nseg = req.num_segments if req.segments is not None else len(req.prompt) + 1
-        wire.append(live.wire(tag, prompt, qpos, segs, nseg, layers=keep, max_tokens=int(p.max_tokens or 1),
+        wire.append(live.wire(tag, prompt, qpos, segs, nseg, layers=keep, max_new_tokens=int(p.max_tokens or 1),
                               group=group))
         listed = [q for q in qpos if q < len(prompt) - 1]
         skip = bool(getattr(p, "skip_reading_prefix_cache", False)) or live.skip_prefix_cache(listed, len(prompt), block)

@@ -47,11 +47,11 @@ def skip_prefix_cache(positions: Sequence[int], n: int, block: int) -> bool:
 
 
 def wire(tag: str, prompt: Sequence[int], qpos: Sequence[int], seg_ids: Sequence[int], num_segments: int, *,
-         layers: Sequence[int] | None, max_tokens: int, group: str) -> dict[str, Any]:
+         layers: Sequence[int] | None, max_new_tokens: int, group: str) -> dict[str, Any]:
     """The plain dict :meth:`attnprobe_hooks.vllm.plan.Plan.from_wire` reads for a live plan.
 
     ``seg_ids``: the segment of every key the queries see (``0 .. max(qpos)``). Keys are buffered for
-    every position the request can feed (``n + max_tokens``): a later request may take them from its
+    every position the request can feed (``n + max_new_tokens``): a later request may take them from its
     prefix cache.
     """
     n = len(prompt)
@@ -62,7 +62,7 @@ def wire(tag: str, prompt: Sequence[int], qpos: Sequence[int], seg_ids: Sequence
     return {"tag": tag, "input_ids": [int(x) for x in prompt], "seg_ids": [int(x) for x in seg_ids],
             "num_segments": int(num_segments), "query_positions": [int(p) for p in qpos],
             "layers": None if layers is None else [int(x) for x in layers], "qk_layers": [], "share_group": group,
-            "live": True, "key_capacity": n + max(1, int(max_tokens))}
+            "live": True, "key_capacity": n + max(1, int(max_new_tokens))}
 
 
 def followup_reason(report: dict[str, Any], qpos: Sequence[int]) -> str | None:

@@ -110,7 +110,7 @@ def test_ibis_behaviour_on_two_replicas_equals_single_process(pool, tiny_smol, t
     from attnprobe.studies.ibis.jobs import BehaviourJob, run_behaviour
 
     items = load_items(data_path("ibis_items.jsonl"))[:2]
-    kw = {"max_tokens": 24, "protocol": "matched"}
+    kw = {"max_new_tokens": 24, "protocol": "matched"}
     counts = pool.run(BehaviourJob(tmp_path / "dist", items, batch_size=3, **kw))
     assert counts == {"done_before": 0, "done": 6, "failed": 0}
     single = run_behaviour(BehaviourBackend(TransformersChat(smol)), items, tmp_path / "single", progress=False,

@@ -40,7 +40,7 @@ def test_openai_backend_against_real_server(server, smol, tmp_path, capsys):
     # same greedy tokens as the in-process model on the identical rendered prompt
     it = [i for i in load_items(ROOT / "trajectories" / "ibis_items.jsonl") if i.id == "sci-04"][0]
     local = BehaviourBackend(TransformersChat(smol), early_stop=False, forced_choice=False).complete(
-        build_framing(it, "observer"), max_tokens=6)
+        build_framing(it, "observer"), max_new_tokens=6)
     assert rec["raw_text"].strip() == local["raw_text"].strip()
     assert rec["input_tokens"] == local["input_tokens"]
 
@@ -65,8 +65,8 @@ def test_openai_client_reply_equals_in_process_chat(server, smol):
     messages = [{"role": "system", "content": "You are a search agent. Answer with one tool call as JSON: "
                                               '{"name": "web_search", "arguments": {"query": "..."}}'},
                 {"role": "user", "content": "Who discovered holmium?"}]
-    remote = OpenAIChat(server["url"], server["model"], timeout=300).complete(messages, tools, max_tokens=24)
-    local = TransformersChat(smol, stop_at_call=False).complete(messages, tools, max_tokens=24)
+    remote = OpenAIChat(server["url"], server["model"], timeout=300).complete(messages, tools, max_new_tokens=24)
+    local = TransformersChat(smol, stop_at_call=False).complete(messages, tools, max_new_tokens=24)
     assert remote.raw_text == local.raw_text and remote.content == local.content
     assert (remote.input_tokens, remote.output_tokens, remote.finish_reason) == (
         local.input_tokens, local.output_tokens, local.finish_reason)

@@ -100,16 +100,16 @@ def test_batched_generation_equals_single(tiny_smol):
     it = load_items(SHIPPED)[3]
     trajs = [build_framing(it, fr) for fr in FRAMINGS]
     chat = TransformersChat(smol, stop_at_call=False)
-    batched = chat.complete_many([(t.messages, t.tools) for t in trajs], max_tokens=5)
+    batched = chat.complete_many([(t.messages, t.tools) for t in trajs], max_new_tokens=5)
     for i in (0, 1):
-        single = chat.complete(trajs[i].messages, trajs[i].tools, max_tokens=5)
+        single = chat.complete(trajs[i].messages, trajs[i].tools, max_new_tokens=5)
         assert batched[i].raw_text == single.raw_text
         assert (batched[i].input_tokens, batched[i].output_tokens, batched[i].stopped_by) == (
             single.input_tokens, single.output_tokens, single.stopped_by)
         assert batched[i].prompt == single.prompt
     adapter = BehaviourBackend(chat, early_stop=False, forced_choice=False)
-    many = adapter.complete_many(trajs, max_tokens=5)
-    one = adapter.complete(trajs[1], max_tokens=5)
+    many = adapter.complete_many(trajs, max_new_tokens=5)
+    one = adapter.complete(trajs[1], max_new_tokens=5)
     assert many[1]["raw_text"] == one["raw_text"] and many[1]["input_tokens"] == one["input_tokens"]
     assert many[1]["prompt_text"] == one["prompt_text"] and one["tool_calls"] == []
     assert many[1]["finish_reason"] in ("stop", "length")
@@ -120,9 +120,9 @@ def test_stop_at_call_is_a_prefix_of_the_full_generation(tiny_smol):
     smol = tiny_smol
     it = load_items(SHIPPED)[0]
     traj = build_framing(it, "agentic")
-    full = TransformersChat(smol, stop_at_call=False).complete(traj.messages, traj.tools, max_tokens=40)
+    full = TransformersChat(smol, stop_at_call=False).complete(traj.messages, traj.tools, max_new_tokens=40)
     early = TransformersChat(smol, stop_names=["web_search", "visit_page"], stop_check_every=1).complete(
-        traj.messages, traj.tools, max_tokens=40)
+        traj.messages, traj.tools, max_new_tokens=40)
     assert full.raw_text.startswith(early.raw_text) and early.output_tokens <= full.output_tokens
 
 

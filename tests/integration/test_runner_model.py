@@ -27,7 +27,7 @@ from support.paths import ROOT  # noqa: E402
 from support.server import served  # noqa: E402
 
 QUESTIONS = ROOT / "trajectories" / "questions.jsonl"
-SMALL = dict(manager_steps=2, worker_steps=2, max_tokens=64, max_validation_steps=2)
+SMALL = dict(manager_steps=2, worker_steps=2, max_new_tokens=64, max_validation_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_resume_after_killed_run(smol, bm25, tmp_path):
             proc.wait(30)
     before = [json.loads(x) for x in out.read_text().splitlines()]
     assert before
-    settings = RunSettings.preset("baseline", manager_steps=2, worker_steps=2, max_tokens=64)
+    settings = RunSettings.preset("baseline", manager_steps=2, worker_steps=2, max_new_tokens=64)
     res = run_questions(TransformersChat(smol), load_questions(QUESTIONS)[:2], settings, out, search=bm25,
                         resume=True)
     trajs = attnprobe.load_trajectories(out)  # raises on a duplicate id
@@ -167,7 +167,7 @@ def test_openai_backend_against_real_server(bm25, tmp_path):
         chat = open_backend("openai", base_url=info["url"], served_model="SmolLM2-135M-Instruct", timeout=300)
         out = tmp_path / "api.jsonl"
         res = run_questions(chat, load_questions(QUESTIONS)[:1],
-                            RunSettings.preset("nis-agent", manager_steps=1, worker_steps=1, max_tokens=48,
+                            RunSettings.preset("nis-agent", manager_steps=1, worker_steps=1, max_new_tokens=48,
                                                max_validation_steps=1), out, search=bm25)
     r = res["results"][0]
     assert r["input_tokens"] > 0 and r["output_tokens"] > 0

@@ -38,7 +38,7 @@ def test_stream_runs_in_process_and_captures_at_the_calls_reply(tiny_smol):
     chat.seen = []
     q = {"id": "t1", "question": "What is the answer?", "answers": ["42"]}
     result, calls, history = run_question(chat, FixedSearch(), parse_setting("none"),
-                                          LoopConfig("ircot", max_turns=3, max_tokens=2), q, run_id="r/none",
+                                          LoopConfig("ircot", max_turns=3, max_new_tokens=2), q, run_id="r/none",
                                           scorer=Scorer())
     assert (result["retrievals"], result["model_calls"], result["final_call"]) == (2, 4, True)
     tok = tiny_smol.tokenizer

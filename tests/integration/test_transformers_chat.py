@@ -30,9 +30,9 @@ def test_what_opens_a_call(text, opened):
 def test_no_call_budget_stops_each_row_and_keeps_a_prefix(tiny_smol):
     smol = tiny_smol
     reqs = [(t.messages, t.tools) for t in (build_framing(ITEM, fr) for fr in FRAMINGS)]
-    free = TransformersChat(smol, stop_at_call=False).complete_many(reqs, max_tokens=24)
+    free = TransformersChat(smol, stop_at_call=False).complete_many(reqs, max_new_tokens=24)
     chat = TransformersChat(smol, stop_names=["web_search", "visit_page"], stop_check_every=1, no_call_tokens=6)
-    got = chat.complete_many(reqs, max_tokens=24)
+    got = chat.complete_many(reqs, max_new_tokens=24)
     stopped = 0
     for f, g in zip(free, got):
         assert f.raw_text.startswith(g.raw_text)  # greedy: the stopped reply is a prefix
@@ -42,7 +42,7 @@ def test_no_call_budget_stops_each_row_and_keeps_a_prefix(tiny_smol):
         else:  # it opened a call (or ended) within the budget
             assert opens_call(g.raw_text) or g.stopped_by == "eos"
     assert stopped >= 1  # prose, as the 135M model writes here (tests/data/baseline: every reply unparseable)
-    one = chat.complete(*reqs[0], max_tokens=24)
+    one = chat.complete(*reqs[0], max_new_tokens=24)
     assert one.raw_text == got[0].raw_text and one.stopped_by == got[0].stopped_by
     with pytest.raises(ValueError, match="no_call_tokens must be"):
         TransformersChat(smol, no_call_tokens=0)
@@ -52,6 +52,6 @@ def test_per_row_progress_is_reported(tiny_smol):
     smol = tiny_smol
     reqs = [(t.messages, t.tools) for t in (build_framing(ITEM, fr) for fr in FRAMINGS)]
     seen = []
-    TransformersChat(smol, stop_at_call=False).complete_many(reqs, max_tokens=PROGRESS_EVERY,
+    TransformersChat(smol, stop_at_call=False).complete_many(reqs, max_new_tokens=PROGRESS_EVERY,
                                                             on_progress=lambda *a: seen.append(a))
     assert seen and seen[-1][0] == PROGRESS_EVERY and seen[-1][2] == 3 and 0 <= seen[-1][1] <= 3

@@ -67,7 +67,7 @@ def test_generation_from_the_captured_cache_equals_greedy_generation(tiny_smol, 
     outs, new, counts = capture_and_generate(smol, plans, requests, chunk_size=512)
     assert [o.scorer.per_layer[LAYERS[0]].shape[0] for o in outs] == [2, 2]  # (the restored cache: tiny-model tests)
     for i, (messages, c) in enumerate(chosen):
-        reply = chat.complete(messages, traj.tools, max_tokens=24, temperature=0.0)
+        reply = chat.complete(messages, traj.tools, max_new_tokens=24, temperature=0.0)
         assert reply.prompt.ids == np.asarray(c.rendered.input_ids[: c.prefix_tokens]).tolist()
         assert tok.decode(new[i], skip_special_tokens=True) == reply.raw_text
         assert len(new[i]) == reply.output_tokens

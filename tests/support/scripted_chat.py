@@ -57,7 +57,7 @@ class ScriptedChat(OneByOne):
     def end_episode(self, episode: str) -> None:
         self.ended.append(episode)
 
-    def complete(self, messages, tools=None, *, max_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
+    def complete(self, messages, tools=None, *, max_new_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
         if self.fail_on_call is not None and len(self.sent) + 1 == self.fail_on_call:
             self.fail_on_call = None
             raise RuntimeError("scripted interruption")
@@ -80,11 +80,11 @@ class ParsingChat(ScriptedChat):
         super().__init__(script, **kwargs)
         self.tokenizer = tokenizer
 
-    def complete(self, messages, tools=None, *, max_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
+    def complete(self, messages, tools=None, *, max_new_tokens: int = 256, temperature: float = 0.0) -> ChatReply:
         from attnprobe.generation.chat import tool_names
         from attnprobe.generation.toolparse import call_ids, parse_tool_calls
 
-        reply = super().complete(messages, tools, max_tokens=max_tokens, temperature=temperature)
+        reply = super().complete(messages, tools, max_new_tokens=max_new_tokens, temperature=temperature)
         content, calls = parse_tool_calls(reply.raw_text, tool_names(tools))
         reply.tool_calls = [c.to_openai(i) for c, i in zip(calls, call_ids(messages, len(calls)))]
         reply.content = content if calls else reply.raw_text.strip()

@@ -20,7 +20,7 @@ def user(text: str) -> list[dict]:
 
 
 def sequential(chat: TransformersChat, reqs: list[ChatRequest]):
-    return [chat.complete(r.messages, r.tools, max_tokens=r.max_tokens, temperature=r.temperature) for r in reqs]
+    return [chat.complete(r.messages, r.tools, max_new_tokens=r.max_new_tokens, temperature=r.temperature) for r in reqs]
 
 
 class FixedText:
@@ -55,7 +55,7 @@ def test_greedy_batch_equals_sequential_replies_in_one_call(tiny_smol):
     """Eight prompts of different lengths and token limits: each batched reply (every ChatReply field,
     prompt ids included) is the one ``complete`` gives for that request, from one batch."""
     chat = TransformersChat(tiny_smol)
-    reqs = [ChatRequest(user("word " * (3 * i) + f"question {i}?"), max_tokens=2 + i) for i in range(6)]
+    reqs = [ChatRequest(user("word " * (3 * i) + f"question {i}?"), max_new_tokens=2 + i) for i in range(6)]
     replies = chat.complete_batch(reqs)
     assert replies == sequential(chat, reqs)
     assert [r.output_tokens for r in replies] == [2 + i for i in range(6)]  # eos never comes first here
@@ -70,12 +70,12 @@ def test_prefix_reuse_over_three_turns_equals_fresh_prefill_and_counts_saved_tok
     changes an earlier message (as masking does): the prefill restarts at the first changed token."""
     chat, fresh = TransformersChat(tiny_smol), TransformersChat(tiny_smol, max_kept_episodes=0)
     m1 = [{"role": "system", "content": "You answer questions."}, *user("Who wrote Dune?")]
-    r1 = chat.complete_batch([ChatRequest(m1, max_tokens=1, episode="e")])[0]  # cache = turn 1's prompt exactly
+    r1 = chat.complete_batch([ChatRequest(m1, max_new_tokens=1, episode="e")])[0]  # cache = turn 1's prompt exactly
     m2 = [*m1, {"role": "assistant", "content": "Let me look."}, *user("Observation: Frank Herbert wrote it.")]
     m3 = [*m1[:1], *user("Who wrote [masked]?"), *m2[2:]]
     p1, p2, p3 = (chat.prompt(m).ids for m in (m1, m2, m3))
     assert p2[:len(p1)] == p1 and p3[:len(p1)] != p1
-    reqs2 = [ChatRequest(m2, max_tokens=4, episode="e"), ChatRequest(user("Other episode?"), max_tokens=4, episode="f")]
+    reqs2 = [ChatRequest(m2, max_new_tokens=4, episode="e"), ChatRequest(user("Other episode?"), max_new_tokens=4, episode="f")]
     r2 = chat.complete_batch(reqs2)
     assert r2 == fresh.complete_batch(reqs2) == sequential(fresh, reqs2)
     n_other = len(r2[1].prompt.ids)
@@ -83,8 +83,8 @@ def test_prefix_reuse_over_three_turns_equals_fresh_prefill_and_counts_saved_tok
     assert chat.last_stats["prefilled"] == len(p2) - len(p1) + n_other  # turn 1's prompt came from the cache
     d = decode.common_prefix(p2, p3)
     assert 0 < d < len(p1)
-    r3 = chat.complete_batch([ChatRequest(m3, max_tokens=4, episode="e")])
-    assert r3 == sequential(fresh, [ChatRequest(m3, max_tokens=4)])
+    r3 = chat.complete_batch([ChatRequest(m3, max_new_tokens=4, episode="e")])
+    assert r3 == sequential(fresh, [ChatRequest(m3, max_new_tokens=4)])
     assert chat.last_stats["prefilled"] == len(p3) - d
     assert chat.stats == {"calls": 3, "requests": 4, "sent": len(p1) + len(p2) + n_other + len(p3),
                           "prefilled": len(p1) + len(p2) - len(p1) + n_other + len(p3) - d,
@@ -97,7 +97,7 @@ def test_kept_episodes_are_bounded_and_end_episode_frees(tiny_smol, caplog):
     chat = TransformersChat(tiny_smol, max_kept_episodes=2)
     with caplog.at_level("INFO", logger="attnprobe.generation.transformers_chat"):
         for e in "abc":
-            chat.complete_batch([ChatRequest(user(f"episode {e}"), max_tokens=2, episode=e)])
+            chat.complete_batch([ChatRequest(user(f"episode {e}"), max_new_tokens=2, episode=e)])
     n = len(chat.prompt(user("episode c")).ids)
     assert caplog.messages[-1] == f"generation batch: 1 requests; sent {n} tokens, prefilled {n} (reused 0); generated 2"
     assert list(chat._kept) == ["b", "c"]  # least recently used dropped
@@ -116,8 +116,8 @@ def test_a_row_stops_at_its_call_while_the_other_goes_on(tiny_smol, monkeypatch)
     call_ids = tok(CALL, add_special_tokens=False)["input_ids"]
     monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText(call_ids, then_free=True))
     chat = TransformersChat(tiny_smol, stop_check_every=1)
-    reqs = [ChatRequest(user("Find x."), tools=TOOLS, max_tokens=40, actions=ActionFormat("seed002")),
-            ChatRequest(user("Say something long."), tools=TOOLS, max_tokens=len(call_ids) + 5)]
+    reqs = [ChatRequest(user("Find x."), tools=TOOLS, max_new_tokens=40, actions=ActionFormat("seed002")),
+            ChatRequest(user("Say something long."), tools=TOOLS, max_new_tokens=len(call_ids) + 5)]
     called, other = chat.complete_batch(reqs)
     assert called.raw_text == CALL and called.output_tokens == len(call_ids)
     assert called.finish_reason == "tool_calls" and called.stopped_by == "other"
@@ -132,8 +132,8 @@ def test_a_finished_grammar_stops_its_row_only(tiny_smol, monkeypatch):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText(ids))
     chat = TransformersChat(tiny_smol)
-    reqs = [ChatRequest(user("Plain."), max_tokens=len(ids) + 3),
-            ChatRequest(user("Search."), max_tokens=50, actions=ActionFormat("ircot"))]
+    reqs = [ChatRequest(user("Plain."), max_new_tokens=len(ids) + 3),
+            ChatRequest(user("Search."), max_new_tokens=50, actions=ActionFormat("ircot"))]
     free, forced = chat.complete_batch(reqs)
     assert forced.raw_text == text and forced.stopped_by == "grammar" and forced.output_tokens == len(ids)
     assert free == sequential(chat, reqs[:1])[0]
@@ -142,7 +142,7 @@ def test_a_finished_grammar_stops_its_row_only(tiny_smol, monkeypatch):
 def test_sampling_is_reproducible_per_seed_and_independent_of_the_batch(tiny_smol):
     """seed + the CRC-32 of a row's prompt ids seed that row's generator: the same seed draws the same
     replies, alone or in any batch; another seed draws others."""
-    reqs = [ChatRequest(user(f"Tell me {w}."), max_tokens=4, temperature=1.0) for w in ("a", "more", "things")]
+    reqs = [ChatRequest(user(f"Tell me {w}."), max_new_tokens=4, temperature=1.0) for w in ("a", "more", "things")]
     a = TransformersChat(tiny_smol, seed=7).complete_batch(reqs)
     b = TransformersChat(tiny_smol, seed=7).complete_batch(reqs[::-1])[::-1]
     alone = TransformersChat(tiny_smol, seed=7).complete_batch(reqs[1:2])
@@ -150,13 +150,13 @@ def test_sampling_is_reproducible_per_seed_and_independent_of_the_batch(tiny_smo
     assert [r.raw_text for r in a] == [r.raw_text for r in b]
     assert alone[0].raw_text == a[1].raw_text
     assert [r.raw_text for r in other] != [r.raw_text for r in a]
-    greedy = TransformersChat(tiny_smol).complete_batch([ChatRequest(r.messages, max_tokens=4) for r in reqs])
+    greedy = TransformersChat(tiny_smol).complete_batch([ChatRequest(r.messages, max_new_tokens=4) for r in reqs])
     assert [r.raw_text for r in a] != [r.raw_text for r in greedy]
 
 
 def test_bad_max_tokens_is_one_clear_error(tiny_smol):
-    with pytest.raises(ValueError, match="max_tokens must be >= 1; got 0"):
-        TransformersChat(tiny_smol).complete_batch([ChatRequest(user("x"), max_tokens=0)])
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1; got 0"):
+        TransformersChat(tiny_smol).complete_batch([ChatRequest(user("x"), max_new_tokens=0)])
 
 
 def test_no_call_budget_stops_only_the_row_without_a_call_opening(tiny_smol, monkeypatch):
@@ -165,7 +165,7 @@ def test_no_call_budget_stops_only_the_row_without_a_call_opening(tiny_smol, mon
     brace = tiny_smol.tokenizer("{", add_special_tokens=False)["input_ids"]
     monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText(brace, then_free=True))
     chat = TransformersChat(tiny_smol, stop_at_call=False, no_call_tokens=3)
-    reqs = [ChatRequest(user("Prose."), max_tokens=6), ChatRequest(user("Call."), max_tokens=6, actions=ActionFormat("x"))]
+    reqs = [ChatRequest(user("Prose."), max_new_tokens=6), ChatRequest(user("Call."), max_new_tokens=6, actions=ActionFormat("x"))]
     prose, opened = chat.complete_batch(reqs)
     assert prose == sequential(chat, reqs[:1])[0]
     assert prose.stopped_by == "no_call" and prose.output_tokens == 3
@@ -180,7 +180,7 @@ def test_a_cache_that_cannot_be_stitched_falls_back_to_one_by_one(tiny_smol, mon
 
     monkeypatch.setattr(decode, "decode", unsupported)
     chat = TransformersChat(tiny_smol)
-    reqs = [ChatRequest(user("One."), max_tokens=2, episode="e"), ChatRequest(user("Two words."), max_tokens=3)]
+    reqs = [ChatRequest(user("One."), max_new_tokens=2, episode="e"), ChatRequest(user("Two words."), max_new_tokens=3)]
     assert chat.complete_batch(reqs) == sequential(chat, reqs)
     assert chat._kept == {} and chat.stats["calls"] == 0
     monkeypatch.setattr(decode, "token_constraint", lambda tokenizer, fmt: FixedText([1]))

@@ -136,7 +136,7 @@ def test_chat_refiner_sends_query_and_document():
         content, raw_text = " kept text ", ""
 
     class Chat:
-        def complete(self, messages, max_tokens=0):
+        def complete(self, messages, max_new_tokens=0):
             self.messages = messages
             return Reply()
 

@@ -96,7 +96,7 @@ def test_openai_client_request_key_and_tool_calls(stub_endpoint, monkeypatch):
     stub_endpoint["reply"] = (200, "application/json",
                               _completion({"role": "assistant", "content": 'ok {"name": "web_search", "arguments": '
                                                                            '{"query": "q"}}'}))
-    reply = chat.complete([{"role": "user", "content": "hi"}], tools, max_tokens=7, temperature=0.0)
+    reply = chat.complete([{"role": "user", "content": "hi"}], tools, max_new_tokens=7, temperature=0.0)
     assert reply.tool_calls == [{"id": "call1", "type": "function",
                                  "function": {"name": "web_search", "arguments": '{"query": "q"}'}}]
     assert (reply.content, reply.input_tokens, reply.output_tokens, reply.finish_reason) == ("ok", 11, 3, "stop")

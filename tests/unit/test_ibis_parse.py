@@ -195,14 +195,14 @@ def test_resume_with_other_generation_settings_is_refused(tmp_path):
 
     rec = _record(_backend(), _item(), "agentic", _out("x"), 0.1, 64, "paper")
     (tmp_path / "decisions.jsonl").write_text(json.dumps(rec) + "\n")
-    same = generation_settings(_backend(), max_tokens=64, protocol="paper", reminder=None)
+    same = generation_settings(_backend(), max_new_tokens=64, protocol="paper", reminder=None)
     check_generation_settings(tmp_path, same)  # no error
     with pytest.raises(AttnprobeError) as e:
         check_generation_settings(tmp_path, {**same, "max_new_tokens": 4096})
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path) in msg and "max_new_tokens=64" in msg and "max_new_tokens=4096" in msg
     with pytest.raises(AttnprobeError, match="reminder='listing', this run asks for reminder='identical'"):
-        check_generation_settings(tmp_path, generation_settings(_backend(), max_tokens=64, protocol="paper",
+        check_generation_settings(tmp_path, generation_settings(_backend(), max_new_tokens=64, protocol="paper",
                                                                 reminder="identical"))
     # a record from before the generation field, paper protocol: made with the old observer reminder
     old = {k: v for k, v in rec.items() if k not in ("generation", "readout", "reminder")}

@@ -91,7 +91,7 @@ def refiner_chat(monkeypatch):
 
 
 def _config(scaffold, **kw):
-    return LoopConfig(scaffold, max_turns=3 if scaffold == "ircot" else 4, top_k=2, open_lines=5, max_tokens=64, temperature=0.0,
+    return LoopConfig(scaffold, max_turns=3 if scaffold == "ircot" else 4, top_k=2, open_lines=5, max_new_tokens=64, temperature=0.0,
                       **({"ircot_form": "chat"} if scaffold == "ircot" else {}), **kw)
 
 
@@ -145,7 +145,7 @@ def test_requests_carry_the_episode_key_and_each_episode_ends_once(tmp_path):
     per = {}
     for r in chat.requests:
         per[r.episode] = per.get(r.episode, 0) + 1
-        assert r.actions is None and r.max_tokens == 64 and r.temperature == 0.0
+        assert r.actions is None and r.max_new_tokens == 64 and r.temperature == 0.0
     for rid in run_ids:
         setting, qid = rid.split("/")
         res = json.loads((tmp_path / setting / "results" / f"{qid}.json").read_text())
@@ -267,9 +267,9 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     chat = ScriptedChat(ircot_script, actions=True)
     _study(tmp_path / "ircot", chat, "ircot", 2, settings=["none"], structured_actions=True)
     finals = [r for r in chat.requests if r.actions.final]
-    budget = chat.requests[0].max_tokens  # the grammar caps its free text to the reply's budget
-    assert {r.actions for r in chat.requests} == {ActionFormat("ircot", max_tokens=budget),
-                                                  ActionFormat("ircot", final=True, max_tokens=budget)}
+    budget = chat.requests[0].max_new_tokens  # the grammar caps its free text to the reply's budget
+    assert {r.actions for r in chat.requests} == {ActionFormat("ircot", max_new_tokens=budget),
+                                                  ActionFormat("ircot", final=True, max_new_tokens=budget)}
     study = json.loads((tmp_path / "ircot" / "study.json").read_text())
     assert study["config"]["structured_actions"] is True
     calls = [json.loads(x) for x in (tmp_path / "ircot" / "none" / "calls.jsonl").read_text().splitlines()]
@@ -280,7 +280,7 @@ def test_structured_actions_are_requested_and_recorded(tmp_path):
     chat2 = ScriptedChat(seed002_script, actions=True)
     _study(tmp_path / "s2", chat2, "seed002", 2, settings=["none"], structured_actions=True)
     assert {r.actions for r in chat2.requests} == {ActionFormat("seed002", tools=json.dumps(TOOLS),
-                                                                max_tokens=chat2.requests[0].max_tokens)}
+                                                                max_new_tokens=chat2.requests[0].max_new_tokens)}
     s2 = [json.loads(x) for x in (tmp_path / "s2" / "none" / "calls.jsonl").read_text().splitlines()]
     assert s2 and all(c["meta"]["structured_actions"] == "seed002" for c in s2)
     # one builder (agents/recorder.py: call_record), the loop's key order kept: the file is byte-identical to before

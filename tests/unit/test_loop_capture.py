@@ -38,7 +38,7 @@ def test_batched_rows_with_reuse_and_left_padding_equal_eager(tiny_smol):
         reqs = []
         for ep, msgs in conv.items():
             n = len(chat.prompt(msgs).ids)
-            reqs.append(ChatRequest(msgs, max_tokens=5, episode=ep,
+            reqs.append(ChatRequest(msgs, max_new_tokens=5, episode=ep,
                                     capture=CaptureSpec(positions=(n // 2, n - 1), layers=(0, 2, 3))))
         replies = chat.complete_batch(reqs)
         if turn == 1:
@@ -58,8 +58,8 @@ def test_a_reply_of_one_token_is_fed_once_to_score_its_start(tiny_smol):
     msgs = [{"role": "user", "content": "Say nothing."}]
     n = len(chat.prompt(msgs).ids)
     other = [{"role": "user", "content": "Write a long story about a dog and a cat."}]
-    reps = chat.complete_batch([ChatRequest(msgs, max_tokens=1, capture=CaptureSpec(positions=(n - 1,))),
-                                ChatRequest(other, max_tokens=4, capture=CaptureSpec(positions=()))])
+    reps = chat.complete_batch([ChatRequest(msgs, max_new_tokens=1, capture=CaptureSpec(positions=(n - 1,))),
+                                ChatRequest(other, max_new_tokens=4, capture=CaptureSpec(positions=()))])
     assert reps[0].output_tokens == 1 and reps[0].capture.scorer.qpos.tolist() == [n - 1, n]
     for r in reps:
         _check_rows(tiny_smol.model, r.capture)

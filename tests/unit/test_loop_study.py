@@ -324,11 +324,11 @@ def test_a_study_folder_in_use_is_refused_by_both_study_commands(tmp_path, capsy
 # ------------------------------------------------------------------ seed002 defaults and what study.json records
 def test_loop_config_defaults_per_scaffold_and_the_cpu_preset():
     seed = LoopConfig("seed002")  # seed 002 appendix C: 8192 output tokens per turn, temperature 1.0
-    assert (seed.max_tokens, seed.temperature, seed.max_turns, seed.top_k, seed.open_lines) == (8192, 1.0, 10, 15, 50)
-    assert (LoopConfig("ircot", ircot_form="chat").max_tokens, LoopConfig("ircot", ircot_form="chat").temperature) == (128, 0.0)  # unchanged
+    assert (seed.max_new_tokens, seed.temperature, seed.max_turns, seed.top_k, seed.open_lines) == (8192, 1.0, 10, 15, 50)
+    assert (LoopConfig("ircot", ircot_form="chat").max_new_tokens, LoopConfig("ircot", ircot_form="chat").temperature) == (128, 0.0)  # unchanged
     cpu = LoopConfig("seed002", preset="cpu")
-    assert (cpu.max_tokens, cpu.temperature) == (128, 0.0)
-    assert (LoopConfig("seed002", preset="cpu", max_tokens=64, temperature=0.5).max_tokens,
+    assert (cpu.max_new_tokens, cpu.temperature) == (128, 0.0)
+    assert (LoopConfig("seed002", preset="cpu", max_new_tokens=64, temperature=0.5).max_new_tokens,
             LoopConfig("seed002", preset="cpu", temperature=0.5).temperature) == (64, 0.5)  # explicit values win
     assert seed.to_dict() != cpu.to_dict()  # a run with other defaults is not "done"
     with pytest.raises(ValueError, match="preset must be one of cpu"):
@@ -375,4 +375,4 @@ def test_cli_preset_cpu_reaches_the_config():
                                                                "--out", "o", *extra])).config
 
     seen = [config(), config("--generation-preset", "cpu", "--max-new-tokens", "64")]
-    assert [(c.max_tokens, c.temperature, c.preset) for c in seen] == [(8192, 1.0, None), (64, 0.0, "cpu")]
+    assert [(c.max_new_tokens, c.temperature, c.preset) for c in seen] == [(8192, 1.0, None), (64, 0.0, "cpu")]

@@ -82,7 +82,7 @@ def test_a_good_reply_still_works(server):
 @pytest.mark.parametrize("usage, line", [
     ({"prompt_tokens": -100, "completion_tokens": 3}, "usage.prompt_tokens is -100, impossible: outside 0..{p}"),
     ({"prompt_tokens": 5, "completion_tokens": 1e15}, "usage.completion_tokens is 1000000000000000.0, impossible: outside 0..32 "
-                                                      "(max_tokens 16 + 16)"),
+                                                      "(max_new_tokens 16 + 16)"),
     ({"prompt_tokens": 10 ** 6, "completion_tokens": 3}, "usage.prompt_tokens is 1000000, impossible: outside 0..{p}"),
     ({"prompt_tokens": "12", "completion_tokens": 3}, "usage.prompt_tokens is '12', not a whole number of tokens"),
     ({"prompt_tokens": 5, "completion_tokens": 2.5}, "usage.completion_tokens is 2.5, not a whole number of tokens"),
@@ -96,7 +96,7 @@ def test_impossible_usage_counts_are_one_line_naming_the_endpoint_and_field(usag
 
     with scripted_endpoint(usage=lambda body, text: usage) as ep:
         with pytest.raises(AttnprobeError) as exc:
-            OpenAIChat(ep.url, "m", max_retries=0).complete([{"role": "user", "content": "hi"}], max_tokens=16)
+            OpenAIChat(ep.url, "m", max_retries=0).complete([{"role": "user", "content": "hi"}], max_new_tokens=16)
         sent = len(json.dumps(ep.bodies[0], ensure_ascii=False).encode())  # the body the client sent
     msg = str(exc.value)
     assert "\n" not in msg and len(msg) <= 400
@@ -115,5 +115,5 @@ def test_plausible_usage_counts_are_kept():
     with scripted_endpoint(usage=lambda body, text: {"prompt_tokens": 9, "completion_tokens": 16,
                                                      "prompt_tokens_details": {"cached_tokens": 4}}) as ep:
         chat = OpenAIChat(ep.url, "m", max_retries=0)
-        reply = chat.complete([{"role": "user", "content": "hi"}], max_tokens=16)
+        reply = chat.complete([{"role": "user", "content": "hi"}], max_new_tokens=16)
     assert (reply.input_tokens, reply.output_tokens, chat.stats["cached"]) == (9, 16, 4)

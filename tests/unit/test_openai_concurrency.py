@@ -63,12 +63,12 @@ def test_replies_are_in_request_order_and_equal_sequential_ones_with_call_ids():
     # even requests start a conversation, odd ones continue one that already holds two calls
     reqs = [ChatRequest(([{"role": "user", "content": f"q{i}"}] if i % 2 == 0 else
                          [{"role": "user", "content": "start"}, prior, *tool_msgs, {"role": "user", "content": f"q{i}"}]),
-                        tools=tools, max_tokens=9) for i in range(8)]
+                        tools=tools, max_new_tokens=9) for i in range(8)]
     with scripted_endpoint(reply=reply) as ep:
         concurrent = OpenAIChat(ep.url, "m", max_retries=0, timeout=10, concurrency=8).complete_batch(reqs)
         arrival = [b["messages"][-1]["content"] for b in ep.bodies]
         one = OpenAIChat(ep.url, "m", max_retries=0, timeout=10)
-        sequential = [one.complete(r.messages, r.tools, max_tokens=9) for r in reqs]
+        sequential = [one.complete(r.messages, r.tools, max_new_tokens=9) for r in reqs]
     assert concurrent == sequential
     assert [r.tool_calls[0]["id"] for r in concurrent] == ["call1", "call3"] * 4
     assert [r.tool_calls[0]["function"]["arguments"] for r in concurrent] == [f'{{"query": "{i}"}}' for i in range(8)]

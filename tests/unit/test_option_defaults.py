@@ -32,13 +32,12 @@ from attnprobe_hooks.backend import DEFAULT_CHUNK_SIZE, LoadedModel
 # study interference's --queries is --capture-in-loop's: the captures study attention would make, so its default.
 DIFFERENCES = {("study attention", "queries"): "reasoning+decision", ("study attention", "model"): None,
                ("study attention", "dtype"): None, ("study interference", "queries"): "reasoning+decision"}
-# Record fields that the generation group declares under another name (branch vgen owns that group).
-RENAMED = {RunSettings: {"max_tokens": "max_new_tokens", "temperature": "temperature"},
-           LoopConfig: {"max_tokens": "max_new_tokens", "temperature": "temperature"}}
+# Record fields that the generation group (cli/options.py, one for every command) declares, under the same names.
+GENERATED = {RunSettings: ("max_new_tokens", "temperature"), LoopConfig: ("max_new_tokens", "temperature")}
 # Options the output and generation groups declare for every command (cli/options.py) that a record
 # carries as a plain field (IbisOptions): the parser's default must still be the record's.
 SHARED = {"max_new_tokens", "force", "out"}
-# Records a command builds whose generation fields (RENAMED) its generation group sets.
+# Records a command builds whose generation fields (GENERATED) its generation group sets.
 GENERATES = {"run": RunSettings, "study interference": LoopConfig}
 # Record fields that are not options, though ``run`` has an option of that name: they override the
 # preset's value (None: the preset's, or a name made from the preset and the policy; cli/run.py).
@@ -84,12 +83,12 @@ def test_parser_defaults_are_the_records_defaults(name):
     actions = {a.dest: a for a in PARSERS[name]._actions if a.default is not argparse.SUPPRESS}  # not hidden aliases
     checked = 0
     for record in COMMAND_RECORDS[name]:
-        options, renamed = cli_fields(record), RENAMED.get(record, {})
+        options, generated = cli_fields(record), GENERATED.get(record, ())
         for field, default in field_defaults(record).items():
-            dest = renamed.get(field, field)
+            dest = field
             if dest not in actions:
                 continue
-            if field not in options and field not in renamed:
+            if field not in options and field not in generated:
                 if getattr(actions[dest], "option_of", (record,))[0] is not record:
                     continue  # a plain field filled from another record's option (checked under that record)
                 if field in SHARED:  # declared once for every command (cli/options.py): same default
@@ -105,7 +104,7 @@ def test_parser_defaults_are_the_records_defaults(name):
             action = actions[dest]
             want = DIFFERENCES.get((name, field), default)
             assert action.default == want, f"{name} {action.option_strings}: {action.default!r} != {want!r}"
-            if field not in renamed:  # declared from this field (not by hand)
+            if field not in generated:  # declared from this field (not by the generation group)
                 assert action.option_of == (record, field) or (
                     action.option_of[1] == field and field_defaults(action.option_of[0])[field] == default), field
             checked += 1
@@ -178,9 +177,9 @@ def test_loop_config_from_args():
 
     args = build_parser().parse_args(["study", "interference", "q.jsonl", "--out", "o", "--top-k", "7",
                                       "--scaffold", "seed002", "--structured-actions"])
-    config = from_args(LoopConfig, args, max_tokens=args.max_new_tokens, temperature=args.temperature)
+    config = from_args(LoopConfig, args, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     assert config == LoopConfig(scaffold="seed002", top_k=7, structured_actions=True)
-    assert (config.max_turns, config.max_tokens, config.temperature) == (10, 8192, 1.0)  # seed002's
+    assert (config.max_turns, config.max_new_tokens, config.temperature) == (10, 8192, 1.0)  # seed002's
 
 
 def test_add_options_machinery():

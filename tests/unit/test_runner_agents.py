@@ -59,7 +59,7 @@ class ScriptedChat:
             return "final"
         raise AssertionError(s[:60])
 
-    def complete(self, messages, tools=None, *, max_tokens=256, temperature=0.0):
+    def complete(self, messages, tools=None, *, max_new_tokens=256, temperature=0.0):
         if self.fail_after is not None and len(self.sent) >= self.fail_after:
             raise KeyboardInterrupt
         self.sent.append((json.loads(json.dumps(messages)), tools))

@@ -79,7 +79,7 @@ class CannedChat:
         self.replies = {k: list(v) for k, v in replies.items()}
         self.sent: list[tuple[str, list[dict], list[dict] | None]] = []
 
-    def complete(self, messages, tools=None, *, max_tokens=256, temperature=0.0):
+    def complete(self, messages, tools=None, *, max_new_tokens=256, temperature=0.0):
         agent = agent_of(messages)
         self.sent.append((agent, json.loads(json.dumps(messages)), tools))
         queue = self.replies[agent]
@@ -230,8 +230,8 @@ def test_nis_agent_has_the_seeds_two_stages_and_output_limit(tmp_path):
     """Seed 000: "If all steps are valid, it confirms the final answer as correct" (4.2) -- no third
     gate in the nis-agent preset; "we limit the output token size to 4096" (C.3)."""
     s = RunSettings.preset("nis-agent")
-    assert (s.validation, s.final_check, s.max_tokens, s.temperature) == ("full", False, 4096, 0.0)
-    assert RunSettings().max_tokens == 4096 and RunSettings.preset("baseline").final_check is False
+    assert (s.validation, s.final_check, s.max_new_tokens, s.temperature) == ("full", False, 4096, 0.0)
+    assert RunSettings().max_new_tokens == 4096 and RunSettings.preset("baseline").final_check is False
     chat = CannedChat(manager=MANAGER, worker=WORKER, filter=[A.url], stage1=[CHAIN], stage2=["VALID"],
                       final=["INVALID: never asked"])
     res, trajs = run(tmp_path, chat, validation="full")

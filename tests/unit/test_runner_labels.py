@@ -73,10 +73,10 @@ def test_no_gold_answers_warns_that_accuracy_is_null(tmp_path, capsys):
 class CutChat(ScriptedChat):
     """Every reply cut at the token limit: the manager's JSON call ends after its opening fence."""
 
-    def complete(self, messages, tools=None, *, max_tokens=256, temperature=0.0):
+    def complete(self, messages, tools=None, *, max_new_tokens=256, temperature=0.0):
         self.sent.append(messages)
         return ChatReply(content="```json\n{\"name\": \"search_w", tool_calls=[], raw_text="```json\n{\"name\"",
-                         input_tokens=10, output_tokens=max_tokens, finish_reason="length")
+                         input_tokens=10, output_tokens=max_new_tokens, finish_reason="length")
 
 
 def test_cut_off_reply_recorded_as_answer_is_flagged_and_warned(tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_cut_off_reply_recorded_as_answer_is_flagged_and_warned(tmp_path, capsys
 
     setup_logging()
     q = [{"id": "s01", "question": "Which element?", "answers": ["holmium"], "type": None}]
-    res = run_questions(CutChat(None), q, RunSettings.preset("baseline", max_tokens=8, manager_steps=1),
+    res = run_questions(CutChat(None), q, RunSettings.preset("baseline", max_new_tokens=8, manager_steps=1),
                         tmp_path / "r.jsonl", search=FixedSearch())
     r = res["results"][0]
     assert (r["answer"], r["answer_cut_off"], r["correct"]) == ("```json", True, False)

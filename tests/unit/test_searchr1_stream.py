@@ -119,7 +119,7 @@ def test_stream_equals_search_r1_manager(tok):
     fed = [r.prompt_ids for r in chat.requests]
     want_fed, right = manager(tok, PROMPT, REPLIES, documents)
     assert fed == want_fed and len(fed) == 5  # 4 turns + the final rollout
-    assert [r.max_tokens for r in chat.requests] == [500] * 5 and {r.temperature for r in chat.requests} == {0.0}
+    assert [r.max_new_tokens for r in chat.requests] == [500] * 5 and {r.temperature for r in chat.requests} == {0.0}
     stream = searchr1.from_history(tok, history["messages"])  # the whole sequence, rebuilt from the history
     assert stream.ids == want_fed[0] + [t for part in right for t in part]
     assert (result["retrievals"], result["model_calls"], result["final_call"], result["final_searches"]) == \
@@ -225,14 +225,14 @@ def test_the_stream_is_the_ircot_default_and_the_chat_form_keeps_its_stamps():
     from attnprobe.studies.loop.prompts import prompts_hash
 
     stream, chat = LoopConfig("ircot"), LoopConfig("ircot", ircot_form="chat")
-    assert (stream.ircot_form, stream.max_tokens, stream.temperature, stream.max_turns, stream.top_k) == \
+    assert (stream.ircot_form, stream.max_new_tokens, stream.temperature, stream.max_turns, stream.top_k) == \
         ("stream", 500, 0.0, 4, 3)
-    assert (chat.max_tokens, chat.temperature) == (128, 0.0)
+    assert (chat.max_new_tokens, chat.temperature) == (128, 0.0)
     assert stream.to_dict()["ircot_form"] == "stream" and stream.to_dict()["prompts"] == prompts_hash("ircot-stream")
     assert "ircot_form" not in chat.to_dict() and chat.to_dict()["prompts"] == prompts_hash("ircot")  # as before
     assert "ircot_form" not in LoopConfig("seed002").to_dict()
     assert (stream.label, chat.label) == ("ircot (Search-R1 stream)", "ircot (multi-turn chat, ours)")
-    assert LoopConfig("ircot", preset="cpu").max_tokens == 128  # an explicit preset wins
+    assert LoopConfig("ircot", preset="cpu").max_new_tokens == 128  # an explicit preset wins
     with pytest.raises(ValueError, match="ircot_form"):
         LoopConfig("ircot", ircot_form="tags")
 

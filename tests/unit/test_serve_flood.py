@@ -29,7 +29,7 @@ class _ScriptedChat:
     def prompt(self, messages, tools=None):
         return SimpleNamespace(ids=list(range(len(messages))))
 
-    def complete(self, messages, tools=None, *, max_tokens=16, temperature=0.0):
+    def complete(self, messages, tools=None, *, max_new_tokens=16, temperature=0.0):
         time.sleep(0.02)
         return ChatReply(content="ok", tool_calls=[], raw_text="ok", input_tokens=1, output_tokens=1,
                          finish_reason="stop")

@@ -109,10 +109,10 @@ def test_a_garbled_body_is_one_short_line_naming_the_url(server, mode, line_has)
 
 def test_max_tokens_is_always_sent_and_a_good_reply_reads(server):
     chat = OpenAIChat(server.url, "m", timeout=5, max_retries=0)
-    reply = chat.complete([{"role": "user", "content": "q"}], max_tokens=None)
+    reply = chat.complete([{"role": "user", "content": "q"}], max_new_tokens=None)
     assert (reply.content, reply.input_tokens, reply.output_tokens) == ("hi", 3, 1)
     assert server.payloads[-1]["max_tokens"] == 256
-    chat.complete([{"role": "user", "content": "q"}], max_tokens=7)
+    chat.complete([{"role": "user", "content": "q"}], max_new_tokens=7)
     assert server.payloads[-1]["max_tokens"] == 7
 
 

@@ -30,7 +30,7 @@ USER = [{"role": "user", "content": "Say hi."}]
 
 
 def parse(obj, cap=100):
-    return parse_chat_request(obj if isinstance(obj, bytes) else json.dumps(obj).encode(), max_tokens_cap=cap)
+    return parse_chat_request(obj if isinstance(obj, bytes) else json.dumps(obj).encode(), max_new_tokens_cap=cap)
 
 
 def refused(obj, cap=100) -> RequestError:
@@ -43,11 +43,11 @@ def refused(obj, cap=100) -> RequestError:
 # ------------------------------------------------------------------ request validation
 def test_valid_request_fields():
     got = parse({"messages": USER, "max_tokens": 7, "temperature": 0.5, "model": "m"})
-    assert got == {"messages": USER, "tools": None, "max_tokens": 7, "temperature": 0.5, "model": "m"}
+    assert got == {"messages": USER, "tools": None, "max_new_tokens": 7, "temperature": 0.5, "model": "m"}
     got = parse({"messages": USER, "max_completion_tokens": 3, "max_tokens": 9})
-    assert (got["max_tokens"], got["temperature"], got["model"]) == (3, 0.0, None)
-    assert parse({"messages": USER})["max_tokens"] == 100  # the default 256 capped at the context length
-    assert parse({"messages": USER}, cap=4096)["max_tokens"] == 256
+    assert (got["max_new_tokens"], got["temperature"], got["model"]) == (3, 0.0, None)
+    assert parse({"messages": USER})["max_new_tokens"] == 100  # the default 256 capped at the context length
+    assert parse({"messages": USER}, cap=4096)["max_new_tokens"] == 256
     text_parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert parse({"messages": text_parts, "stream": False})["messages"] == text_parts
 

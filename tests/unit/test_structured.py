@@ -333,10 +333,10 @@ def test_logits_processor_makes_a_random_model_write_valid_actions(tiny_smol, sh
 
 # ------------------------------------------------------------------ token caps from the reply's budget
 def test_token_caps_close_an_ircot_action_within_its_budget(tok):
-    """With max_tokens=48 the think text is capped at 16 tokens and the query at 8 (F = 48 - 24 = 24), so
+    """With max_new_tokens=48 the think text is capped at 16 tokens and the query at 8 (F = 48 - 24 = 24), so
     a row that would ramble must close </think> after 16 tokens of it; without a budget it may go on."""
     token_caps, token_constraint, grammar_text = S.token_caps, S.token_constraint, S.grammar_text
-    capped = ActionFormat("ircot", max_tokens=48)
+    capped = ActionFormat("ircot", max_new_tokens=48)
     assert token_caps(capped) == {"query": 8, "answer": 8, "think": 16}
     assert token_caps(ActionFormat("ircot")) == {}
     assert "[max_tokens=16]" in grammar_text(capped) and "max_tokens" not in grammar_text(ActionFormat("ircot"))
@@ -353,14 +353,14 @@ def test_token_caps_close_an_ircot_action_within_its_budget(tok):
             row.accept(t)
             taken += 1
         assert taken == (limit if limit is not None else len(ramble))
-    seed = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)
+    seed = ActionFormat("seed002", tools=json.dumps(TOOLS), max_new_tokens=128)
     assert token_caps(seed)["calls"] == 2 and "[max_tokens=26]" in grammar_text(seed)
 
 
 def test_allowed_rows_equals_each_rows_own_mask(tok):
     """The decode loop masks a batch in one operation (allowed_rows); it must equal each row's own mask,
     finished rows (EOS only) included."""
-    c = S.token_constraint(tok, ActionFormat("ircot", max_tokens=64))
+    c = S.token_constraint(tok, ActionFormat("ircot", max_new_tokens=64))
     rows = [c.start() for _ in range(3)]
     for t in tok.encode("<think>", add_special_tokens=False):
         rows[1].accept(t)

@@ -48,7 +48,7 @@ class Scripted(OneByOne):
         _, calls = parse_tool_calls(text, [t["function"]["name"] for t in tools or []])
         return ChatReply(content="", tool_calls=[c.to_openai(f"c{i}") for i, c in enumerate(calls)], raw_text=text)
 
-    def complete(self, messages, tools=None, *, max_tokens=256, temperature=0.0):
+    def complete(self, messages, tools=None, *, max_new_tokens=256, temperature=0.0):
         self.plain += 1
         return self._reply(messages, tools)
 
@@ -69,11 +69,11 @@ def run(tmp_path, structured: bool):
 def test_structured_runner_calls_carry_their_action_grammar(tmp_path):
     chat, trajs = run(tmp_path, True)
     assert chat.plain == 0
-    manager, worker, forced = (ActionFormat(s, json.dumps(t), max_tokens=RunSettings().max_tokens) for s, t in (
+    manager, worker, forced = (ActionFormat(s, json.dumps(t), max_new_tokens=RunSettings().max_new_tokens) for s, t in (
         ("nis-manager", MANAGER_TOOLS), ("nis-worker", WORKER_TOOLS), ("nis-worker", [FINAL_ANSWER])))
     # manager delegates; worker searches, runs out of its one step and is forced; manager answers
     assert [r.actions for r in chat.requests] == [manager, worker, forced, manager]
-    assert all(r.max_tokens == RunSettings().max_tokens and r.temperature == 0.0 for r in chat.requests)
+    assert all(r.max_new_tokens == RunSettings().max_new_tokens and r.temperature == 0.0 for r in chat.requests)
     assert [(t.id.split("/")[1], t.meta.get("structured_actions")) for t in trajs] == [
         ("manager-1", "nis-manager"), ("search_worker-1", "nis-worker"), ("search_worker-2", "nis-worker"),
         ("manager-2", "nis-manager")]

@@ -22,8 +22,8 @@ from attnprobe.generation.server.protocol import RequestError
 from attnprobe.studies.loop.agents import LoopConfig
 from attnprobe.studies.loop.pool import TOOLS
 
-IRCOT = ActionFormat("ircot", max_tokens=128)
-SEED002 = ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=128)
+IRCOT = ActionFormat("ircot", max_new_tokens=128)
+SEED002 = ActionFormat("seed002", tools=json.dumps(TOOLS), max_new_tokens=128)
 
 
 @pytest.mark.parametrize("fmt, text, ok", [
@@ -88,11 +88,11 @@ def test_a_study_whose_replies_follow_the_grammar_says_nothing(tmp_path):
 def test_serve_refuses_a_request_for_constrained_decoding(field, value):
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], field: value}).encode()
     with pytest.raises(RequestError) as exc:
-        parse_chat_request(body, max_tokens_cap=100)
+        parse_chat_request(body, max_new_tokens_cap=100)
     assert exc.value.status == 400 and exc.value.param == field
     assert exc.value.message.startswith(f"{field} is not supported by attnprobe serve: it decodes freely")
     ok = json.dumps({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}).encode()
-    assert parse_chat_request(ok, max_tokens_cap=100)["max_tokens"] == 100
+    assert parse_chat_request(ok, max_new_tokens_cap=100)["max_new_tokens"] == 100
 
 
 def test_a_structured_request_to_serve_fails_in_one_line():
@@ -102,7 +102,7 @@ def test_a_structured_request_to_serve_fails_in_one_line():
     try:
         chat = OpenAIChat(f"http://127.0.0.1:{srv.server_address[1]}/v1", "fake", max_retries=0)
         with pytest.raises(AttnprobeError) as exc:
-            chat.complete_batch([ChatRequest([{"role": "user", "content": "hi"}], max_tokens=8, actions=IRCOT)])
+            chat.complete_batch([ChatRequest([{"role": "user", "content": "hi"}], max_new_tokens=8, actions=IRCOT)])
     finally:
         srv.shutdown()
         srv.server_close()

@@ -65,7 +65,7 @@ def _chat(tiny_smol, texts, max_model_len=8192):
 def test_one_generate_per_batch_with_cut_at_call_and_token_counts(tiny_smol, fake_vllm):
     chat, llm = _chat(tiny_smol, [CALL_TEXT, PLAIN_TEXT])
     msgs = [{"role": "user", "content": "Which bridge is the tallest?"}]
-    reqs = [ChatRequest(msgs, TOOLS, max_tokens=64), ChatRequest(msgs, None, max_tokens=32, temperature=0.7,
+    reqs = [ChatRequest(msgs, TOOLS, max_new_tokens=64), ChatRequest(msgs, None, max_new_tokens=32, temperature=0.7,
                                                                   actions=ActionFormat("ircot"))]
     with_call, plain = chat.complete_batch(reqs)
     prompts, params = llm.calls[0]
@@ -97,7 +97,7 @@ def test_the_cut_equals_transformers_stopping_on_the_same_tokens(tiny_smol, fake
     """TransformersChat stops at the first multiple of 4 new tokens whose text holds a complete call: the
     same point found by decoding each prefix here."""
     chat, _ = _chat(tiny_smol, [CALL_TEXT])
-    reply = chat.complete([{"role": "user", "content": "q"}], TOOLS, max_tokens=64)
+    reply = chat.complete([{"role": "user", "content": "q"}], TOOLS, max_new_tokens=64)
     tok = tiny_smol.tokenizer
     ids = tok.encode(CALL_TEXT, add_special_tokens=False)
     first = next(n for n in range(4, len(ids) + 1, 4) if tok.decode(ids[:n]).count("}") >= 2)

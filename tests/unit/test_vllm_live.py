@@ -30,11 +30,11 @@ def _rows(ids, p, layer):
     return torch.randn(HEADS, D, generator=g), torch.randn(KVH, D, generator=g)
 
 
-def _plan(tag, prompt, positions, *, max_tokens=4, segs=None, nseg=None, group="g"):
+def _plan(tag, prompt, positions, *, max_new_tokens=4, segs=None, nseg=None, group="g"):
     n = len(prompt)
     segs = segs if segs is not None else list(range(n + 1))
     return Plan.from_wire(live.wire(tag, prompt, live.query_positions(n, positions, True), segs,
-                                    nseg or len(segs), layers=None, max_tokens=max_tokens, group=group))
+                                    nseg or len(segs), layers=None, max_new_tokens=max_new_tokens, group=group))
 
 
 def _run(plans, seqs, steps, bound, prompts):
@@ -138,7 +138,7 @@ def test_which_requests_read_no_prefix_cache_and_which_need_a_follow_up():
     with pytest.raises(ValueError, match="strictly increasing"):
         live.query_positions(5, [5], True)
     with pytest.raises(ValueError, match="key segments"):
-        live.wire("t", [1, 2, 3], [2, 3], [0, 0, 0], 1, layers=None, max_tokens=2, group="g")
+        live.wire("t", [1, 2, 3], [2, 3], [0, 0, 0], 1, layers=None, max_new_tokens=2, group="g")
 
 
 def test_the_retained_store_keeps_the_most_recently_used_within_its_budget():

@@ -54,10 +54,10 @@ def test_greedy_batch_equals_transformers_token_for_token(chats):
 
     vchat, tchat = chats
     convs = _conversations()
-    replies = vchat.complete_batch([ChatRequest(m, t, max_tokens=MAX_TOKENS) for m, t in convs])
+    replies = vchat.complete_batch([ChatRequest(m, t, max_new_tokens=MAX_TOKENS) for m, t in convs])
     same = 0
     for (msgs, tools), v in zip(convs, replies):
-        t = tchat.complete(msgs, tools, max_tokens=MAX_TOKENS)
+        t = tchat.complete(msgs, tools, max_new_tokens=MAX_TOKENS)
         assert v.prompt.ids == t.prompt.ids and v.input_tokens == t.input_tokens
         key = lambda r: (r.raw_text, r.output_tokens, r.stopped_by, r.finish_reason, r.content, r.tool_calls)  # noqa: E731
         same += key(v) == key(t)
@@ -75,10 +75,10 @@ def test_second_turn_is_served_from_the_prefix_cache(chats):
     block = vchat.loaded.model.llm_engine.vllm_config.cache_config.block_size
     first = [{"role": "system", "content": "Session 7f3a. " + SYSTEM * 3},  # a prefix no earlier test sent
              {"role": "user", "content": "Which river flows through Vienna?"}]
-    r1 = vchat.complete_batch([ChatRequest(first, TOOLS, max_tokens=16)])[0]
+    r1 = vchat.complete_batch([ChatRequest(first, TOOLS, max_new_tokens=16)])[0]
     turn1 = vchat.last_batch[0]
     second = first + [r1.as_message(), {"role": "user", "content": "Please answer in one word."}]
-    r2 = vchat.complete_batch([ChatRequest(second, TOOLS, max_tokens=16)])[0]
+    r2 = vchat.complete_batch([ChatRequest(second, TOOLS, max_new_tokens=16)])[0]
     turn2 = vchat.last_batch[0]
     p1, p2 = r1.prompt.ids, r2.prompt.ids
     print(f"block {block}; turn 1 {turn1}; turn 2 {turn2}")
@@ -100,6 +100,6 @@ def test_a_structured_request_uses_the_engines_structured_outputs(chats, monkeyp
                         types.SimpleNamespace(vllm_sampling_params_kwargs=vllm_sampling_params_kwargs))
     vchat, _ = chats
     msgs, _ = _conversations()[0]
-    free, constrained = vchat.complete_batch([ChatRequest(msgs, max_tokens=MAX_TOKENS),
-                                              ChatRequest(msgs, max_tokens=MAX_TOKENS, actions=ActionFormat("ircot"))])
+    free, constrained = vchat.complete_batch([ChatRequest(msgs, max_new_tokens=MAX_TOKENS),
+                                              ChatRequest(msgs, max_new_tokens=MAX_TOKENS, actions=ActionFormat("ircot"))])
     assert constrained.raw_text == "<answer>Paris</answer>" and free.raw_text != constrained.raw_text

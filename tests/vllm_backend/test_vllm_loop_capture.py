@@ -44,7 +44,7 @@ def test_one_engine_generates_and_captures_equal_to_post_hoc(chats):
     worst = {"segment": 0.0, "token": 0.0}
     seen: list[dict] = []
     for turn in range(2):
-        reqs = [ChatRequest(m, max_tokens=[12, 12, 1][k] if turn == 1 else 12,
+        reqs = [ChatRequest(m, max_new_tokens=[12, 12, 1][k] if turn == 1 else 12,
                             capture=live_spec(vchat, m, per_key=k != 1, early=turn == 1 and k == 1))
                 for k, m in enumerate(convs)]
         replies = vchat.complete_batch(reqs)
@@ -73,10 +73,10 @@ def test_rollouts_sharing_a_prompt_and_a_forgotten_prefix(chats):
     base = [{"role": "system", "content": "Shared desk. " + SYSTEM}]
     convs = [base + [{"role": "user", "content": q}] for q in ("Name a river in Spain.", "Name a river in Italy.")]
     worst = {"segment": 0.0, "token": 0.0}
-    reqs = [ChatRequest(m, max_tokens=8, capture=live_spec(vchat, m, per_key=True)) for m in convs]
+    reqs = [ChatRequest(m, max_new_tokens=8, capture=live_spec(vchat, m, per_key=True)) for m in convs]
     rollouts = compare(vchat, tm, reqs, vchat.complete_batch(reqs), worst)
     held = forget(vchat.loaded)
-    again = [ChatRequest(convs[0], max_tokens=8, capture=live_spec(vchat, convs[0], per_key=True))]
+    again = [ChatRequest(convs[0], max_new_tokens=8, capture=live_spec(vchat, convs[0], per_key=True))]
     after = compare(vchat, tm, again, vchat.complete_batch(again), worst)
     print("rollouts:", rollouts, "retained positions dropped:", held, "after:", after, "max |diff|:", worst)
     assert held > 0
@@ -101,13 +101,13 @@ def test_side_plans_and_a_spec_with_nothing_to_score(chats):
 
     vchat, tm = chats
     msgs = [{"role": "system", "content": "Side desk. " + SYSTEM}, {"role": "user", "content": "Name a lake in Austria."}]
-    r1 = vchat.complete_batch([ChatRequest(msgs, max_tokens=8, capture=live_spec(vchat, msgs, per_key=True))])[0]
+    r1 = vchat.complete_batch([ChatRequest(msgs, max_new_tokens=8, capture=live_spec(vchat, msgs, per_key=True))])[0]
     n = len(r1.prompt.ids)
     full = render(Trajectory(id="call", messages=[*msgs, r1.as_message()]), vchat.tokenizer,
                   add_generation_prompt=False).input_ids.tolist()
     side = SidePlan(tuple(full[:n + 3]), (n, n + 2))
     nxt = [*msgs, r1.as_message(), {"role": "user", "content": "Thanks."}]
-    rep = vchat.complete_batch([ChatRequest(nxt, max_tokens=4,
+    rep = vchat.complete_batch([ChatRequest(nxt, max_new_tokens=4,
                                             capture=CaptureSpec(positions=(), reply_start=False, before=(side,)))])[0]
     assert rep.capture.scorer.qpos.tolist() == [] and len(rep.capture.token_ids) == len(rep.prompt.ids) + 1
     sc = rep.capture.side[0]

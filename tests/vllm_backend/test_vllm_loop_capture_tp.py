@@ -32,7 +32,7 @@ def test_tensor_parallel_generation_captures_equal_post_hoc(random_llama):
         worst = {"segment": 0.0, "token": 0.0}
         seen = []
         for _ in range(2):
-            reqs = [ChatRequest(m, max_tokens=4, capture=live_spec(vchat, m, per_key=True)) for m in convs]
+            reqs = [ChatRequest(m, max_new_tokens=4, capture=live_spec(vchat, m, per_key=True)) for m in convs]
             replies = vchat.complete_batch(reqs)
             for r in replies:
                 assert sorted(r.capture.scorer.per_layer) == [0, 1] and r.capture.scorer.per_layer[0].shape[1] == 8

@@ -80,11 +80,11 @@ class _CancellableChat(TransformersChat):
 
     should_stop = None
 
-    def _gen_kwargs(self, max_tokens: int, temperature: float) -> dict:
+    def _gen_kwargs(self, max_new_tokens: int, temperature: float) -> dict:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
-        kw = super()._gen_kwargs(max_tokens, temperature)
+        kw = super()._gen_kwargs(max_new_tokens, temperature)
         check = self.should_stop
         if check is not None:
             class _Stop(StoppingCriteria):
@@ -276,7 +276,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._authorize()
             body = self._read_body()
             self._body_unread = False
-            req = parse_chat_request(body, max_tokens_cap=self.app.context)
+            req = parse_chat_request(body, max_new_tokens_cap=self.app.context)
             reply = self._complete(req)
         except RequestError as err:
             self._refuse(err)
@@ -338,7 +338,7 @@ class _Handler(BaseHTTPRequestHandler):
 
             self.app.chat.should_stop = should_stop
             try:
-                reply = self.app.chat.complete(req["messages"], req["tools"], max_tokens=req["max_tokens"],
+                reply = self.app.chat.complete(req["messages"], req["tools"], max_new_tokens=req["max_new_tokens"],
                                       temperature=req["temperature"])
             except Exception as exc:  # report, don't crash the server
                 raise RequestError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
@@ -347,7 +347,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.app.lock.release()
         if state["reason"] == "gone":
-            raise _ClientGone(f"generation stopped after {reply.output_tokens} of {req['max_tokens']} tokens")
+            raise _ClientGone(f"generation stopped after {reply.output_tokens} of {req['max_new_tokens']} tokens")
         if state["reason"] == "time":
             raise RequestError(503, f"generation stopped after {self.app.limits.max_seconds:g} s "
                                     "(attnprobe serve --max-seconds); ask for fewer max_tokens",

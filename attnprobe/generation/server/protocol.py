@@ -57,7 +57,7 @@ def context_length(loaded) -> int:
     return int(n) if isinstance(n, int) and n > 0 else DEFAULT_CONTEXT
 
 
-def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
+def parse_chat_request(body: bytes, *, max_new_tokens_cap: int) -> dict:
     """The validated fields of a /v1/chat/completions body, or a RequestError(400) naming the problem.
 
     Messages and tools go through the trajectory schema (:func:`~attnprobe.trajectory.schema.validate_record`),
@@ -99,13 +99,13 @@ def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
         validate_record({"id": "request", "messages": req["messages"], "tools": req.get("tools")})
     except TrajectoryError as exc:
         raise RequestError(400, f"{exc.field}: {exc.reason}" if exc.field else exc.reason, param=exc.field) from None
-    max_tokens = req.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = req.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = min(DEFAULT_MAX_NEW_TOKENS, max_tokens_cap)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= max_tokens_cap:
-        raise RequestError(400, f"max_tokens must be an integer from 1 to {max_tokens_cap}, got {max_tokens!r}",
+    max_new_tokens = req.get("max_completion_tokens")
+    if max_new_tokens is None:
+        max_new_tokens = req.get("max_tokens")  # the OpenAI wire names the generation limit max_tokens
+    if max_new_tokens is None:
+        max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_cap)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= max_new_tokens_cap:
+        raise RequestError(400, f"max_tokens must be an integer from 1 to {max_new_tokens_cap}, got {max_new_tokens!r}",
                            param="max_tokens")
     temperature = req.get("temperature")
     if temperature is None:
@@ -116,5 +116,5 @@ def parse_chat_request(body: bytes, *, max_tokens_cap: int) -> dict:
     model = req.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(400, f"model must be a string, got {type(model).__name__}", param="model")
-    return {"messages": req["messages"], "tools": req.get("tools") or None, "max_tokens": max_tokens,
+    return {"messages": req["messages"], "tools": req.get("tools") or None, "max_new_tokens": max_new_tokens,
             "temperature": float(temperature), "model": model if isinstance(model, str) else None}

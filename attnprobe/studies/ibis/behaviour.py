@@ -44,6 +44,7 @@ from typing import Any
 
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
+from attnprobe.io.settings import RECORDED_GENERATION_LIMIT
 from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing, resolve_reminder
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.layout import DECISIONS_FILE, ModelFolderLayout
@@ -238,24 +239,24 @@ class BehaviourBackend:
                                                 "own_tool": COPY_CONTROL_TOOL}
         return out
 
-    def complete_many(self, trajectories, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, controls=None,
+    def complete_many(self, trajectories, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, controls=None,
                       on_progress=None) -> list[dict[str, Any]]:
         """Greedy generation for several framings in one left-padded batch (in process only);
         ``controls[i]`` is the copy-control trajectory of ``trajectories[i]`` (or None);
         ``on_progress(new_tokens, rows_stopped, rows)`` is called as the batch goes on."""
         controls = controls or [None] * len(trajectories)
-        replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_tokens=max_tokens,
+        replies = self.chat.complete_many([(t.messages, t.tools) for t in trajectories], max_new_tokens=max_new_tokens,
                                           on_progress=on_progress)
         return [self._in_process_out(r, _FINISH.get(r.stopped_by, "call_complete"), t, c)
                 for r, t, c in zip(replies, trajectories, controls)]
 
-    def complete(self, trajectory, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS, control=None,
+    def complete(self, trajectory, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, control=None,
                  on_progress=None) -> dict[str, Any]:
         if self.in_process:
-            reply = self.chat.complete(trajectory.messages, trajectory.tools, max_tokens=max_tokens, temperature=0.0,
+            reply = self.chat.complete(trajectory.messages, trajectory.tools, max_new_tokens=max_new_tokens, temperature=0.0,
                                        on_progress=on_progress)
             return self._in_process_out(reply, _FINISH.get(reply.stopped_by, "call_complete"), trajectory, control)
-        reply = self.chat.complete(api_messages(trajectory.messages), trajectory.tools, max_tokens=max_tokens,
+        reply = self.chat.complete(api_messages(trajectory.messages), trajectory.tools, max_new_tokens=max_new_tokens,
                                    temperature=0.0)
         # The structured calls a server returns are authoritative; raw text is kept for the record.
         prompt_text = "\n".join(m.get("content") or "" for m in trajectory.messages if isinstance(m.get("content"), str))
@@ -264,15 +265,15 @@ class BehaviourBackend:
                 "finish_reason": reply.finish_reason, "prompt_text": prompt_text, "rendering": "server"}
 
 
-def decide(backend, item: IbisItem, framing: str, *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+def decide(backend, item: IbisItem, framing: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
            protocol: str = "paper", reminder: str | None = None, on_progress=None) -> dict[str, Any]:
     """Run one framing of one item and return its decision record (a decisions.jsonl line)."""
     traj = build_framing(item, framing, protocol, reminder=reminder)
     t0 = time.perf_counter()
     kw = {"on_progress": on_progress} if on_progress is not None else {}
-    out = backend.complete(traj, max_tokens=max_tokens,
+    out = backend.complete(traj, max_new_tokens=max_new_tokens,
                            control=copy_control_framing(item, framing, protocol, reminder), **kw)
-    return _record(backend, item, framing, out, time.perf_counter() - t0, max_tokens, protocol, reminder)
+    return _record(backend, item, framing, out, time.perf_counter() - t0, max_new_tokens, protocol, reminder)
 
 
 def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
@@ -289,24 +290,24 @@ def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
             "arguments": {"chosen_urls": fd.chosen_urls, "new_query": fd.new_query}}
 
 
-def generation_settings(backend, *, max_tokens: int, protocol: str, reminder: str | None) -> dict[str, Any]:
+def generation_settings(backend, *, max_new_tokens: int, protocol: str, reminder: str | None) -> dict[str, Any]:
     """What a decision depends on besides the model and the item: recorded in every record and compared
     on resume (:func:`check_generation_settings`). A no-call budget at or above the token limit can
     never stop a row, so it is recorded as None (off)."""
     budget = getattr(backend, "no_call_tokens", None)
-    return {"max_new_tokens": int(max_tokens), "decoding": "greedy", "protocol": protocol,
+    return {"max_new_tokens": int(max_new_tokens), "decoding": "greedy", "protocol": protocol,
             "reminder": resolve_reminder(protocol, reminder),
-            "no_call_tokens": budget if budget is not None and budget < max_tokens else None}
+            "no_call_tokens": budget if budget is not None and budget < max_new_tokens else None}
 
 
-def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_tokens: int,
+def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_new_tokens: int,
             protocol: str, reminder: str | None = None) -> dict[str, Any]:
     if protocol == "paper" and framing == "direct":
         cls = prose = classify_filter_reply(item, out)
     else:
         cls = classify_call(out["raw_text"], out["tool_calls"])
         prose = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
-    gen = generation_settings(backend, max_tokens=max_tokens, protocol=protocol, reminder=reminder)
+    gen = generation_settings(backend, max_new_tokens=max_new_tokens, protocol=protocol, reminder=reminder)
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
         "expected": item.expected_action, "decision": cls["decision"], "method": cls["method"],
@@ -316,7 +317,7 @@ def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, ma
         "correct_prose": prose["decision"] == item.expected_action,
         "raw_text": out["raw_text"], "structured_tool_calls": out["tool_calls"], "finish_reason": out["finish_reason"],
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
-        "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, "max_tokens": max_tokens,
+        "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, RECORDED_GENERATION_LIMIT: max_new_tokens,
         "forced_choice": out.get("forced_choice"), "forced_choice_control": out.get("forced_choice_control"),
         "protocol": protocol, "reminder": gen["reminder"], "generation": gen,
     }
@@ -339,11 +340,11 @@ def readouts(rec: dict) -> dict[str, Any]:
 
 def record_generation(rec: dict) -> dict[str, Any]:
     """The generation settings a record was made under (records before the ``generation`` field: their
-    max_tokens and protocol; a paper-protocol record from then used the old observer reminder)."""
+    recorded generation limit and protocol; a paper-protocol record from then used the old observer reminder)."""
     if "generation" in rec:
         return rec["generation"]
     proto = rec.get("protocol", "matched")
-    return {"max_new_tokens": rec.get("max_tokens"), "decoding": "greedy", "protocol": proto,
+    return {"max_new_tokens": rec.get(RECORDED_GENERATION_LIMIT), "decoding": "greedy", "protocol": proto,
             "reminder": "identical" if proto != "paper" else "listing (before the verbatim observer reminder)",
             "no_call_tokens": None}
 
@@ -374,7 +375,7 @@ def read_decisions(path: Path) -> list[dict]:
     return [readouts(r) for r in layout.read_decisions()]
 
 
-def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                 protocol: str = "paper", batched: bool = False, reminder: str | None = None, on_progress=None):
     """Decision records of (item, framing) pairs, yielded one by one (so each can be written as soon as
     it exists); ``batched``: one left-padded batch (in process only), else one call per pair.
@@ -383,13 +384,13 @@ def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_tokens: int =
     if batched and getattr(backend, "supports_batch", False):
         t0 = time.perf_counter()
         outs = backend.complete_many([build_framing(it, fr, protocol, reminder=reminder) for it, fr in pairs],
-                                     max_tokens=max_tokens,
+                                     max_new_tokens=max_new_tokens,
                                      controls=[copy_control_framing(it, fr, protocol, reminder) for it, fr in pairs],
                                      **kw)
         per = (time.perf_counter() - t0) / max(1, len(pairs))
         for (it, fr), out in zip(pairs, outs):
-            yield _record(backend, it, fr, out, per, max_tokens, protocol, reminder)
+            yield _record(backend, it, fr, out, per, max_new_tokens, protocol, reminder)
     else:
         for it, fr in pairs:
-            yield decide(backend, it, fr, max_tokens=max_tokens, protocol=protocol, reminder=reminder,
+            yield decide(backend, it, fr, max_new_tokens=max_new_tokens, protocol=protocol, reminder=reminder,
                          on_progress=on_progress)

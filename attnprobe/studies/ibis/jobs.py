@@ -61,7 +61,7 @@ class BehaviourJob(ChatJob):
     folder: Path
     ibis_items: Sequence[IbisItem]
     framings: Sequence[str] = FRAMINGS
-    max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     protocol: str = "paper"
     batch_size: int = 1
     early_stop: bool = True
@@ -79,7 +79,7 @@ class BehaviourJob(ChatJob):
         self.layout = ModelFolderLayout(self.folder)
         if not self.force:
             check_generation_settings(self.folder, generation_settings(
-                self, max_tokens=self.max_tokens, protocol=self.protocol, reminder=self.reminder))
+                self, max_new_tokens=self.max_new_tokens, protocol=self.protocol, reminder=self.reminder))
         self._finished = self.layout.decided()
 
     @property
@@ -106,10 +106,10 @@ class BehaviourJob(ChatJob):
 
     def run(self, backend: BehaviourBackend, batch: Sequence[WorkItem]) -> list[dict]:
         def progress(n_new: int, stopped: int, rows: int) -> None:
-            self.note(f"token {n_new}/{self.max_tokens}, {stopped}/{rows} rows stopped")
+            self.note(f"token {n_new}/{self.max_new_tokens}, {stopped}/{rows} rows stopped")
 
         live = progress if getattr(backend, "in_process", False) else None
-        return list(decide_many(backend, [it.data for it in batch], max_tokens=self.max_tokens,
+        return list(decide_many(backend, [it.data for it in batch], max_new_tokens=self.max_new_tokens,
                                 protocol=self.protocol, batched=len(batch) > 1, reminder=self.reminder,
                                 on_progress=live))
 
@@ -173,7 +173,7 @@ class AttentionJob(JobBase):
 
 
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
-                  max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
                   protocol: str = "paper", reminder: str | None = None) -> dict[str, int]:
     """Decide every (item, framing) not yet in the folder's decisions in this process
@@ -183,7 +183,7 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     exists. Failures are written to ``errors.jsonl`` and retried on the next run. ``backend``: a
     :class:`BehaviourBackend` or a chat backend."""
     batched = batch_size > 1 and getattr(backend, "supports_batch", getattr(backend, "in_process", False))
-    job = BehaviourJob(Path(folder), items, framings=framings, max_tokens=max_tokens, protocol=protocol,
+    job = BehaviourJob(Path(folder), items, framings=framings, max_new_tokens=max_new_tokens, protocol=protocol,
                        batch_size=batch_size if batched else 1, force=force, reminder=reminder,
                        no_call_tokens=getattr(backend, "no_call_tokens", DEFAULT_NO_CALL_TOKENS))
     counts = in_process(backend, progress=progress).run(job)

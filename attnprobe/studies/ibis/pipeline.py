@@ -153,7 +153,7 @@ def behaviour_steps(opts: IbisOptions, target: Target, items, ex):
 
     prepare(opts, target, items, opts.generator)
     # built before the model loads: it refuses a resume with other generation settings
-    job = BehaviourJob(target.folder, items, framings=opts.framings, max_tokens=opts.max_new_tokens,
+    job = BehaviourJob(target.folder, items, framings=opts.framings, max_new_tokens=opts.max_new_tokens,
                        protocol=opts.protocol, batch_size=opts.batch_size, force=opts.force, reminder=opts.reminder,
                        no_call_tokens=(opts.no_call_tokens or None) if opts.generator != "openai" else None)
     inv = ex.call(invariants, items, opts.protocol, opts.reminder)

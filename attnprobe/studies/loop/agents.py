@@ -45,6 +45,7 @@ from attnprobe.agents.tagtext import annotate_reply, as_tags, unlabelled
 from attnprobe.generation.chat import RAW_ARGUMENTS, ActionFormat, ChatReply, ChatRequest
 from attnprobe.generation.toolparse import native_turn, parse_tags
 from attnprobe.io.options import option, positive_int
+from attnprobe.io.settings import as_recorded
 from attnprobe.io.urls import redact
 from attnprobe.studies.loop.pool import TOOLS, Browser
 from attnprobe.studies.loop.prompts import (
@@ -74,14 +75,14 @@ DEFAULTS = {"ircot": (searchr1.MAX_TURNS, searchr1.TOP_K), "seed002": (10, 15)} 
 # (scripts/nq_hotpotqa/evaluate.sh: data.max_response_length=500), greedy (its validation: do_sample False).
 GENERATION = {"ircot": (128, 0.0), "ircot-stream": (searchr1.MAX_RESPONSE_TOKENS, 0.0), "seed002": (8192, 1.0)}
 # --generation-preset cpu: the bundled 135M model on a CPU in minutes (ours, not a seed's setting): short greedy turns.
-PRESETS = {"cpu": {"max_tokens": 128, "temperature": 0.0}}
+PRESETS = {"cpu": {"max_new_tokens": 128, "temperature": 0.0}}
 
 
 @dataclass
 class LoopConfig:
     """Everything besides the setting that decides a run (a finished run is reused only when equal).
 
-    ``max_tokens`` / ``temperature`` left None take the ``preset``'s values, else the scaffold's
+    ``max_new_tokens`` / ``temperature`` left None take the ``preset``'s values, else the scaffold's
     (:data:`GENERATION`); explicit values win over both."""
 
     scaffold: str = option("ircot", flag="--scaffold", choices=SCAFFOLDS,
@@ -96,7 +97,7 @@ class LoopConfig:
              f"{DEFAULTS['seed002'][1]}) per search")
     open_lines: int = option(50, flag="--open-lines", type=positive_int,  # seed 002 appendix C: "default open lines is 50"
                              help="seed002: lines 'open' shows (default {default})")
-    max_tokens: int | None = None  # the generation group's --max-new-tokens (default None: see above)
+    max_new_tokens: int | None = None  # the generation group's --max-new-tokens (default None: see above)
     temperature: float | None = None  # the generation group's --temperature (default None: see above)
     ircot_form: str = option(
         "stream", flag="--ircot-form", choices=IRCOT_FORMS,
@@ -129,12 +130,12 @@ class LoopConfig:
         self.max_turns = turns if self.max_turns is None else self.max_turns
         self.top_k = k if self.top_k is None else self.top_k
         key = "ircot-stream" if self.stream else self.scaffold
-        gen = {"max_tokens": GENERATION[key][0], "temperature": GENERATION[key][1],
+        gen = {"max_new_tokens": GENERATION[key][0], "temperature": GENERATION[key][1],
                **PRESETS.get(self.preset or "", {})}
-        self.max_tokens = gen["max_tokens"] if self.max_tokens is None else self.max_tokens
+        self.max_new_tokens = gen["max_new_tokens"] if self.max_new_tokens is None else self.max_new_tokens
         self.temperature = gen["temperature"] if self.temperature is None else self.temperature
-        if self.max_turns < 1 or self.top_k < 1 or self.max_tokens < 1 or self.open_lines < 1:
-            raise ValueError("max_turns, top_k, max_tokens and open_lines must be at least 1")
+        if self.max_turns < 1 or self.top_k < 1 or self.max_new_tokens < 1 or self.open_lines < 1:
+            raise ValueError("max_turns, top_k, max_new_tokens and open_lines must be at least 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
 
@@ -153,7 +154,7 @@ class LoopConfig:
     def to_dict(self) -> dict:
         """The config as results record it; ``corpus`` by its content (:func:`corpus_identity`: None for the
         shipped one), never its path."""
-        d = {**asdict(self), "judge": redact(self.judge),  # study.json
+        d = {**as_recorded(asdict(self)), "judge": redact(self.judge),  # study.json
              "prompts": prompts_hash("ircot-stream" if self.stream else self.scaffold)}
         if self.search == "bm25":
             d["corpus"] = corpus_identity(self.corpus)
@@ -208,8 +209,8 @@ class Loop:
         if not self.config.structured_actions:
             return None
         if self.config.scaffold == "ircot":
-            return ActionFormat("ircot", final=final, max_tokens=self.config.max_tokens)
-        return ActionFormat("seed002", tools=json.dumps(TOOLS), max_tokens=self.config.max_tokens)
+            return ActionFormat("ircot", final=final, max_new_tokens=self.config.max_new_tokens)
+        return ActionFormat("seed002", tools=json.dumps(TOOLS), max_new_tokens=self.config.max_new_tokens)
 
     def _call(self, sent: list[dict], cf, tools: list[dict] | None, kept: list[int] | None = None, *,
               final: bool = False, stream: searchr1.Stream | None = None):
@@ -221,7 +222,7 @@ class Loop:
         ep = self.ep
         step = len(ep.calls) + 1
         request = ChatRequest(unlabelled(sent), copy.deepcopy(tools) if tools else None,
-                              max_tokens=self.config.max_tokens, temperature=self.config.temperature,
+                              max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature,
                               episode=self.run_id, actions=self._actions(final),
                               prompt_ids=stream.model_input() if stream is not None else None)
         reply: ChatReply = yield request

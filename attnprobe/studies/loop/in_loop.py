@@ -147,7 +147,7 @@ class CapturingChat:
             plans = self.pending(episode)
             if plans and caps:
                 last = caps[-1].token_ids[:-1]
-                req = ChatRequest([], max_tokens=1, episode=episode, prompt_ids=last,
+                req = ChatRequest([], max_new_tokens=1, episode=episode, prompt_ids=last,
                                   capture=CaptureSpec(positions=(), reply_start=False, before=tuple(plans),
                                                       layers=None if self.layers is None else tuple(self.layers)))
                 caps[-1].side.extend(self.chat.complete_batch([req])[0].capture.side)

@@ -79,7 +79,7 @@ class Scorer:
         if self.label == "em" or not answers:
             return Verdict(exact_match(answer, answers), "em", extracted=answer)
         reply = self._judge_chat().complete([{"role": "user", "content": JUDGE_PROMPT.format(
-            question=question, response=response or "", correct_answer=answers[0])}], max_tokens=1024)
+            question=question, response=response or "", correct_answer=answers[0])}], max_new_tokens=1024)
         text = (reply.content or "").replace("**", "")
         verdicts = re.findall(r"correct\s*:\s*(yes|no)", text, re.I)
         m = re.search(r"extracted_final_answer\s*:\s*(.+)", text)

@@ -21,6 +21,7 @@ from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
 from attnprobe.io.options import option, positive_int
+from attnprobe.io.settings import RECORDED_GENERATION_LIMIT
 from attnprobe.io.urls import redact
 from attnprobe.results.caveats import observations_with_passage, structured_replies, study_caveats
 from attnprobe.results.layout import CaptureLayout
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SETTINGS = {"ircot": ["none", "ircot:o", "ircot:oq", "ircot:oqp", "refine:bm25:3"],
                     "seed002": ["none", "mask:5"]}
 # --option names of LoopConfig's fields (the settings record names them in its refusal line)
-OPTION_NAMES = {"max_tokens": "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
+OPTION_NAMES = {RECORDED_GENERATION_LIMIT: "--max-new-tokens", "prompts": "the prompt templates (fingerprint)",
                 "final_call": "the final answer call", "model": "--model/--served-model",
                 "structured_actions": "--structured-actions", "ircot_form": "--ircot-form"}
 

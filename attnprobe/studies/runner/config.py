@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 from attnprobe.agents.context import parse_setting
 from attnprobe.agents.policies import setting_rules
-from attnprobe.agents.recorder import DEFAULT_MAX_TOKENS  # seed 000, C.3
+from attnprobe.agents.recorder import RUNNER_MAX_NEW_TOKENS  # seed 000, C.3
 from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
 from attnprobe.io.options import OnceAction, non_negative_int, option, positive_int
+from attnprobe.io.settings import as_recorded
 
 FILTER_MODES = ("none", "in-context", "isolated")
 VALIDATION_MODES = ("off", "stage1", "full")  # full = stage 1 + stage 2 (seed 000, 4.2)
@@ -32,7 +33,7 @@ PRESETS = {
 @dataclass
 class RunSettings:
     """One runner configuration; the fields declared with :func:`~attnprobe.io.options.option` are also
-    ``attnprobe run``'s options (one declaration, one default). ``max_tokens`` and ``temperature`` are the
+    ``attnprobe run``'s options (one declaration, one default). ``max_new_tokens`` and ``temperature`` are the
     generation group's --max-new-tokens and --temperature (same defaults; tests/unit/test_option_defaults.py)."""
 
     filter: str = "isolated"
@@ -55,7 +56,7 @@ class RunSettings:
         help="manager steps added after a validation that does not accept the answer (default {default})")
     top_k: int = 4                # ours: search results per query
     page_chars: int = 1200        # ours: visit_page output is cut to this many characters
-    max_tokens: int = DEFAULT_MAX_TOKENS  # per model call (seed 000, C.3)
+    max_new_tokens: int = RUNNER_MAX_NEW_TOKENS  # per model call (seed 000, C.3)
     temperature: float = 0.0      # greedy (seed 000, C.3: "we set the temperature of all models to 0.0")
     # Ours, off by default: a third, task-aware check after stage 2 (agent ``validator_final``) that sees
     # only the task, the steps' claims and the answer. Seed 000 has two stages.
@@ -80,7 +81,7 @@ class RunSettings:
             raise ValueError(f"filter must be one of {', '.join(FILTER_MODES)}; got {self.filter!r}")
         if self.validation not in VALIDATION_MODES:
             raise ValueError(f"validation must be one of {', '.join(VALIDATION_MODES)}; got {self.validation!r}")
-        for key in ("manager_steps", "worker_steps", "max_tokens", "top_k", "page_chars"):
+        for key in ("manager_steps", "worker_steps", "max_new_tokens", "top_k", "page_chars"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1")
         if self.max_rewrites < 0 or self.max_validation_steps < 1 or self.validation_extra_steps < 0:
@@ -99,7 +100,7 @@ class RunSettings:
         return replace(self, **changes)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = as_recorded(asdict(self))
         if not d["extra"]:
             d.pop("extra")
         if not d["structured_actions"]:  # recorded only when on: earlier runs' stamps stay valid

@@ -45,7 +45,7 @@ def history_record(history, *, run_id: str, question: dict, worker: int, task: s
 def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, out: Path, run_id: str,
             replay: list[dict] | None = None, note=None) -> dict:
     rec = Recorder(chat, out, run_id=run_id, task=question["question"], settings=settings.to_dict(),
-                   replay=replay, max_tokens=settings.max_tokens, temperature=settings.temperature, note=note)
+                   replay=replay, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature, note=note)
     toolbox = ToolBox(search, top_k=settings.top_k, page_chars=settings.page_chars)
     t0 = time.perf_counter()
     outcome = Manager(rec, toolbox, settings).run(question["question"])
@@ -61,7 +61,7 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
                                                model=getattr(chat, "name", None)))
     if outcome.cut_off:
         log.warning("%s: the answer %r was read from a reply cut at the token limit (%d new tokens); "
-                    "raise --max-new-tokens", run_id, outcome.answer[:60], settings.max_tokens)
+                    "raise --max-new-tokens", run_id, outcome.answer[:60], settings.max_new_tokens)
     acted = sum((w.get("context") or {}).get("acted_calls", 0) for w in outcome.worker_reports)
     return {
         "run_id": run_id, "question_id": question["id"], "question": question["question"],
@@ -149,7 +149,7 @@ def warn_summary(settings: RunSettings, summary: dict, questions: list[dict]) ->
                      "these runs equal runs without it")
     if summary["answers_cut_off"]:
         notes.append(f"{summary['answers_cut_off']} of {summary['runs']} answers were read from replies cut at the "
-                     f"token limit ({settings.max_tokens}); raise --max-new-tokens")
+                     f"token limit ({settings.max_new_tokens}); raise --max-new-tokens")
     for note in notes:
         log.warning("run %s: %s", settings.name, note)
 

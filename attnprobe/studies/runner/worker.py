@@ -55,7 +55,7 @@ def action_format(settings: RunSettings, scaffold: str, tools: list[dict]) -> Ac
     the run constrains replies (``structured_actions``, default off); None: free decoding, as the seed."""
     if not settings.structured_actions:
         return None
-    return ActionFormat(scaffold, json.dumps(tools, ensure_ascii=False), max_tokens=settings.max_tokens)
+    return ActionFormat(scaffold, json.dumps(tools, ensure_ascii=False), max_new_tokens=settings.max_new_tokens)
 
 
 def agent_turn(rec: Recorder, agent: str, messages, tools: list[dict], meta: dict, no_call_hint: str, *,
