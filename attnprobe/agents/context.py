@@ -27,10 +27,11 @@ returned it; ``work``: observations replaced by the refiner's output) and gives,
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from attnprobe.agents.policies import Counterfactual, Policy, compose, parse_policy
-from attnprobe.agents.policy_specs import canonical_setting
+from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
 
 
 def _one(part: str) -> Policy:
@@ -41,14 +42,45 @@ def _one(part: str) -> Policy:
     return parse_policy(part)
 
 
-@dataclass
 class Setting:
-    """A parsed setting: ``view`` (None = the history as it is) and ``refine`` (None = no refiner)."""
+    """A parsed setting, a value: ``spec`` (its one spelling, :func:`attnprobe.agents.policy_specs.canonical_setting`),
+    ``view`` (None = the history as it is), ``refine`` (None = no refiner), ``parts`` (the policies of the spec).
 
-    spec: str
-    view: Policy | None = None
-    refine: Policy | None = None
-    parts: list[str] = field(default_factory=list)
+    Parsed once where it enters (the CLI, or :func:`as_setting` for a Python caller) and carried as is: equal and
+    hashed by its spec (``mask:05`` is ``mask:5``), ``str()`` is the spec, immutable. It crosses processes and
+    Ray as its spec (``__reduce__`` parses it again there: a refiner's client is never serialised), and a copy
+    is the value itself (its policies are stateless functions of the history)."""
+
+    __slots__ = ("spec", "view", "refine", "parts")
+
+    def __init__(self, spec: str, view: Policy | None = None, refine: Policy | None = None,
+                 parts: Sequence[str] = ()):
+        for name, value in (("spec", spec), ("view", view), ("refine", refine), ("parts", tuple(parts))):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a Setting is immutable; parse another ({name!r})")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Setting) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(("setting", self.spec))
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def __repr__(self) -> str:
+        return f"Setting({self.spec!r})"
+
+    def __reduce__(self):
+        return parse_setting, (self.spec,)
+
+    def __copy__(self) -> Setting:
+        return self
+
+    def __deepcopy__(self, memo) -> Setting:
+        return self
 
     @property
     def active(self) -> bool:
@@ -84,13 +116,31 @@ def parse_setting(spec: str) -> Setting:
     ``Setting.spec`` is that canonical form; a bad spec raises ValueError naming it."""
     spec = canonical_setting(spec)
     if spec == "none":
-        return Setting("none")
+        return NO_SETTING
     parts = spec.split("+")
     views, refines = [], []
     for part in parts:
         (refines if part.startswith("refine:") else views).append(_one(part))
     view = views[0] if len(views) == 1 else compose(*views) if views else None
     return Setting(spec, view, refines[0] if refines else None, parts)
+
+
+NO_SETTING = Setting("none")  # the history as it is (seed 002's and seed 004's baseline)
+
+
+def as_setting(setting: Setting | str) -> Setting:
+    """``setting`` parsed (:func:`parse_setting`) unless it is one already: for Python callers, which may pass
+    the spec; the CLI parses at its edge."""
+    return setting if isinstance(setting, Setting) else parse_setting(setting)
+
+
+def parse_settings(specs: Iterable[Setting | str]) -> list[Setting]:
+    """Each spec parsed once, in order; two that mean the same setting (``mask:5`` and ``mask:05``) are refused
+    naming both (:func:`attnprobe.agents.policy_specs.canonical_settings`), since they would run one setting
+    twice under one folder."""
+    specs = list(specs)
+    canonical_settings(s.spec if isinstance(s, Setting) else s for s in specs)
+    return [as_setting(s) for s in specs]
 
 
 def history_link(history_id: str, cf: Counterfactual, messages: int, refined, kept: list[int] | None = None) -> dict:

@@ -128,11 +128,15 @@ def in_loop_options(args):
 
 def interference_options(args):
     """The study's options record (:class:`~attnprobe.studies.loop.study.InterferenceOptions`)."""
+    from attnprobe.agents.context import parse_setting, parse_settings
     from attnprobe.studies.loop.agents import LoopConfig
     from attnprobe.studies.loop.study import InterferenceOptions
 
     config = from_args(LoopConfig, args, max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    return from_args(InterferenceOptions, args, out=Path(args.out), config=config,
+    # the settings parsed here, at the edge, and carried as values (a bad one: one line naming --policy, exit 2)
+    settings = parse_settings(args.settings) if args.settings else None
+    baseline = parse_setting(args.baseline) if args.baseline else None
+    return from_args(InterferenceOptions, args, out=Path(args.out), config=config, settings=settings, baseline=baseline,
                      questions_file=Path(args.questions_file), force=args.force, model=model_label(args),
                      batch_size=batch_size(args), endpoint=args.generator == "openai", in_loop=in_loop_options(args))
 
@@ -209,7 +213,7 @@ def attention_options(args):
     """The attention side's options record (:class:`~attnprobe.studies.loop.attention_study.AttentionOptions`),
     with the capture model chosen from the study folder (its weights and dtype; another --model is
     labelled in every output); exit 2 for a folder that is not a study, before any model loads."""
-    from attnprobe.agents.policy_specs import canonical_settings
+    from attnprobe.agents.context import parse_settings
     from attnprobe.cli.options import capture_options, model_options
     from attnprobe.counterfactual.run import RunOptions
     from attnprobe.io import hold_dir_lock
@@ -219,7 +223,7 @@ def attention_options(args):
 
     out = Path(args.out)
     if args.only:
-        args.only = canonical_settings(args.only)  # the spelling the study folder uses
+        args.only = parse_settings(args.only)  # parsed here, at the edge (a bad one is named --only-setting)
     read_study(out)  # exit 2 for a folder that is not a study, before any model loads
     with hold_dir_lock(out, "study folder"):  # not while the study itself runs (the run locks it again)
         choice = choose_capture_model(out, args.model)  # the study's weights, or refused in one line

@@ -77,20 +77,14 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_run, policy_option="--context-policy")  # how a refused policy spec is named
 
 
-def setting_name(base: str, policy: str | None) -> str:
-    """The default run name: the preset (or ``custom``) and the context policy, so the table and run ids
-    label a run by its whole setting (``baseline_mask-1``, not ``baseline`` under mask:1); safe in ids."""
-    if not policy or policy == "none":
+def setting_name(base: str, setting) -> str:
+    """The default run name: the preset (or ``custom``) and the context policy (a parsed setting), so the table
+    and run ids label a run by its whole setting (``baseline_mask-1``, not ``baseline`` under mask:1); safe in ids."""
+    if not setting.active:
         return base
     import re
 
-    from attnprobe.agents.policy_specs import canonical_setting
-
-    try:
-        spec = canonical_setting(policy)
-    except ValueError:
-        return base  # RunSettings refuses it, naming --context-policy
-    return f"{base}_" + "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p) for p in spec.split("+"))
+    return f"{base}_" + "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", p) for p in setting.parts)
 
 
 def make_chat(args):
@@ -104,6 +98,7 @@ def make_chat(args):
 def runner_options(args):
     """The run's options record (:class:`~attnprobe.studies.runner.job.RunnerOptions`); the questions read and
     the search backend checked (a missing corpus or key fails before the model loads)."""
+    from attnprobe.agents.context import NO_SETTING, parse_setting
     from attnprobe.agents.questions import read_questions
     from attnprobe.agents.search import shared_search
     from attnprobe.studies.runner.job import RunnerOptions
@@ -113,13 +108,16 @@ def runner_options(args):
     if args.resume:
         log.warning("--resume is deprecated: a run continues OUT by default (--force starts again)")
     overrides = {k: v for k, v in (("filter", args.filter), ("validation", args.validation)) if v}
+    # the context policy parsed here, at the edge, and carried as a value (a bad one: one line naming
+    # --context-policy, exit 2, before the questions are read or a model loads)
+    setting = parse_setting(args.context_policy) if args.context_policy else NO_SETTING
     options = option_values(RunSettings, args)
     if not options["final_check"]:
         del options["final_check"]  # not given: the preset's value
     settings = RunSettings.preset(
         args.preset, **overrides, **options, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        context_policy=args.context_policy or "none",
-        name=args.name or setting_name(args.preset if not overrides else "custom", args.context_policy))
+        context_policy=setting,
+        name=args.name or setting_name(args.preset if not overrides else "custom", setting))
     if args.questions is None:
         from attnprobe.resources import data_path
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnprobe.agents.context import Setting, parse_settings
 from attnprobe.agents.policies import default_min_past
 from attnprobe.capture.job import CaptureJob, CaptureOptions
 from attnprobe.counterfactual.job import StepChoice
@@ -88,7 +89,7 @@ class AttentionOptions:
                                          help=SHARES_MIN_PAST_HELP)
     force: bool = False
     n_boot: int = same_as(InterferenceOptions, "n_boot")
-    only: list[str] | None = option(None, flag="--only-setting", action="append", metavar="SETTING",
+    only: list[Setting | str] | None = option(None, flag="--only-setting", action="append", metavar="SETTING",
                                     help="only this setting of the study (repeatable; default: every setting)")
     models: Any = None
 
@@ -118,10 +119,11 @@ class AttentionStudy(StudyBase):
         settings, baseline = study["settings"], study["baseline"]
         shares = o.shares_min_past if o.shares_min_past is not None else default_shares_min_past(study["config"])
         if o.only:
-            unknown = [s for s in o.only if s not in settings]
+            only = [s.spec for s in parse_settings(o.only)]  # the study's files name its settings by their specs
+            unknown = [s for s in only if s not in settings]
             if unknown:
                 raise AttnprobeError(f"--only-setting {unknown[0]!r} is not a setting of {out} ({', '.join(settings)})")
-            settings = [s for s in settings if s in o.only]
+            settings = [s for s in settings if s in only]
         layout.check(list(dict.fromkeys([*settings, baseline])))  # no symlink out of the folder
         skipped: dict[str, list[str]] = {}  # per setting: the records the schema refused (one line each)
         jobs = {s: CaptureJob(layout.capture_dir(s), recorded_calls(out, s, skipped.setdefault(s, [])), o.capture,

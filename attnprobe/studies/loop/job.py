@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnprobe.agents.context import Setting, as_setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.job import WorkItem
 from attnprobe.generation.factory import ChatJob
 from attnprobe.io import atomic_write_text, write_jsonl
 from attnprobe.io.urls import redact
 from attnprobe.studies.loop.agents import LoopConfig
-from attnprobe.studies.loop.context import parse_setting, slug
+from attnprobe.studies.loop.context import slug
 from attnprobe.studies.loop.layout import StudyLayout
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class InterferenceJob(ChatJob):
-    """Run every (setting, question) not finished in ``out`` with ``config``."""
+    """Run every (setting, question) not finished in ``out`` with ``config``. ``settings``: parsed values (a
+    spec is parsed here, for a Python caller); items, records and folders name each by its spec."""
 
     out: Path
     questions: Sequence[dict]
-    settings: Sequence[str]
+    settings: Sequence[Setting]
     config: LoopConfig
     force: bool = False
     model: str | None = None  # what generates (a label: path or served model name), part of every stamp
@@ -68,18 +70,21 @@ class InterferenceJob(ChatJob):
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
-        for s in self.settings:
-            parse_setting(s)  # a bad spec fails here, before any model is loaded
-        self.layout.check(self.settings)
+        self.settings = [as_setting(s) for s in self.settings]  # a bad spec fails here, before any model loads
+        self.layout.check([s.spec for s in self.settings])
 
     @property
     def layout(self) -> StudyLayout:
         return StudyLayout(self.out)
 
     def items(self) -> list[WorkItem]:
-        return [WorkItem(key=f"{slug(s)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,
-                         describe={"setting": s, "question_id": q["id"]}, data=(s, q))
+        return [WorkItem(key=f"{slug(s.spec)}/{q['id']}", tokens=len(q["question"]) // 4 + 1,
+                         describe={"setting": s.spec, "question_id": q["id"]}, data=(s.spec, q))
                 for q in self.questions for s in self.settings]  # question-major: a partial study is paired
+
+    def setting(self, spec: str) -> Setting:
+        """The parsed setting of an item's spec (never parsed again)."""
+        return next(s for s in self.settings if s.spec == spec)
 
     def bar_units(self, item: WorkItem) -> int:
         """The most model calls an episode makes (the bar's bound): ``max_turns``, plus IRCoT's final call."""
@@ -127,7 +132,7 @@ class InterferenceJob(ChatJob):
             spec, q = item.data
             run_id = f"{slug(spec)}/{q['id']}"
             specs[run_id] = spec
-            loops.append(Loop(chat, search, parse_setting(spec), self.config, run_id=run_id, question=q))
+            loops.append(Loop(chat, search, self.setting(spec), self.config, run_id=run_id, question=q))
             if self.in_loop is not None:
                 chat.loops[run_id] = loops[-1]
         results: dict[str, dict] = {}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnprobe.agents.context import Setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.execution.study import Counts, Outcome, Plan, StudyBase
 from attnprobe.io import atomic_write_text, finite_json, write_jsonl
@@ -94,7 +95,8 @@ class InterferenceOptions:
     """What ``attnprobe study interference`` takes; its own options declared here (the loop config's on
     :class:`~attnprobe.studies.loop.agents.LoopConfig`). The questions: ``questions_file`` (read by the plan,
     the first ``limit``) or ``questions`` already read; ``settings``: the settings to run side by side (one
-    spelling each: mask:05 is mask:5); ``baseline``: the one the others are compared with (default the
+    spelling each: mask:05 is mask:5; parsed :class:`~attnprobe.agents.context.Setting` values, or specs a
+    Python caller passes, parsed by the plan); ``baseline``: the one the others are compared with (default the
     first); ``model``: the label results are stamped with; ``batch_size``: episodes stepped together
     (:mod:`attnprobe.studies.loop.rollout`; no part of any stamp; None: 1, or the CLI's --concurrency with an
     endpoint); ``endpoint``: generation goes through an OpenAI-compatible endpoint (which takes messages,
@@ -102,7 +104,7 @@ class InterferenceOptions:
     (:class:`attnprobe.studies.loop.in_loop.InLoopOptions`, built from ``--capture-in-loop``)."""
 
     out: Path
-    settings: Sequence[str] | None = option(
+    settings: Sequence[Setting | str] | None = option(
         None, flag="--policy", aliases=("--context-policy",), action="append", metavar="SETTING",
         help="a setting to run; repeat it for more settings, side by side; compose policies within one setting with "
              "+ (e.g. ircot:oq+refine:bm25:3); default: none plus the scaffold's seed settings")
@@ -111,7 +113,7 @@ class InterferenceOptions:
     questions_file: Path | None = option(
         None, flag="questions", help="JSONL question set (default fields: question, golden_answers / answer)")
     limit: int | None = option(None, flag="--limit", type=positive_int, help="only the first N questions")
-    baseline: str | None = option(None, flag="--baseline",
+    baseline: Setting | str | None = option(None, flag="--baseline",
                                   help="the setting the others are compared with (default: the first)")
     force: bool = False
     n_boot: int = option(STUDY_RESAMPLES, flag="--bootstrap", type=positive_int, metavar="BOOTSTRAP",
@@ -144,19 +146,19 @@ class InterferenceStudy(StudyBase):
     Options, Layout = InterferenceOptions, StudyLayout
 
     def plan(self, options: InterferenceOptions, layout: StudyLayout) -> Plan:
-        from attnprobe.agents.policy_specs import canonical_setting, canonical_settings
+        from attnprobe.agents.context import as_setting, parse_settings
         from attnprobe.agents.questions import read_questions
         from attnprobe.agents.search import make_search
-        from attnprobe.studies.loop.context import parse_setting
         from attnprobe.studies.loop.scoring import Scorer
 
         o, config = options, options.config
-        settings = canonical_settings(o.settings or DEFAULT_SETTINGS[config.scaffold])  # one spelling per setting, so one folder; exit 2 on a bad one
-        for s in settings:
-            parse_setting(s)
-        baseline = canonical_setting(o.baseline) if o.baseline else None
+        # Setting values (the CLI parsed them; a Python caller's specs are parsed here): one spelling per setting,
+        # so one folder; two spellings of one setting refused; exit 2 on a bad one
+        settings = parse_settings(o.settings or DEFAULT_SETTINGS[config.scaffold])
+        baseline = as_setting(o.baseline) if o.baseline else None
         if baseline and baseline not in settings:
-            raise ValueError(f"--baseline {baseline!r} is not one of the settings ({', '.join(settings)})")
+            raise ValueError(f"--baseline {baseline.spec!r} is not one of the settings "
+                             f"({', '.join(s.spec for s in settings)})")
         Scorer(config.judge)  # a bad --judge fails here
         questions = list(o.questions) if o.questions is not None else read_questions(o.questions_file)[: o.limit]
         if config.stream and o.endpoint:  # a chat endpoint takes messages, not token ids
@@ -171,10 +173,11 @@ class InterferenceStudy(StudyBase):
         wanted = {**{k: v for k, v in config.to_dict().items() if k != "corpus"},
                   "structured_actions": config.structured_actions, "model": o.model,
                   **({"ircot_form": config.ircot_form} if config.scaffold == "ircot" else {})}
-        job = InterferenceJob(layout.folder, questions, list(settings), config, force=o.force, model=o.model,
+        job = InterferenceJob(layout.folder, questions, settings, config, force=o.force, model=o.model,
                               batch_size=o.batch_size or 1, settings_record=wanted,  # recorded as its first item finishes
                               in_loop=o.in_loop)
-        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, list(settings), baseline, job))
+        specs = [s.spec for s in settings]  # the study's files name each setting by its spec
+        return Plan([[job]], stamp=wanted, names=OPTION_NAMES, data=(questions, specs, baseline and baseline.spec, job))
 
     def finish(self, options: InterferenceOptions, layout: StudyLayout, counts: Counts) -> Outcome:
         questions, settings, baseline, job = counts.plan.data

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from attnprobe.agents.context import parse_setting
+from attnprobe.agents.context import NO_SETTING, Setting, as_setting
 from attnprobe.agents.policies import setting_rules
 from attnprobe.agents.recorder import RUNNER_MAX_NEW_TOKENS  # seed 000, C.3
 from attnprobe.agents.search import CORPUS_HELP, SEARCH_HELP, SEARCH_KINDS
@@ -64,8 +64,9 @@ class RunSettings:
                                help="ours, not in the seeds: a third, task-aware validation gate after stage 2 "
                                     "(default off)")
     # The context policy applied to what the search worker sees at each of its steps (``none``, or policies
-    # joined by ``+``: mask:K, mask-obs:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context).
-    context_policy: str = "none"
+    # joined by ``+``: mask:K, mask-obs:K, ircot:o|oq|oqp, refine:...; attnprobe.agents.context): a parsed
+    # Setting (the CLI parses it at its edge; a spec from a Python caller is parsed once, here); records its spec.
+    context_policy: Setting = NO_SETTING
     # Issue 30, off by default (the seeds decode freely): decoding constrained to the runner's call format.
     # It changes the agent's behaviour, so it is part of every stamp, but only when on: runs without it
     # record exactly what they recorded before.
@@ -88,7 +89,7 @@ class RunSettings:
             raise ValueError("max_rewrites and validation_extra_steps must be >= 0 and max_validation_steps >= 1")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
-        self.context_policy = parse_setting(self.context_policy).spec  # PolicySpecError: the CLI names its option
+        self.context_policy = as_setting(self.context_policy)  # PolicySpecError: the CLI names its option
 
     @classmethod
     def preset(cls, preset: str, **overrides) -> RunSettings:
@@ -101,6 +102,7 @@ class RunSettings:
 
     def to_dict(self) -> dict:
         d = as_recorded(asdict(self))
+        d["context_policy"] = self.context_policy.spec  # a record holds the setting's spec
         if not d["extra"]:
             d.pop("extra")
         if not d["structured_actions"]:  # recorded only when on: earlier runs' stamps stay valid

@@ -56,7 +56,7 @@ def write_summary(out: Path, settings: RunSettings, results: list[dict], *, ques
     summary gets its ``caveats`` and their warnings are logged. Returns the summary."""
     summary = summarize(results)
     if questions is not None:
-        summary["caveats"] = runner_caveats(results, settings.context_policy)  # computed from the runs
+        summary["caveats"] = runner_caveats(results, settings.context_policy.spec)  # computed from the runs
         warn_summary(settings, summary, questions)
     atomic_write_text(RunnerLayout(out).summary, json.dumps(finite_json(
         {"setting": settings.name, "settings": settings.to_dict(), **summary}), indent=2))

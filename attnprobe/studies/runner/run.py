@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from attnprobe.agents.answers import exact_match
+from attnprobe.agents.context import NO_SETTING
 from attnprobe.agents.recorder import Recorder, drop_records
 from attnprobe.agents.search import SearchBackend
 from attnprobe.agents.tools import ToolBox
@@ -72,7 +73,7 @@ def run_one(chat, search: SearchBackend, question: dict, settings: RunSettings, 
         "per_agent": totals["per_agent"], "replayed_calls": rec.replayed, "manager_steps": outcome.steps,
         "delegations": outcome.delegations, "manager_parse_failures": outcome.parse_failures,
         "forced_answer": outcome.forced, **({"answer_cut_off": True} if outcome.cut_off else {}),
-        **({"policy_acted_calls": acted} if settings.context_policy != "none" else {}), "validation": outcome.validation, "workers": outcome.worker_reports,
+        **({"policy_acted_calls": acted} if settings.context_policy.active else {}), "validation": outcome.validation, "workers": outcome.worker_reports,
     }
 
 
@@ -144,7 +145,7 @@ def warn_summary(settings: RunSettings, summary: dict, questions: list[dict]) ->
     notes = summary.setdefault("caveats", [])
     if summary["runs"] and not summary["scored"]:
         notes.append("no question has a gold answer (fields: golden_answers, answers, answer, ...): accuracy is null")
-    if summary["runs"] and settings.context_policy != "none" and not summary["policy_acted_calls"]:
+    if summary["runs"] and settings.context_policy.active and not summary["policy_acted_calls"]:
         notes.append(f"the context policy {settings.context_policy} acted on no call (nothing to mask or refine): "
                      "these runs equal runs without it")
     if summary["answers_cut_off"]:
@@ -167,7 +168,7 @@ def _settings_diff(old, new: dict) -> str:
     """The settings that differ, as ``key: OLD there, NEW now`` (a key a record lacks has its default)."""
     if not isinstance(old, dict):
         return f"settings {old!r} there"
-    defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": "none", "structured_actions": False}
+    defaults = {**RunSettings().to_dict(), "extra": {}, "context_policy": NO_SETTING.spec, "structured_actions": False}
     full_old, full_new = {**defaults, **old}, {**defaults, **new}
     keys = [k for k in dict.fromkeys([*full_new, *full_old]) if full_old.get(k) != full_new.get(k)]
     if "context_policy" in keys and "context_rules" in keys:  # follows from the policy: the policy says it

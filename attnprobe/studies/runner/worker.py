@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from attnprobe.agents.context import ContextHistory, parse_setting
+from attnprobe.agents.context import ContextHistory
 from attnprobe.agents.filter import (
     ask_query_messages,
     decide,
@@ -141,7 +141,7 @@ def unable_observation(tried: list[str]) -> str:
 class SearchWorker:
     def __init__(self, rec: Recorder, toolbox: ToolBox, settings: RunSettings, index: int):
         self.rec, self.toolbox, self.settings, self.index = rec, toolbox, settings, index
-        self.history = ContextHistory(parse_setting(settings.context_policy), f"{rec.run_id}/history-{index}")
+        self.history = ContextHistory(settings.context_policy, f"{rec.run_id}/history-{index}")
 
     def _view(self, meta: dict) -> tuple[list[dict], dict]:
         """What the worker's context is now under the policy, and ``meta`` with its ``history`` link
