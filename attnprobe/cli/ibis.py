@@ -203,7 +203,7 @@ def cmd_check(args) -> int:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     bad = 0
     for it in items:
-        res = check_invariants(loaded.tokenizer, it, protocol=args.protocol, reminder=args.reminder)
+        res = check_invariants(loaded.tokenizer, it, protocol=ibis_options(args).ibis_protocol)
         if not res["ok"]:
             bad += 1
             print(f"{it.id}: " + "; ".join(res["problems"]))

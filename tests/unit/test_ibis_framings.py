@@ -17,6 +17,7 @@ from attnprobe.studies.ibis.framings import (
     REMINDER_AGENTIC_PAPER,
     REMINDER_OBSERVER_PAPER,
     SYSTEM_PROMPT,
+    IbisProtocol,
     build_framing,
     category_tokens,
     check_invariants,
@@ -242,14 +243,14 @@ def test_identical_reminder_option(tok):
 
     observer_text = listing_reminder(appendix_e_listings()["observer"])
     it = ITEMS[3]
-    a = build_framing(it, "agentic", "paper", reminder="identical")
-    o = build_framing(it, "observer", "paper", reminder="identical")
+    a = build_framing(it, "agentic", IbisProtocol("paper", "identical"))
+    o = build_framing(it, "observer", IbisProtocol("paper", "identical"))
     assert a.messages[-1]["content"].endswith("\n" + observer_text)
     assert o.messages[-1]["content"].endswith("\n" + observer_text)
     assert a.meta["ibis"]["reminder"] == o.meta["ibis"]["reminder"] == "identical"
     assert build_framing(it, "agentic", "paper").meta["ibis"]["reminder"] == "listing"
     assert build_framing(it, "agentic", "matched").meta["ibis"]["reminder"] == "identical"
-    res = check_invariants(tok, it, protocol="paper", reminder="identical")
+    res = check_invariants(tok, it, protocol=IbisProtocol("paper", "identical"))
     assert res["ok"] and res["reminder"] == "identical", res["problems"]
     # the reminder tokens are now identical between agentic and observer (and compared)
     ta = category_tokens(render(a, tok, add_generation_prompt=True), a)["reminder"]
@@ -257,9 +258,9 @@ def test_identical_reminder_option(tok):
     assert ta == to and tok.decode(ta) == observer_text
     assert resolve_reminder("paper", None) == "listing" and resolve_reminder("matched", None) == "identical"
     with pytest.raises(ValueError, match="paper protocol only"):
-        build_framing(it, "agentic", "matched", reminder="listing")
+        IbisProtocol("matched", "listing")
     with pytest.raises(ValueError, match="reminder must be one of"):
-        build_framing(it, "agentic", "paper", reminder="both")
+        IbisProtocol("paper", "both")
 
 
 @pytest.mark.parametrize("family", ["smollm2", "qwen", "llama3"])

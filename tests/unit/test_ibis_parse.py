@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnprobe.studies.ibis.behaviour import api_messages, classify_reply
-from attnprobe.studies.ibis.framings import REMINDER, SYSTEM_PROMPT
+from attnprobe.studies.ibis.framings import REMINDER, SYSTEM_PROMPT, IbisProtocol
 
 CASES = [
     # Qwen / Hermes
@@ -157,18 +157,18 @@ def test_records_carry_both_readouts_on_hand_written_replies():
     from attnprobe.studies.ibis.behaviour import _record
 
     prose = _record(_backend(), _item(), "observer", _out("These are about a festival. I need a different query."),
-                    0.1, 64, "paper")
+                    0.1, 64, IbisProtocol("paper"))
     assert (prose["decision"], prose["method"], prose["correct"]) == ("unparseable", "none", False)
     assert (prose["decision_prose"], prose["method_prose"], prose["correct_prose"]) == ("web_search", "intent", True)
     assert prose["readout"] == "call" and prose["reminder"] == "listing"
     call = _record(_backend(), _item(), "agentic", _out('{"name": "web_search", "arguments": {"query": "Ga mp"}}'),
-                   0.1, 64, "paper")
+                   0.1, 64, IbisProtocol("paper"))
     assert call["correct"] and call["correct_prose"] and call["method"] == call["method_prose"] == "parsed"
     assert call["generation"] == {"max_new_tokens": 64, "decoding": "greedy", "protocol": "paper",
                                   "reminder": "listing", "no_call_tokens": None}
     # a budget below the limit is part of the settings; at or above it, it can never bite: recorded as off
-    assert _record(_backend(16), _item(), "agentic", _out("x"), 0, 64, "paper")["generation"]["no_call_tokens"] == 16
-    assert _record(_backend(64), _item(), "agentic", _out("x"), 0, 64, "paper")["generation"]["no_call_tokens"] is None
+    assert _record(_backend(16), _item(), "agentic", _out("x"), 0, 64, IbisProtocol("paper"))["generation"]["no_call_tokens"] == 16
+    assert _record(_backend(64), _item(), "agentic", _out("x"), 0, 64, IbisProtocol("paper"))["generation"]["no_call_tokens"] is None
 
 
 def test_old_records_are_split_into_both_readouts():
@@ -193,17 +193,17 @@ def test_resume_with_other_generation_settings_is_refused(tmp_path):
     from attnprobe.errors import AttnprobeError
     from attnprobe.studies.ibis.behaviour import _record, check_generation_settings, generation_settings
 
-    rec = _record(_backend(), _item(), "agentic", _out("x"), 0.1, 64, "paper")
+    rec = _record(_backend(), _item(), "agentic", _out("x"), 0.1, 64, IbisProtocol("paper"))
     (tmp_path / "decisions.jsonl").write_text(json.dumps(rec) + "\n")
-    same = generation_settings(_backend(), max_new_tokens=64, protocol="paper", reminder=None)
+    same = generation_settings(_backend(), max_new_tokens=64, protocol=IbisProtocol("paper"))
     check_generation_settings(tmp_path, same)  # no error
     with pytest.raises(AttnprobeError) as e:
         check_generation_settings(tmp_path, {**same, "max_new_tokens": 4096})
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path) in msg and "max_new_tokens=64" in msg and "max_new_tokens=4096" in msg
     with pytest.raises(AttnprobeError, match="reminder='listing', this run asks for reminder='identical'"):
-        check_generation_settings(tmp_path, generation_settings(_backend(), max_new_tokens=64, protocol="paper",
-                                                                reminder="identical"))
+        check_generation_settings(tmp_path, generation_settings(_backend(), max_new_tokens=64,
+                                                                protocol=IbisProtocol("paper", "identical")))
     # a record from before the generation field, paper protocol: made with the old observer reminder
     old = {k: v for k, v in rec.items() if k not in ("generation", "readout", "reminder")}
     (tmp_path / "decisions.jsonl").write_text(json.dumps(old) + "\n")

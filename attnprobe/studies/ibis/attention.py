@@ -24,7 +24,14 @@ import numpy as np
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import atomic_write_text
 from attnprobe.results.result import META_FILE, CaptureResult
-from attnprobe.studies.ibis.framings import CATEGORIES, FRAMINGS, build_framing, segment_categories
+from attnprobe.studies.ibis.framings import (
+    CATEGORIES,
+    FRAMINGS,
+    IbisProtocol,
+    as_protocol,
+    build_framing,
+    segment_categories,
+)
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.jobs import CAPTURE_BATCH, AttentionJob
 from attnprobe.studies.ibis.layout import ATTENTION_INDEX, ModelFolderLayout
@@ -50,21 +57,21 @@ def category_tokens(result: CaptureResult, trajectory) -> np.ndarray:
 
 
 def run_attention(model, items: list[IbisItem], folder: Path, *, framings=FRAMINGS, chunk_size: int | None = None,
-                  force: bool = False, progress: bool = True, protocol: str = "paper",
-                  reminder: str | None = None, batch_size: int = CAPTURE_BATCH,
+                  force: bool = False, progress: bool = True, protocol: IbisProtocol | str = "paper",
+                  batch_size: int = CAPTURE_BATCH,
                   share_prefixes: bool = True) -> dict[str, int]:
     """Capture every (item, framing) not captured yet in this process (:class:`AttentionJob` on the
     local executor); resumable (a finished capture has meta.json)."""
     from attnprobe.execution.local import in_process
 
-    job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=protocol, force=force,
-                       reminder=reminder, batch_size=batch_size, share_prefixes=share_prefixes)
+    job = AttentionJob(Path(folder), items, framings=framings, chunk_size=chunk_size, protocol=as_protocol(protocol),
+                       force=force, batch_size=batch_size, share_prefixes=share_prefixes)
     counts = in_process(model, progress=progress).run(job)
     return {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
 
 
-def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protocol: str = "paper",
-              reminder: str | None = None) -> dict[str, Any] | None:
+def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
+              protocol: IbisProtocol | str = "paper") -> dict[str, Any] | None:
     """Stack captured masses into attention.safetensors (+ attention.json); items missing any framing
     are left out (and listed). Returns the index, or None when nothing was captured."""
     from safetensors.numpy import save_file
@@ -81,7 +88,7 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
             continue
         for fr, d in zip(framings, dirs):
             res = CaptureResult.load(d)
-            traj = build_framing(it, fr, protocol, reminder=reminder)
+            traj = build_framing(it, fr, protocol)
             if res.meta.get("ibis", {}).get("categories") != segment_categories(res.segments, traj):
                 raise AttnprobeError(f"{d}: its segments do not match today's {fr} framing (captured by an older "
                                      f"attnprobe, before the query became its own segment); rerun "
@@ -99,7 +106,7 @@ def aggregate(items: list[IbisItem], folder: Path, *, framings=FRAMINGS, protoco
     L, H = arrays[f"mass.{framings[0]}"].shape[2:]
     index = {
         "format_version": 2, "framings": list(framings), "categories": list(CATEGORIES),
-        "protocol": protocol,
+        "protocol": as_protocol(protocol).name,
         "items": [it.id for it in kept], "labels": [it.label for it in kept], "domains": [it.domain for it in kept],
         "missing_items": missing, "layers": meta0.get("layers", list(range(L))), "num_heads": int(H),
         "arrays": {"mass.<framing>": "[items, categories, layers, heads] float32: attention mass from the decision "

@@ -45,7 +45,7 @@ from typing import Any
 from attnprobe.generation.toolparse import parse_tool_calls
 from attnprobe.generation.transformers_chat import TransformersChat
 from attnprobe.io.settings import RECORDED_GENERATION_LIMIT
-from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, build_framing, resolve_reminder
+from attnprobe.studies.ibis.framings import COPY_CONTROL_TOOL, TOOL_NAMES, IbisProtocol, as_protocol, build_framing
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.layout import DECISIONS_FILE, ModelFolderLayout
 from attnprobe.trajectory.schema import call_arguments
@@ -181,13 +181,13 @@ def forced_choice_applies(trajectory) -> bool:
     return not (meta.get("protocol") == "paper" and meta.get("framing") == "direct")
 
 
-def copy_control_framing(item: IbisItem, framing: str, protocol: str, reminder: str | None = None):
+def copy_control_framing(item: IbisItem, framing: str, protocol: IbisProtocol | str):
     """The agentic framing with its own earlier call renamed to :data:`COPY_CONTROL_TOOL` (None for
     other framings): the forced choice's copy control. The option names then no longer appear in the
     call the model made itself, only in the system prompt and tool list that every framing shares."""
     if framing != "agentic":
         return None
-    return build_framing(item, "agentic", protocol, own_tool=COPY_CONTROL_TOOL, reminder=reminder)
+    return build_framing(item, "agentic", protocol, own_tool=COPY_CONTROL_TOOL)
 
 
 class BehaviourBackend:
@@ -266,14 +266,15 @@ class BehaviourBackend:
 
 
 def decide(backend, item: IbisItem, framing: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-           protocol: str = "paper", reminder: str | None = None, on_progress=None) -> dict[str, Any]:
+           protocol: IbisProtocol | str = "paper", on_progress=None) -> dict[str, Any]:
     """Run one framing of one item and return its decision record (a decisions.jsonl line)."""
-    traj = build_framing(item, framing, protocol, reminder=reminder)
+    protocol = as_protocol(protocol)
+    traj = build_framing(item, framing, protocol)
     t0 = time.perf_counter()
     kw = {"on_progress": on_progress} if on_progress is not None else {}
     out = backend.complete(traj, max_new_tokens=max_new_tokens,
-                           control=copy_control_framing(item, framing, protocol, reminder), **kw)
-    return _record(backend, item, framing, out, time.perf_counter() - t0, max_new_tokens, protocol, reminder)
+                           control=copy_control_framing(item, framing, protocol), **kw)
+    return _record(backend, item, framing, out, time.perf_counter() - t0, max_new_tokens, protocol)
 
 
 def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
@@ -290,24 +291,23 @@ def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
             "arguments": {"chosen_urls": fd.chosen_urls, "new_query": fd.new_query}}
 
 
-def generation_settings(backend, *, max_new_tokens: int, protocol: str, reminder: str | None) -> dict[str, Any]:
+def generation_settings(backend, *, max_new_tokens: int, protocol: IbisProtocol | str) -> dict[str, Any]:
     """What a decision depends on besides the model and the item: recorded in every record and compared
     on resume (:func:`check_generation_settings`). A no-call budget at or above the token limit can
     never stop a row, so it is recorded as None (off)."""
     budget = getattr(backend, "no_call_tokens", None)
-    return {"max_new_tokens": int(max_new_tokens), "decoding": "greedy", "protocol": protocol,
-            "reminder": resolve_reminder(protocol, reminder),
+    return {"max_new_tokens": int(max_new_tokens), "decoding": "greedy", **as_protocol(protocol).record(),
             "no_call_tokens": budget if budget is not None and budget < max_new_tokens else None}
 
 
 def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, max_new_tokens: int,
-            protocol: str, reminder: str | None = None) -> dict[str, Any]:
-    if protocol == "paper" and framing == "direct":
+            protocol: IbisProtocol) -> dict[str, Any]:
+    if protocol.name == "paper" and framing == "direct":
         cls = prose = classify_filter_reply(item, out)
     else:
         cls = classify_call(out["raw_text"], out["tool_calls"])
         prose = classify_reply(out["raw_text"], out["tool_calls"], out["prompt_text"])
-    gen = generation_settings(backend, max_new_tokens=max_new_tokens, protocol=protocol, reminder=reminder)
+    gen = generation_settings(backend, max_new_tokens=max_new_tokens, protocol=protocol)
     return {
         "item_id": item.id, "framing": framing, "label": item.label, "domain": item.domain,
         "expected": item.expected_action, "decision": cls["decision"], "method": cls["method"],
@@ -319,7 +319,7 @@ def _record(backend, item: IbisItem, framing: str, out: dict, seconds: float, ma
         "input_tokens": out["input_tokens"], "output_tokens": out["output_tokens"], "rendering": out["rendering"],
         "seconds": round(seconds, 3), "backend": backend.kind, "model": backend.name, RECORDED_GENERATION_LIMIT: max_new_tokens,
         "forced_choice": out.get("forced_choice"), "forced_choice_control": out.get("forced_choice_control"),
-        "protocol": protocol, "reminder": gen["reminder"], "generation": gen,
+        "protocol": protocol.name, "reminder": gen["reminder"], "generation": gen,
     }
 
 
@@ -376,21 +376,22 @@ def read_decisions(path: Path) -> list[dict]:
 
 
 def decide_many(backend, pairs: list[tuple[IbisItem, str]], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                protocol: str = "paper", batched: bool = False, reminder: str | None = None, on_progress=None):
+                protocol: IbisProtocol | str = "paper", batched: bool = False, on_progress=None):
     """Decision records of (item, framing) pairs, yielded one by one (so each can be written as soon as
     it exists); ``batched``: one left-padded batch (in process only), else one call per pair.
     ``on_progress(new_tokens, rows_stopped, rows)``: per-row progress of the generation (in process)."""
     kw = {"on_progress": on_progress} if on_progress is not None else {}
+    protocol = as_protocol(protocol)
     if batched and getattr(backend, "supports_batch", False):
         t0 = time.perf_counter()
-        outs = backend.complete_many([build_framing(it, fr, protocol, reminder=reminder) for it, fr in pairs],
+        outs = backend.complete_many([build_framing(it, fr, protocol) for it, fr in pairs],
                                      max_new_tokens=max_new_tokens,
-                                     controls=[copy_control_framing(it, fr, protocol, reminder) for it, fr in pairs],
+                                     controls=[copy_control_framing(it, fr, protocol) for it, fr in pairs],
                                      **kw)
         per = (time.perf_counter() - t0) / max(1, len(pairs))
         for (it, fr), out in zip(pairs, outs):
-            yield _record(backend, it, fr, out, per, max_new_tokens, protocol, reminder)
+            yield _record(backend, it, fr, out, per, max_new_tokens, protocol)
     else:
         for it, fr in pairs:
-            yield decide(backend, it, fr, max_new_tokens=max_new_tokens, protocol=protocol, reminder=reminder,
+            yield decide(backend, it, fr, max_new_tokens=max_new_tokens, protocol=protocol,
                          on_progress=on_progress)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnprobe.io import atomic_write_text, dumps_line, safe_name, write_jsonl
-from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, resolve_reminder
+from attnprobe.studies.ibis.framings import FRAMINGS, IbisProtocol, as_protocol, build_framing
 from attnprobe.studies.ibis.items import IbisItem, load_items
 from attnprobe.studies.ibis.layout import ModelFolderLayout
 
@@ -50,10 +50,11 @@ def variant(*, dtype: str = "float32", model: str | None = None, endpoint: str |
     return v
 
 
-def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protocol: str, this_variant: dict,
-                   items_source: str, reminder: str | None = None) -> None:
+def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protocol: IbisProtocol | str, this_variant: dict,
+                   items_source: str) -> None:
     """Write the folder's items (the exact items used, merged with earlier ones), framings and run record
     (:class:`~attnprobe.studies.ibis.layout.ModelFolderLayout`); refuses changed items, another protocol and another variant."""
+    protocol = as_protocol(protocol)
     from attnprobe._version import __version__
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,9 +72,9 @@ def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protoc
     atomic_write_text(old, items_text)
     all_items = load_items(old)
     run = layout.read_run()
-    done_with = run.get("protocol", "matched" if run else protocol)  # folders before protocols: matched
-    if done_with != protocol:
-        raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {protocol}: use "
+    done_with = run.get("protocol", "matched" if run else protocol.name)  # folders before protocols: matched
+    if done_with != protocol.name:
+        raise ValueError(f"{folder} holds a --protocol {done_with} run; this one is --protocol {protocol.name}: use "
                          "another --folder (or the default folder of that protocol)")
     merged_variant = {**run.get("variant", {}), **this_variant}
     diffs = [f"{k} was {run['variant'][k]!r}, now {merged_variant[k]!r}" for k in run.get("variant", {})
@@ -82,8 +83,8 @@ def prepare_folder(folder: Path, items: Sequence[IbisItem], *, name: str, protoc
         raise ValueError(f"{folder} holds results of another variant ({'; '.join(diffs)}): use another --folder "
                          "(or --results; a dtype other than float32 gets its own default folder)")
     write_jsonl(layout.framings,
-                (build_framing(it, fr, protocol, reminder=reminder).to_dict() for it in all_items for fr in FRAMINGS))
-    run.update({"model": name, "protocol": protocol, "reminder": resolve_reminder(protocol, reminder),
+                (build_framing(it, fr, protocol).to_dict() for it in all_items for fr in FRAMINGS))
+    run.update({"model": name, **protocol.record(),
                 "variant": merged_variant, "attnprobe_version": __version__,
                 "items_source": items_source, "items_sha256": hashlib.sha256(items_text.encode()).hexdigest()[:16]})
     run.setdefault("stages", {})
@@ -98,7 +99,7 @@ def update_run(folder: Path, stage: str, info: dict) -> None:
     atomic_write_text(layout.run, json.dumps(run, indent=1))
 
 
-def invariants(model, items: Sequence[IbisItem], protocol: str, reminder: str | None = None) -> dict | None:
+def invariants(model, items: Sequence[IbisItem], protocol: IbisProtocol) -> dict | None:
     """The framing invariants on the first item for the model's chat template (None for a model
     without a local tokenizer, an endpoint); refuses a template that breaks them. Runs where the
     model is (``executor.call``)."""
@@ -107,7 +108,7 @@ def invariants(model, items: Sequence[IbisItem], protocol: str, reminder: str | 
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:
         return None
-    res = check_invariants(tokenizer, items[0], protocol=protocol, reminder=reminder)
+    res = check_invariants(tokenizer, items[0], protocol=protocol)
     if not res["ok"]:
         raise ValueError("framing invariants broken for this chat template: " + "; ".join(res["problems"]))
     return res

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -161,6 +162,32 @@ def resolve_reminder(protocol: str, reminder: str | None) -> str:
     return reminder
 
 
+@dataclass(frozen=True)
+class IbisProtocol:
+    """How a run frames its items: ``name`` (:data:`PROTOCOLS`: ``paper``, seed 001's appendix E text;
+    ``matched``, ours) and its ``reminder`` choice, resolved on construction (:func:`resolve_reminder`: None
+    takes the protocol's default, ``listing`` for paper, ``identical`` for matched). One value travels from
+    the options to every stage, job, framing and report (never the two strings apart); records keep the two
+    keys ``protocol`` and ``reminder`` they always had."""
+
+    name: str = "paper"
+    reminder: str | None = None
+
+    def __post_init__(self):
+        if self.name not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.name!r}")
+        object.__setattr__(self, "reminder", resolve_reminder(self.name, self.reminder))
+
+    def record(self) -> dict[str, str]:
+        """The two keys a record holds (``run.json``, decisions, captures' meta)."""
+        return {"protocol": self.name, "reminder": self.reminder}
+
+
+def as_protocol(protocol: IbisProtocol | str) -> IbisProtocol:
+    """``protocol`` as a value; a name (``"paper"``, ``"matched"``) takes that protocol's default reminder."""
+    return protocol if isinstance(protocol, IbisProtocol) else IbisProtocol(protocol)
+
+
 def paper_reminder(framing: str, reminder: str = "listing") -> str:
     """The reminder text the paper protocol appends in ``framing`` (see :data:`REMINDER_OBSERVER_PAPER`)."""
     if reminder == "identical":
@@ -224,12 +251,13 @@ COPY_CONTROL_TOOL = "google_search"  # the own call's tool name in the forced-ch
 FILLER_UNIT = " ."  # the position control's neutral filler: one token per unit in BPE vocabularies (checked)
 
 
-def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_tool: str = "web_search",
-                  reminder: str | None = None, pad: int = 0) -> Trajectory:
-    """The item rendered as a trajectory under one framing and protocol (see module docstring).
+def build_framing(item: IbisItem, framing: str, protocol: IbisProtocol | str = "paper", *,
+                  own_tool: str = "web_search", pad: int = 0) -> Trajectory:
+    """The item rendered as a trajectory under one framing and protocol (see module docstring; a protocol
+    name takes its default reminder, :func:`as_protocol`).
 
-    ``reminder`` (paper protocol): ``"listing"`` (default) appends each mode's own appendix-E listing,
-    ``"identical"`` the observer listing's text in both modes, as the appendix prose says
+    The protocol's ``reminder`` (paper protocol): ``"listing"`` (default) appends each mode's own appendix-E
+    listing, ``"identical"`` the observer listing's text in both modes, as the appendix prose says
     (:func:`resolve_reminder`; recorded in ``meta.ibis.reminder``). The direct framing keeps the
     filter prompt's own reminder either way.
 
@@ -242,9 +270,7 @@ def build_framing(item: IbisItem, framing: str, protocol: str = "paper", *, own_
     (the position control, :func:`attnprobe.studies.ibis.position.shifted_observer`)."""
     if framing not in FRAMINGS:
         raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}; got {framing!r}")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
-    reminder = resolve_reminder(protocol, reminder)
+    protocol, reminder = (p := as_protocol(protocol)).name, p.reminder  # the value, read once
     if pad and (protocol != "matched" or framing != "observer"):
         raise ValueError("pad applies to the matched observer framing only (the paper's observer shows no query)")
     if pad < 0:
@@ -319,7 +345,7 @@ def category_tokens(rendered, trajectory: Trajectory) -> dict[str, list[int]]:
     return out
 
 
-def invariant_categories(protocol: str, a: str, b: str, reminder: str | None = None) -> tuple[str, ...]:
+def invariant_categories(protocol: IbisProtocol, a: str, b: str) -> tuple[str, ...]:
     """The categories whose tokens must be identical between framings ``a`` and ``b``.
 
     matched: system, results, reminder and task everywhere. paper: the results and the task
@@ -327,16 +353,16 @@ def invariant_categories(protocol: str, a: str, b: str, reminder: str | None = N
     the reminders differ by design with ``reminder="listing"`` (appendix E's two listings), so they are
     compared only with ``reminder="identical"``.
     """
-    if protocol == "matched":
+    if protocol.name == "matched":
         return INVARIANT_CATEGORIES
     if "direct" in {a, b}:
         return ("results", "task")
-    same = ("reminder",) if resolve_reminder(protocol, reminder) == "identical" else ()
+    same = ("reminder",) if protocol.reminder == "identical" else ()
     return ("system", "results", "task") + same
 
 
 def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMINGS,
-                     protocol: str = "paper", reminder: str | None = None) -> dict[str, Any]:
+                     protocol: IbisProtocol | str = "paper") -> dict[str, Any]:
     """Render every framing and compare the token ids of what must be identical (per protocol).
 
     Returns {"ok": bool, "protocol", "reminder", "rendering": {framing: mode}, "problems": [..],
@@ -344,26 +370,27 @@ def check_invariants(tokenizer, item: IbisItem, framings: Sequence[str] = FRAMIN
     """
     from attnprobe.render.rendering import render
 
+    protocol = as_protocol(protocol)
     toks, modes, problems = {}, {}, []
     for fr in framings:
-        traj = build_framing(item, fr, protocol, reminder=reminder)
+        traj = build_framing(item, fr, protocol)
         rendered = render(traj, tokenizer, add_generation_prompt=True)
         modes[fr] = rendered.rendering
         toks[fr] = category_tokens(rendered, traj)
         if rendered.segments[-1].role != "template" or rendered.decision.position != len(rendered.input_ids) - 1:
             problems.append(f"{fr}: the decision position is not the last prompt token of the generation prompt")
         needed = ("results", "reminder", "task", "system")
-        if protocol == "matched" or fr != "observer":
+        if protocol.name == "matched" or fr != "observer":
             needed = ("query",) + needed  # the paper's observer never shows the query
         for cat in needed:
             if not toks[fr][cat]:
                 problems.append(f"{fr}: no tokens labelled {cat!r}")
     for i, ref in enumerate(framings):
         for fr in framings[i + 1:]:
-            for cat in invariant_categories(protocol, ref, fr, reminder):
+            for cat in invariant_categories(protocol, ref, fr):
                 if toks[fr][cat] != toks[ref][cat]:
                     problems.append(f"{cat} tokens differ between {ref} ({len(toks[ref][cat])} tokens) and {fr} "
                                     f"({len(toks[fr][cat])} tokens)")
-    return {"ok": not problems, "protocol": protocol, "reminder": resolve_reminder(protocol, reminder),
+    return {"ok": not problems, **protocol.record(),
             "rendering": modes, "problems": problems,
             "tokens": {fr: {c: len(v) for c, v in t.items()} for fr, t in toks.items()}}

@@ -25,7 +25,7 @@ from attnprobe.studies.ibis.behaviour import (
     decide_many,
     generation_settings,
 )
-from attnprobe.studies.ibis.framings import FRAMINGS, build_framing, segment_categories
+from attnprobe.studies.ibis.framings import FRAMINGS, IbisProtocol, as_protocol, build_framing, segment_categories
 from attnprobe.studies.ibis.items import IbisItem
 from attnprobe.studies.ibis.layout import ModelFolderLayout
 from attnprobe.studies.ibis.position import SHIFTED, shifted_observer
@@ -36,16 +36,16 @@ def capture_dir(folder: Path, item_id: str, framing: str) -> Path:
     return ModelFolderLayout(Path(folder)).capture(item_id, framing)
 
 
-def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: str, reminder: str | None) -> list[WorkItem]:
-    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, "observer" if fr == SHIFTED else fr, protocol,
-                                                            reminder=reminder).estimated_tokens(),
+def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: IbisProtocol) -> list[WorkItem]:
+    return [WorkItem(key=f"{it.id}/{fr}", tokens=build_framing(it, "observer" if fr == SHIFTED else fr,
+                                                            protocol).estimated_tokens(),
                      describe={"item_id": it.id, "framing": fr}, data=(it, fr)) for it in items for fr in framings]
 
 
-def capture_framings(framings: Sequence[str], protocol: str) -> tuple[str, ...]:
+def capture_framings(framings: Sequence[str], protocol: IbisProtocol | str) -> tuple[str, ...]:
     """The framings a capture stage captures: ``framings`` plus, under the matched protocol with both the
     agentic and the observer framing, the position control's observer_shifted (position.py)."""
-    extra = (SHIFTED,) if protocol == "matched" and {"agentic", "observer"} <= set(framings) else ()
+    extra = (SHIFTED,) if as_protocol(protocol).name == "matched" and {"agentic", "observer"} <= set(framings) else ()
     return tuple(f for f in framings if f != SHIFTED) + extra
 
 
@@ -62,11 +62,10 @@ class BehaviourJob(ChatJob):
     ibis_items: Sequence[IbisItem]
     framings: Sequence[str] = FRAMINGS
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    protocol: str = "paper"
+    protocol: IbisProtocol = field(default_factory=IbisProtocol)  # a name: that protocol, its default reminder
     batch_size: int = 1
     early_stop: bool = True
     forced_choice: bool = True
-    reminder: str | None = None
     no_call_tokens: int | None = DEFAULT_NO_CALL_TOKENS
     force: bool = False
     stage: str = "behaviour"
@@ -76,10 +75,11 @@ class BehaviourJob(ChatJob):
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.out = self.folder
+        self.protocol = as_protocol(self.protocol)
         self.layout = ModelFolderLayout(self.folder)
         if not self.force:
             check_generation_settings(self.folder, generation_settings(
-                self, max_new_tokens=self.max_new_tokens, protocol=self.protocol, reminder=self.reminder))
+                self, max_new_tokens=self.max_new_tokens, protocol=self.protocol))
         self._finished = self.layout.decided()
 
     @property
@@ -87,7 +87,7 @@ class BehaviourJob(ChatJob):
         return self.layout.decisions
 
     def items(self) -> list[WorkItem]:
-        return _pairs(self.ibis_items, self.framings, self.protocol, self.reminder)
+        return _pairs(self.ibis_items, self.framings, self.protocol)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         it, fr = item.data
@@ -110,7 +110,7 @@ class BehaviourJob(ChatJob):
 
         live = progress if getattr(backend, "in_process", False) else None
         return list(decide_many(backend, [it.data for it in batch], max_new_tokens=self.max_new_tokens,
-                                protocol=self.protocol, batched=len(batch) > 1, reminder=self.reminder,
+                                protocol=self.protocol, batched=len(batch) > 1,
                                 on_progress=live))
 
     def collect(self, item: WorkItem, result: dict) -> None:
@@ -130,8 +130,7 @@ class AttentionJob(JobBase):
     ibis_items: Sequence[IbisItem]
     framings: Sequence[str] = FRAMINGS
     chunk_size: int | None = None
-    protocol: str = "paper"
-    reminder: str | None = None
+    protocol: IbisProtocol = field(default_factory=IbisProtocol)  # a name: that protocol, its default reminder
     force: bool = False
     batch_size: int = CAPTURE_BATCH  # (item, framing) pairs per backend call, which share the prefill of
     share_prefixes: bool = True      # their common prefix (system prompt, tools, ...; exact, issue 20)
@@ -141,10 +140,11 @@ class AttentionJob(JobBase):
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         self.out = self.folder
+        self.protocol = as_protocol(self.protocol)
         self.layout = ModelFolderLayout(self.folder)
 
     def items(self) -> list[WorkItem]:
-        return _pairs(self.ibis_items, capture_framings(self.framings, self.protocol), self.protocol, self.reminder)
+        return _pairs(self.ibis_items, capture_framings(self.framings, self.protocol), self.protocol)
 
     def done(self, item: WorkItem, since: float | None = None) -> bool:
         it, fr = item.data
@@ -154,12 +154,12 @@ class AttentionJob(JobBase):
         from attnprobe.capture.api import capture_many
 
         pairs = [work.data for work in batch]
-        trajs = [shifted_observer(it, model.tokenizer, self.reminder)[0] if fr == SHIFTED
-                 else build_framing(it, fr, self.protocol, reminder=self.reminder) for it, fr in pairs]
+        trajs = [shifted_observer(it, model.tokenizer, self.protocol)[0] if fr == SHIFTED
+                 else build_framing(it, fr, self.protocol) for it, fr in pairs]
         results = capture_many(model, trajs, queries="decision", chunk_size=self.chunk_size,
                                share_prefixes=self.share_prefixes and len(trajs) > 1)
         for (it, fr), traj, res in zip(pairs, trajs, results):
-            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol,
+            res.meta["ibis"] = {"item_id": it.id, "framing": fr, "label": it.label, "protocol": self.protocol.name,
                                 "reminder": traj.meta["ibis"].get("reminder"),
                                 **({"pad": traj.meta["ibis"].get("pad", 0)} if fr == SHIFTED else {}),
                                 "categories": segment_categories(res.segments, traj)}
@@ -175,7 +175,7 @@ class AttentionJob(JobBase):
 def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAMINGS,
                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   force: bool = False, progress: bool = True, batch_size: int = 1,
-                  protocol: str = "paper", reminder: str | None = None) -> dict[str, int]:
+                  protocol: IbisProtocol | str = "paper") -> dict[str, int]:
     """Decide every (item, framing) not yet in the folder's decisions in this process
     (:class:`BehaviourJob` on the local executor); returns counts.
 
@@ -184,7 +184,7 @@ def run_behaviour(backend, items: list[IbisItem], folder: Path, *, framings=FRAM
     :class:`BehaviourBackend` or a chat backend."""
     batched = batch_size > 1 and getattr(backend, "supports_batch", getattr(backend, "in_process", False))
     job = BehaviourJob(Path(folder), items, framings=framings, max_new_tokens=max_new_tokens, protocol=protocol,
-                       batch_size=batch_size if batched else 1, force=force, reminder=reminder,
+                       batch_size=batch_size if batched else 1, force=force,
                        no_call_tokens=getattr(backend, "no_call_tokens", DEFAULT_NO_CALL_TOKENS))
     counts = in_process(backend, progress=progress).run(job)
     return {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}

@@ -23,7 +23,7 @@ from typing import Any
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import ERRORS_FILE, load_json, read_jsonl
 from attnprobe.io.layout import FolderLayout
-from attnprobe.studies.ibis.framings import PROTOCOLS
+from attnprobe.studies.ibis.framings import PROTOCOLS, REMINDERS, IbisProtocol
 
 ITEMS_FILE = "items.jsonl"
 FRAMINGS_FILE = "framings.jsonl"
@@ -173,6 +173,14 @@ class ModelFolderLayout(_Layout):
     def protocol(self, run: dict | None = None) -> str:
         """The folder's protocol; a folder made before protocols existed holds the matched layout."""
         return (self.read_run() if run is None else run).get("protocol", "matched")
+
+    def ibis_protocol(self, run: dict | None = None) -> IbisProtocol:
+        """The folder's protocol and the reminder its run recorded (a folder without one: the protocol's
+        default), so a report re-aggregates the captures with the framings they were made from."""
+        run = self.read_run() if run is None else run
+        name, reminder = self.protocol(run), run.get("reminder")
+        return IbisProtocol(name, reminder if reminder in REMINDERS and (name == "paper" or reminder == "identical")
+                            else None)
 
     def read_metrics(self) -> dict | None:
         return self.read_object(METRICS_FILE)

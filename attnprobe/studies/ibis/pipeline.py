@@ -12,7 +12,7 @@ from pathlib import Path
 from attnprobe.execution.counts import RunCounts
 from attnprobe.io.options import non_negative_int, option, positive_int
 from attnprobe.studies.ibis.behaviour import DEFAULT_MAX_NEW_TOKENS, DEFAULT_NO_CALL_TOKENS
-from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS
+from attnprobe.studies.ibis.framings import FRAMINGS, PROTOCOLS, REMINDERS, IbisProtocol
 
 DEFAULT_ITEMS_NAME = "ibis_items.jsonl"
 DEFAULT_RESULTS = Path("results") / "ibis"
@@ -62,6 +62,11 @@ class IbisOptions:
     chunk_size: int | None = None
     share_prefixes: bool = True
     force: bool = False
+
+    @property
+    def ibis_protocol(self) -> IbisProtocol:
+        """``--protocol`` and ``--reminder`` as the one value every stage, job and framing takes."""
+        return IbisProtocol(self.protocol, self.reminder)
 
     @property
     def items_path(self) -> Path:
@@ -118,8 +123,8 @@ def prepare(opts: IbisOptions, target: Target, items, generator: str) -> None:
     endpoint = generator == "openai"
     v = variant(dtype=opts.dtype, model=opts.model, endpoint=opts.base_url if endpoint else None,
                 served_model=opts.served_model if endpoint else None)
-    prepare_folder(target.folder, items, name=target.name, protocol=opts.protocol, this_variant=v,
-                   items_source=str(opts.items_path), reminder=opts.reminder)
+    prepare_folder(target.folder, items, name=target.name, protocol=opts.ibis_protocol, this_variant=v,
+                   items_source=str(opts.items_path))
 
 
 def stage_run(opts: IbisOptions, target: Target, items, ex) -> RunCounts:
@@ -148,20 +153,19 @@ def behaviour_steps(opts: IbisOptions, target: Target, items, ex):
     """:func:`stage_run` as steps: yields the behaviour job, is sent its counts, records the stage in run.json;
     returns its :class:`RunCounts`. ``ex``: where the invariants are checked (the generation executor)."""
     from attnprobe.studies.ibis.folder import invariants, update_run
-    from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import BehaviourJob
 
     prepare(opts, target, items, opts.generator)
     # built before the model loads: it refuses a resume with other generation settings
     job = BehaviourJob(target.folder, items, framings=opts.framings, max_new_tokens=opts.max_new_tokens,
-                       protocol=opts.protocol, batch_size=opts.batch_size, force=opts.force, reminder=opts.reminder,
+                       protocol=opts.ibis_protocol, batch_size=opts.batch_size, force=opts.force,
                        no_call_tokens=(opts.no_call_tokens or None) if opts.generator != "openai" else None)
-    inv = ex.call(invariants, items, opts.protocol, opts.reminder)
+    inv = ex.call(invariants, items, opts.ibis_protocol)
     counts = yield job
     counts = {"done_before": counts["done_before"], "decided": counts["done"], "failed": counts["failed"]}
     update_run(target.folder, "behaviour", {"backend": opts.generator, "base_url": opts.base_url,
                                             "model_spec": opts.model, "max_new_tokens": opts.max_new_tokens,
-                                            "reminder": resolve_reminder(opts.protocol, opts.reminder),
+                                            "reminder": opts.ibis_protocol.reminder,
                                             "no_call_tokens": job.no_call_tokens,
                                             "decoding": "greedy", "batch_size": opts.batch_size,
                                             "framings": opts.framings, "invariants": inv, **counts})
@@ -174,26 +178,24 @@ def capture_steps(opts: IbisOptions, target: Target, items, ex, *, aggregate_now
     from attnprobe.io.settings import check_settings, finished_something, record_settings
     from attnprobe.studies.ibis.attention import aggregate
     from attnprobe.studies.ibis.folder import invariants, update_run
-    from attnprobe.studies.ibis.framings import resolve_reminder
     from attnprobe.studies.ibis.jobs import AttentionJob
 
     if not target.layout.items.is_file():
         prepare(opts, target, items, "transformers")
     force = opts.force
     # finished captures are skipped whatever made them: other capture options are refused (before the model loads)
-    wanted = {"model": opts.model, "dtype": opts.dtype, "protocol": opts.protocol,
-              "reminder": resolve_reminder(opts.protocol, opts.reminder),
+    wanted = {"model": opts.model, "dtype": opts.dtype, **opts.ibis_protocol.record(),
               # a chunk changes scores only by float rounding: an automatic one (None) resumes any folder
               **({"chunk_size": opts.chunk_size} if opts.chunk_size else {})}
     check_settings(target.folder, "ibis capture", wanted, force=force)
-    inv = ex.call(invariants, items, opts.protocol, opts.reminder)
-    job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size, protocol=opts.protocol,
-                       force=force, reminder=opts.reminder, share_prefixes=opts.share_prefixes)
+    inv = ex.call(invariants, items, opts.ibis_protocol)
+    job = AttentionJob(target.folder, items, framings=FRAMINGS, chunk_size=opts.chunk_size,
+                       protocol=opts.ibis_protocol, force=force, share_prefixes=opts.share_prefixes)
     counts = yield job
     if finished_something(counts):  # recorded only once a capture is finished
         record_settings(target.folder, "ibis capture", wanted, force=force)
     counts = {"done_before": counts["done_before"], "captured": counts["done"], "failed": counts["failed"]}
-    index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder) if aggregate_now else None
+    index = aggregate(items, target.folder, protocol=opts.ibis_protocol) if aggregate_now else None
     used = index["chunk_size"] if index else _chunk_used(target, items, opts.chunk_size)
     update_run(target.folder, "attention", {"model_spec": opts.model, "chunk_size": used,
                                             "invariants": inv, **counts,
@@ -249,7 +251,7 @@ def all_steps(opts: IbisOptions, target: Target, items, gen, cap, *, say: Callab
         say(capture_line(captured, target))
         rc = max(rc, done.exit_code, captured.exit_code)
         say(f"ibis all: {min(start + per, len(items))}/{len(items)} items done")
-    index = aggregate(items, target.folder, protocol=opts.protocol, reminder=opts.reminder)
+    index = aggregate(items, target.folder, protocol=opts.ibis_protocol)
     update_run(target.folder, "aggregate", {"items": len(index["items"]) if index else 0})
     return rc
 

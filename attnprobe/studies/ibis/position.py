@@ -67,19 +67,23 @@ def query_distance(rendered, trajectory) -> int:
     return int(rendered.decision.position) - (max(ends) - 1)
 
 
-def shifted_observer(item, tokenizer, reminder: str | None = None, *, max_steps: int = 8):
+def shifted_observer(item, tokenizer, protocol=None, *, max_steps: int = 8):
     """The matched observer framing padded so that its query is exactly as far from the decision token as
     the agentic framing's (:data:`POSITION_CONTROL`). Returns (trajectory, pad). The pad count is searched
     on the rendered token ids (a filler unit that merges with its neighbours is corrected for); an item
-    whose distances cannot be made equal is refused, naming the distances."""
+    whose distances cannot be made equal is refused, naming the distances. ``protocol``: the run's
+    :class:`~attnprobe.studies.ibis.framings.IbisProtocol` (the matched protocol; None: its default)."""
     from attnprobe.render.rendering import render
-    from attnprobe.studies.ibis.framings import build_framing
+    from attnprobe.studies.ibis.framings import IbisProtocol, build_framing
 
-    agentic = build_framing(item, "agentic", "matched", reminder=reminder)
+    protocol = protocol or IbisProtocol("matched")
+    if protocol.name != "matched":
+        raise ValueError(f"the position control is the matched protocol's, not the {protocol.name} protocol's")
+    agentic = build_framing(item, "agentic", protocol)
     target = query_distance(render(agentic, tokenizer, add_generation_prompt=True), agentic)
     pad, seen = 0, {}
     for _ in range(max_steps):
-        traj = build_framing(item, "observer", "matched", reminder=reminder, pad=pad)
+        traj = build_framing(item, "observer", protocol, pad=pad)
         d = query_distance(render(traj, tokenizer, add_generation_prompt=True), traj)
         if d == target:
             traj.id = f"{item.id}/{SHIFTED}"

@@ -81,7 +81,7 @@ def write_report(folder: Path, *, n_boot: int = 10000, seed: int = 0, n_perm: in
     if layout.captures.is_dir() and layout.items.is_file():
         from attnprobe.studies.ibis.attention import aggregate
 
-        aggregate(layout.read_items(), folder, protocol=layout.protocol())
+        aggregate(layout.read_items(), folder, protocol=layout.ibis_protocol())  # with the reminder the run used
     m = compute_metrics(folder, n_boot=n_boot, seed=seed, n_perm=n_perm)
     atomic_write_text(layout.metrics, json.dumps(m, indent=1))
     atomic_write_text(layout.report_md, markdown_report(m))
