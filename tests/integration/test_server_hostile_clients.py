@@ -148,7 +148,7 @@ def test_non_loopback_host_warns_once(server):
 
 def test_reply_equals_the_in_process_chat(server, smol):
     status, _, body, _ = post(server["port"], {"messages": USER, "max_tokens": 6}, key=KEY)
-    want = TransformersChat(smol, stop_at_call=False).complete(USER, max_tokens=6)
+    want = TransformersChat(smol, stop_at_call=False).complete(USER, max_new_tokens=6)
     assert status == 200
     assert body["choices"][0]["message"]["content"] == want.content
     assert body["usage"]["prompt_tokens"] == want.input_tokens

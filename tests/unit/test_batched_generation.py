@@ -154,7 +154,7 @@ def test_sampling_is_reproducible_per_seed_and_independent_of_the_batch(tiny_smo
     assert [r.raw_text for r in a] != [r.raw_text for r in greedy]
 
 
-def test_bad_max_tokens_is_one_clear_error(tiny_smol):
+def test_bad_max_new_tokens_is_one_clear_error(tiny_smol):
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1; got 0"):
         TransformersChat(tiny_smol).complete_batch([ChatRequest(user("x"), max_new_tokens=0)])
 
