@@ -57,3 +57,21 @@ def test_a_report_re_aggregates_with_the_reminder_the_run_recorded(tmp_path):
     assert layout.ibis_protocol() == IbisProtocol("matched", "identical")
     layout.run.write_text(json.dumps({"model": "m"}))  # a folder from before protocols: matched
     assert layout.ibis_protocol() == IbisProtocol("matched")
+    layout.run.write_text(json.dumps({"model": "m", "protocol": "matched", "reminder": "listing"}))  # hand-edited
+    assert layout.ibis_protocol() == IbisProtocol("matched", "identical")
+
+
+def test_write_report_aggregates_with_the_recorded_protocol(tmp_path, monkeypatch):
+    """The report's re-aggregation gets the run's protocol value, reminder included (it got the bare name)."""
+    from attnprobe.studies.ibis import attention, report
+
+    layout = ModelFolderLayout(tmp_path)
+    layout.run.write_text(json.dumps({"model": "m", "protocol": "paper", "reminder": "identical"}))
+    layout.items.write_text(json.dumps(ITEM.to_dict()) + "\n")
+    layout.captures.mkdir()
+    seen = []
+    monkeypatch.setattr(attention, "aggregate", lambda items, folder, **kw: seen.append((len(items), kw)))
+    monkeypatch.setattr(report, "compute_metrics", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    with pytest.raises(RuntimeError, match="stop"):
+        report.write_report(tmp_path)
+    assert seen == [(1, {"protocol": IbisProtocol("paper", "identical")})]

@@ -68,10 +68,10 @@ def test_a_bad_setting_is_one_line_naming_its_option(tmp_path, capsys):
     assert not Path(tmp_path / "r.jsonl").exists()
 
 
-def test_the_runner_carries_its_setting_and_records_its_spec():
+def test_the_runner_carries_its_setting_and_records_its_spec(tmp_path):
     from attnprobe.cli.run import runner_options
 
-    args = build_parser().parse_args(["run", str(data_path("questions.jsonl")), "--out", "/tmp/unused.jsonl",
+    args = build_parser().parse_args(["run", str(data_path("questions.jsonl")), "--out", str(tmp_path / "r.jsonl"),
                                       "--context-policy", "mask:01+ircot:oq"])
     settings = runner_options(args).settings
     assert settings.context_policy == parse_setting("mask:1+ircot:oq") and settings.name == "nis-agent_mask-1_ircot-oq"  # the default preset

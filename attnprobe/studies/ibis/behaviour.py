@@ -291,12 +291,12 @@ def classify_filter_reply(item: IbisItem, out: dict) -> dict[str, Any]:
             "arguments": {"chosen_urls": fd.chosen_urls, "new_query": fd.new_query}}
 
 
-def generation_settings(backend, *, max_new_tokens: int, protocol: IbisProtocol | str) -> dict[str, Any]:
+def generation_settings(backend, *, max_new_tokens: int, protocol: IbisProtocol) -> dict[str, Any]:
     """What a decision depends on besides the model and the item: recorded in every record and compared
     on resume (:func:`check_generation_settings`). A no-call budget at or above the token limit can
     never stop a row, so it is recorded as None (off)."""
     budget = getattr(backend, "no_call_tokens", None)
-    return {"max_new_tokens": int(max_new_tokens), "decoding": "greedy", **as_protocol(protocol).record(),
+    return {"max_new_tokens": int(max_new_tokens), "decoding": "greedy", **protocol.record(),
             "no_call_tokens": budget if budget is not None and budget < max_new_tokens else None}
 
 

@@ -42,10 +42,10 @@ def _pairs(items: Sequence[IbisItem], framings: Sequence[str], protocol: IbisPro
                      describe={"item_id": it.id, "framing": fr}, data=(it, fr)) for it in items for fr in framings]
 
 
-def capture_framings(framings: Sequence[str], protocol: IbisProtocol | str) -> tuple[str, ...]:
+def capture_framings(framings: Sequence[str], protocol: IbisProtocol) -> tuple[str, ...]:
     """The framings a capture stage captures: ``framings`` plus, under the matched protocol with both the
     agentic and the observer framing, the position control's observer_shifted (position.py)."""
-    extra = (SHIFTED,) if as_protocol(protocol).name == "matched" and {"agentic", "observer"} <= set(framings) else ()
+    extra = (SHIFTED,) if protocol.name == "matched" and {"agentic", "observer"} <= set(framings) else ()
     return tuple(f for f in framings if f != SHIFTED) + extra
 
 

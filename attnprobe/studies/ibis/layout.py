@@ -23,7 +23,7 @@ from typing import Any
 from attnprobe.errors import AttnprobeError
 from attnprobe.io import ERRORS_FILE, load_json, read_jsonl
 from attnprobe.io.layout import FolderLayout
-from attnprobe.studies.ibis.framings import PROTOCOLS, REMINDERS, IbisProtocol
+from attnprobe.studies.ibis.framings import PROTOCOLS, IbisProtocol
 
 ITEMS_FILE = "items.jsonl"
 FRAMINGS_FILE = "framings.jsonl"
@@ -178,9 +178,10 @@ class ModelFolderLayout(_Layout):
         """The folder's protocol and the reminder its run recorded (a folder without one: the protocol's
         default), so a report re-aggregates the captures with the framings they were made from."""
         run = self.read_run() if run is None else run
-        name, reminder = self.protocol(run), run.get("reminder")
-        return IbisProtocol(name, reminder if reminder in REMINDERS and (name == "paper" or reminder == "identical")
-                            else None)
+        try:
+            return IbisProtocol(self.protocol(run), run.get("reminder"))
+        except ValueError:  # a reminder this protocol does not take (a hand-edited run.json): its default
+            return IbisProtocol(self.protocol(run))
 
     def read_metrics(self) -> dict | None:
         return self.read_object(METRICS_FILE)
